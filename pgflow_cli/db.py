@@ -1,0 +1,327 @@
+"""Connections, transactions, timeouts and retries (the only module that talks to psycopg directly
+for connection setup).
+
+Connection target, first match wins (DESIGN.md "Every command"):
+
+1. ``--dsn`` (a libpq keyword string or a ``postgresql://`` URL);
+2. ``PGFLOW_DATABASE_URL``;
+3. ``DATABASE_URL``;
+4. libpq defaults: ``PGHOST``/``PGPORT``/``PGDATABASE``/``PGUSER``, ``PGSERVICE`` with
+   service files, and ``.pgpass`` (an empty conninfo string lets libpq apply them).
+
+Every connection sets ``application_name`` (``pgflow-cli`` unless told otherwise) and a
+connect timeout. Every transaction opened through :func:`transaction` sets
+``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL`` semantics, so they never
+leak into a pooled session. Passwords never appear in messages: targets are shown
+with :func:`describe_target`, and libpq error text is passed through :func:`redact`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgflow_cli.errors import ConnectionFailed, LockTimeout, PgflowError, SchemaMissing, UsageError
+
+DEFAULT_APPLICATION_NAME = "pgflow-cli"
+DEFAULT_CONNECT_TIMEOUT = 10
+"""Seconds libpq waits for the server to answer before giving up."""
+
+DSN_ENV_VARS = ("PGFLOW_DATABASE_URL", "DATABASE_URL")
+"""Environment variables read for the connection string, in order."""
+
+LOCK_ERRORS = (pgerrors.LockNotAvailable, pgerrors.DeadlockDetected)
+"""Errors worth a bounded retry: lock_timeout expiry (55P03) and deadlocks (40P01)."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to connect.
+
+    Attributes:
+        conninfo: libpq conninfo or URL (may contain a password; never print it).
+        source: where it came from: ``--dsn``, an environment variable name,
+            ``libpq defaults`` or ``sandbox``.
+    """
+
+    conninfo: str
+    source: str
+
+    def describe(self) -> str:
+        """Password-free description, e.g. ``postgres@/tmp:5432/pgflow (from --dsn)``."""
+        return f"{describe_target(self.conninfo)} (from {self.source})"
+
+
+def resolve_target(dsn: str | None, environ: Mapping[str, str] | None = None) -> Target:
+    """Pick the connection target by the documented precedence.
+
+    Args:
+        dsn: the ``--dsn`` option value, or ``None``.
+        environ: environment mapping (defaults to ``os.environ``).
+
+    Returns:
+        The :class:`Target`; an empty conninfo means "libpq defaults".
+
+    Raises:
+        UsageError: when the chosen string cannot be parsed (exit 2); the message
+            never repeats the string itself, which may hold a password.
+    """
+    env = os.environ if environ is None else environ
+    if dsn:
+        target = Target(dsn, "--dsn")
+    else:
+        for name in DSN_ENV_VARS:
+            if env.get(name):
+                target = Target(env[name], name)
+                break
+        else:
+            target = Target("", "libpq defaults (PGHOST, PGPORT, PGDATABASE, PGUSER, PGSERVICE)")
+    _parse_or_raise(target)
+    return target
+
+
+def _parse_or_raise(target: Target) -> dict[str, str]:
+    try:
+        return conninfo_to_dict(target.conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise UsageError(
+            f"the connection string from {target.source} cannot be parsed: {_strip_quoted(str(exc))}",
+            hint="use key=value pairs (host=... dbname=...) or a postgresql://user@host:port/dbname URL",
+        ) from None
+
+
+_QUOTED = re.compile(r'"[^"]*"')
+
+
+def _strip_quoted(message: str) -> str:
+    """Remove quoted fragments libpq copies out of a malformed conninfo (they may be secrets)."""
+    return _QUOTED.sub('"…"', message).strip().rstrip(".")
+
+
+def describe_target(conninfo: str) -> str:
+    """Describe a conninfo without its password: ``user@host:port/dbname``.
+
+    Unset parts show libpq's defaults symbolically (``$PGHOST`` etc.).
+    """
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "<unparsable connection string>"
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "local socket"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    user = params.get("user") or os.environ.get("PGUSER") or "$USER"
+    dbname = params.get("dbname") or os.environ.get("PGDATABASE") or user
+    service = params.get("service") or os.environ.get("PGSERVICE")
+    text = f"{user}@{host}:{port}/{dbname}"
+    return f"{text} (service {service})" if service else text
+
+
+def redact(text: str, conninfo: str) -> str:
+    """Remove the password of ``conninfo`` (and ``PGPASSWORD``) from ``text``."""
+    secrets = []
+    try:
+        password = conninfo_to_dict(conninfo).get("password")
+    except psycopg.ProgrammingError:
+        password = None
+    for secret in (password, os.environ.get("PGPASSWORD")):
+        if secret:
+            secrets.append(secret)
+    for secret in secrets:
+        text = text.replace(secret, "********")
+    return text
+
+
+def connect(
+    target: Target,
+    *,
+    application_name: str = DEFAULT_APPLICATION_NAME,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+    autocommit: bool = True,
+) -> psycopg.Connection:
+    """Open a connection, mapping failures to :class:`ConnectionFailed` (exit 3).
+
+    Args:
+        target: from :func:`resolve_target`.
+        application_name: shown in ``pg_stat_activity`` (and in lock-blocker reports).
+        connect_timeout: seconds before libpq gives up on an unresponsive server.
+        autocommit: psycopg autocommit mode; transactions are then opened explicitly
+            with :func:`transaction`.
+
+    Returns:
+        An open :class:`psycopg.Connection`.
+    """
+    if connect_timeout <= 0:
+        raise UsageError(f"--connect-timeout must be a positive number of seconds, got {connect_timeout}")
+    try:
+        conninfo = make_conninfo(
+            target.conninfo, application_name=application_name, connect_timeout=str(connect_timeout)
+        )
+        return psycopg.connect(conninfo, autocommit=autocommit)
+    except psycopg.OperationalError as exc:
+        raise _connect_error(target, exc) from None
+
+
+def _connect_error(target: Target, exc: psycopg.OperationalError) -> ConnectionFailed:
+    raw = redact(str(exc).strip(), target.conninfo)
+    lowered = raw.lower()
+    if "password authentication failed" in lowered or "no password supplied" in lowered or getattr(exc, "sqlstate", None) in ("28P01", "28000"):
+        hint = "check the user name and password (PGPASSWORD, .pgpass or the connection string); pgflow never prints them"
+        what = "authentication failed"
+    elif "does not exist" in lowered and "database" in lowered:
+        hint = "check the database name (dbname=, PGDATABASE)"
+        what = "the database does not exist"
+    elif "timeout" in lowered:
+        hint = "the server did not answer in time; check the host, port and firewall, or raise --connect-timeout"
+        what = "connection timed out"
+    else:
+        hint = "check that the server runs and that host/port are right (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, PGHOST/PGPORT); try `pgflow sandbox up` for a local database"
+        what = "cannot connect"
+    last_line = raw.splitlines()[-1] if raw else "no detail from libpq"
+    return ConnectionFailed(f"{what} to {target.describe()}: {last_line}", hint=hint)
+
+
+@contextmanager
+def transaction(
+    conn: psycopg.Connection,
+    *,
+    read_only: bool = False,
+    lock_timeout: float | None = 5.0,
+    statement_timeout: float | None = 60.0,
+    isolation: str | None = None,
+) -> Iterator[psycopg.Connection]:
+    """Run a block in one transaction with local timeouts; roll back on any error.
+
+    Args:
+        conn: an autocommit connection from :func:`connect`.
+        read_only: start ``READ ONLY`` (the audit uses this).
+        lock_timeout: seconds to wait for any lock; ``None`` or 0 disables the limit.
+        statement_timeout: seconds any statement may run; ``None`` or 0 disables it.
+        isolation: ``"repeatable read"`` or ``"serializable"`` (default: server default).
+
+    Yields:
+        The same connection, inside the transaction.
+    """
+    mode = []
+    if isolation:
+        if isolation not in ("read committed", "repeatable read", "serializable"):
+            raise ValueError(f"unknown isolation level {isolation!r}")
+        mode.append(f"ISOLATION LEVEL {isolation.upper()}")
+    mode.append("READ ONLY" if read_only else "READ WRITE")
+    with conn.transaction():
+        # BEGIN was sent by psycopg; set the characteristics before any query runs.
+        conn.execute(f"SET TRANSACTION {' '.join(mode)}")
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+            (_ms(lock_timeout), _ms(statement_timeout)),
+        )
+        yield conn
+
+
+def _ms(seconds: float | None) -> str:
+    if not seconds:
+        return "0"
+    return f"{int(round(seconds * 1000))}ms"
+
+
+def retry_on_lock(
+    action: Callable[[], T],
+    *,
+    attempts: int = 5,
+    base_delay: float = 0.5,
+    max_delay: float = 8.0,
+    on_retry: Callable[[int, BaseException, float], None] | None = None,
+) -> T:
+    """Run ``action`` and retry it only on lock timeouts and deadlocks.
+
+    Args:
+        action: a callable that runs one complete transaction (it must be safe to rerun
+            because the failed attempt was rolled back).
+        attempts: total tries, at least 1.
+        base_delay: seconds before the first retry; doubles each time, with jitter.
+        max_delay: cap on one wait, seconds.
+        on_retry: called as ``on_retry(attempt_number, error, sleep_seconds)`` before each wait.
+
+    Returns:
+        What ``action`` returned.
+
+    Raises:
+        LockTimeout: when every attempt hit a lock timeout or deadlock (exit 4).
+        Any other error from ``action`` unchanged (never retried).
+    """
+    attempts = max(1, attempts)
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except LOCK_ERRORS as exc:
+            if attempt == attempts:
+                raise LockTimeout(
+                    f"gave up after {attempts} attempt(s): {first_line(exc)}",
+                    hint="another session holds a conflicting lock; find it in pg_stat_activity, let it finish, "
+                    "or retry with a larger --lock-timeout / --retries",
+                ) from None
+            delay = min(max_delay, base_delay * (2 ** (attempt - 1)))
+            delay *= 0.5 + random.random() / 2
+            if on_retry:
+                on_retry(attempt, exc, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def first_line(exc: BaseException) -> str:
+    """First line of an exception's text (libpq errors are multi-line)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def map_database_error(exc: psycopg.Error, *, target: Target | None = None) -> PgflowError:
+    """Translate a psycopg error raised during a command into a :class:`PgflowError`.
+
+    Lock and statement timeouts give exit 4, missing pgflow objects exit 3,
+    missing privileges exit 3, everything else keeps the server's message with
+    exit 70 (a bug or an unexpected server state).
+    """
+    message = str(exc).strip()
+    if target is not None:
+        message = redact(message, target.conninfo)
+    diag = getattr(exc, "diag", None)
+    detail = [line for line in ((diag.message_detail if diag else None) or "").splitlines() if line]
+    hint_from_server = (diag.message_hint if diag else None) or ""
+    if isinstance(exc, (pgerrors.LockNotAvailable, pgerrors.QueryCanceled, pgerrors.DeadlockDetected)):
+        return LockTimeout(
+            f"timed out: {message.splitlines()[0]}",
+            hint="a lock was held by another session or a statement ran past its limit; "
+            "retry later or raise --lock-timeout / --statement-timeout",
+            detail=detail,
+        )
+    if isinstance(exc, (pgerrors.UndefinedTable, pgerrors.InvalidSchemaName, pgerrors.UndefinedFunction)):
+        return SchemaMissing(
+            f"a pgflow object is missing: {message.splitlines()[0]}",
+            hint="is this the right database? run `pgflow migrate status` to see what is installed",
+            detail=detail,
+        )
+    if isinstance(exc, pgerrors.InsufficientPrivilege):
+        return ConnectionFailed(
+            f"permission denied: {message.splitlines()[0]}",
+            hint="connect as a role with the privileges this command needs (see docs/permissions.md)",
+            detail=detail,
+        )
+    if isinstance(exc, psycopg.OperationalError):
+        return ConnectionFailed(f"lost the connection: {message.splitlines()[0] if message else 'no detail'}",
+                                hint="the server closed the connection; check the server log and retry")
+    return PgflowError(
+        f"database error: {message.splitlines()[0] if message else type(exc).__name__}",
+        hint=hint_from_server,
+        detail=detail,
+    )

@@ -1,0 +1,57 @@
+-- Queries used by pgflow_cli.installer (the migration ledger). Named sections, run by name.
+
+--@name ledger_bootstrap
+-- Creates the ledger on first use, inside the first migration's transaction.
+CREATE SCHEMA IF NOT EXISTS pgflow;
+REVOKE ALL ON SCHEMA pgflow FROM PUBLIC;
+CREATE TABLE IF NOT EXISTS pgflow.schema_migrations (
+  version       integer     NOT NULL PRIMARY KEY,
+  name          text        NOT NULL,
+  checksum      text        NOT NULL,
+  tool_version  text        NOT NULL,
+  applied_by    text        NOT NULL DEFAULT session_user,
+  applied_at    timestamptz NOT NULL DEFAULT now(),
+  duration_ms   integer     NOT NULL
+);
+COMMENT ON TABLE pgflow.schema_migrations IS
+  'migrations applied by pgflow-cli: one row per sql/migrations file, with its SHA-256 checksum';
+REVOKE ALL ON pgflow.schema_migrations FROM PUBLIC;
+
+--@name database_state
+-- What is installed: the pgflow schema, its ledger, PGMQ. Catalog reads only.
+SELECT
+  to_regnamespace('pgflow') IS NOT NULL                       AS has_pgflow_schema,
+  to_regclass('pgflow.schema_migrations') IS NOT NULL         AS has_ledger,
+  to_regclass('pgflow.flows') IS NOT NULL                     AS has_flows_table,
+  to_regnamespace('pgmq') IS NOT NULL                         AS has_pgmq_schema,
+  to_regclass('pgmq.meta') IS NOT NULL                        AS has_pgmq_meta,
+  (SELECT extversion FROM pg_extension WHERE extname = 'pgmq') AS pgmq_extension_version,
+  obj_description(to_regnamespace('pgmq'), 'pg_namespace')    AS pgmq_schema_comment,
+  current_setting('server_version_num')::integer              AS server_version_num,
+  current_database()                                          AS database_name;
+
+--@name ledger_rows
+SELECT version, name, checksum, tool_version, applied_by, applied_at, duration_ms
+FROM pgflow.schema_migrations
+ORDER BY version;
+
+--@name ledger_insert
+INSERT INTO pgflow.schema_migrations (version, name, checksum, tool_version, duration_ms)
+VALUES (%(version)s, %(name)s, %(checksum)s, %(tool_version)s, %(duration_ms)s);
+
+--@name migrator_try_lock
+-- Session-level advisory lock: two migrators can never interleave. Key: ('pgfw', 0).
+SELECT pg_try_advisory_lock(1885824631, 0) AS locked;
+
+--@name migrator_unlock
+SELECT pg_advisory_unlock(1885824631, 0) AS unlocked;
+
+--@name migrator_lock_holder
+SELECT a.pid, a.application_name, a.state,
+       extract(epoch FROM (clock_timestamp() - a.backend_start))::integer AS connected_seconds
+FROM pg_locks AS l
+JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.classid = 1885824631 AND l.objid = 0 AND l.granted
+  AND l.pid <> pg_backend_pid();
+
+--@end

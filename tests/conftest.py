@@ -1,0 +1,63 @@
+"""Test fixtures: a real PostgreSQL server with real PGMQ, a fresh database per test.
+
+Fixtures:
+
+* ``harness``: the session's server (see tests/support/server.py);
+* ``db``: a fresh database with PGMQ and every pgflow migration;
+* ``baseline_db``: PGMQ and only the baseline migrations (the pre-upgrade state);
+* ``empty_db``: a database with nothing installed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+import pytest
+
+from pgflow_cli import installer
+from tests.support.server import Harness, TestDatabase
+
+BASELINE_VERSION = 2
+"""Last migration of the released baseline (schema + runtime), before queue identity."""
+
+
+@pytest.fixture(scope="session")
+def harness():
+    h = Harness()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def _install(conninfo: str, target: int | None) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        installer.install(conn, target=target)
+
+
+def _label(request) -> str:
+    return re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
+
+
+@pytest.fixture
+def db(harness, request) -> TestDatabase:
+    template = harness.template("latest", lambda c: _install(c, None))
+    database = harness.clone(template, _label(request))
+    yield database
+    harness.drop(database)
+
+
+@pytest.fixture
+def baseline_db(harness, request) -> TestDatabase:
+    template = harness.template("baseline", lambda c: _install(c, BASELINE_VERSION))
+    database = harness.clone(template, _label(request))
+    yield database
+    harness.drop(database)
+
+
+@pytest.fixture
+def empty_db(harness, request) -> TestDatabase:
+    database = harness.clone(None, _label(request))
+    yield database
+    harness.drop(database)
