@@ -37,6 +37,9 @@ from pgflow_cli.errors import LockTimeout, SchemaMissing, StateConflict
 _FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 QUERIES = "queries/installer.sql"
 
+BASELINE_VERSION = 2
+"""Last migration of the released baseline (schema + runtime): the state an upgrade starts from."""
+
 
 @dataclass(frozen=True)
 class Migration:

@@ -18,8 +18,7 @@ import pytest
 from pgflow_cli import installer
 from tests.support.server import Harness, TestDatabase
 
-BASELINE_VERSION = 2
-"""Last migration of the released baseline (schema + runtime), before queue identity."""
+BASELINE_VERSION = installer.BASELINE_VERSION
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,117 @@
+"""The ``pgflow`` command line: parse options, call operations, render, map errors to exit codes.
+
+:func:`main` is the console-script entry point. It is the only place where exceptions
+become messages and exit codes (docs/exit-codes.md): a :class:`PgflowError` prints its
+message, hint and detail on stderr; a psycopg error is first mapped by
+:func:`pgflow_cli.db.map_database_error`; anything else is a bug (exit 70) and shows a
+traceback only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Annotated, Optional
+
+import psycopg
+import typer
+
+from pgflow_cli import __version__, render
+from pgflow_cli.cli.common import STATE, OutputFormat
+from pgflow_cli.db import map_database_error
+from pgflow_cli.errors import ExitCode, PgflowError, exit_code_table
+
+EXIT_CODES_HELP = "\b\nExit codes (every command; docs/exit-codes.md):\n" + exit_code_table()
+
+app = typer.Typer(
+    name="pgflow",
+    help="Operator tooling for pgflow on PostgreSQL + PGMQ: audit before upgrading, migrate to upgrade, "
+    "and a local sandbox to try it all.\n\n"
+    "Typical upgrade: `pgflow audit` -> `pgflow migrate plan` -> `pgflow migrate apply`.",
+    epilog=EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"pgflow-cli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for internal errors.")] = False,
+    version: Annotated[
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = None,
+) -> None:
+    STATE.debug = debug
+
+
+def _register() -> None:
+    from pgflow_cli.cli import sandbox as sandbox_cli
+
+    app.add_typer(sandbox_cli.app, name="sandbox")
+    for module_name in ("audit", "migrate"):
+        try:
+            module = __import__(f"pgflow_cli.cli.{module_name}", fromlist=["register"])
+        except ModuleNotFoundError as exc:  # command not built yet
+            if exc.name != f"pgflow_cli.cli.{module_name}":
+                raise
+            continue
+        module.register(app)
+
+
+_register()
+
+
+def report_error(error: PgflowError) -> None:
+    """Print an error on stderr: JSON when ``--format json`` was chosen, else readable text."""
+    if STATE.output_format == OutputFormat.json:
+        sys.stderr.write(render.to_json(error.to_dict()) + "\n")
+        return
+    console = render.stderr_console()
+    console.print(render.text(f"error: {error.message}", "bold red"))
+    for line in error.detail:
+        console.print(render.text(f"  {line}"))
+    if error.hint:
+        console.print(render.text(f"hint: {error.hint}", "yellow"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI and exit with the documented exit code.
+
+    Option parsing errors are reported by typer itself (exit 2); everything a command
+    raises is reported here.
+    """
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="pgflow", standalone_mode=True)
+        code: int = ExitCode.OK
+    except SystemExit as exc:  # typer/click finished: --help, a usage error, typer.Exit(n)
+        code = exc.code if isinstance(exc.code, int) else (ExitCode.OK if exc.code is None else ExitCode.USAGE)
+    except KeyboardInterrupt:
+        render.stderr_console().print("interrupted")
+        code = ExitCode.INTERRUPTED
+    except PgflowError as exc:
+        report_error(exc)
+        code = exc.exit_code
+    except psycopg.Error as exc:
+        mapped = map_database_error(exc)
+        report_error(mapped)
+        code = mapped.exit_code
+    except Exception as exc:  # a bug: say so plainly
+        if STATE.debug:
+            traceback.print_exc()
+        report_error(
+            PgflowError(
+                f"internal error: {type(exc).__name__}: {exc}",
+                hint="this is a bug in pgflow-cli; rerun with --debug and report the traceback",
+            )
+        )
+        code = ExitCode.INTERNAL
+    sys.exit(int(code))

@@ -1,0 +1,150 @@
+"""``pgflow sandbox``: a private local PostgreSQL with real PGMQ and the pgflow schema."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from pgflow_cli import render
+from pgflow_cli.cli.common import STATE, FormatOption, OutputFormat
+from pgflow_cli.errors import ExitCode, UsageError
+from pgflow_cli.sandbox import Sandbox
+
+app = typer.Typer(
+    help="A private local PostgreSQL (Unix socket only) with real PGMQ and the pgflow schema, so every "
+    "command runs without a database of your own. Every database command accepts --sandbox to target it.\n\n"
+    "Directory: $PGFLOW_SANDBOX_DIR, else /var/lib/pgflow-cli/sandbox as root, else ~/.cache/pgflow-cli/sandbox.",
+    no_args_is_help=True,
+)
+
+SeedOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--seed",
+        help="Load sample data. 'demo': the pre-upgrade baseline schema with flows (some with names the "
+        "queue-identity rules reject) and runs in several states.",
+        metavar="NAME",
+    ),
+]
+
+
+def _err() -> render.Console:
+    return render.stderr_console()
+
+
+def _seed(sandbox: Sandbox, seed: str) -> None:
+    from pgflow_cli import seeds
+
+    seeds.load(sandbox, seed, progress=lambda message: _err().print(render.text(message, "dim")))
+
+
+@app.command()
+def up(
+    seed: SeedOption = None,
+    output_format: FormatOption = OutputFormat.table,
+) -> None:
+    """Create (first time) or start the sandbox and bring its schema up to date.
+
+    With --seed demo the database stays at the pre-upgrade baseline so that `pgflow audit --sandbox`
+    and `pgflow migrate plan --sandbox` have something to report.
+    """
+    STATE.output_format = output_format
+    sandbox = Sandbox.default()
+    if seed is not None:
+        from pgflow_cli import seeds
+
+        seeds.check_name(seed)
+    _err().print(render.text(f"sandbox directory: {sandbox.directory}", "dim"))
+    if seed is not None:
+        from pgflow_cli import seeds
+
+        applied = sandbox.up(target=seeds.schema_target(seed))
+        sandbox.require_schema_at_most(seeds.schema_target(seed))
+    else:
+        applied = sandbox.up()
+    for item in applied:
+        _err().print(render.text(f"applied {item.migration.label} ({item.duration_ms} ms)", "dim"))
+    if seed is not None:
+        _seed(sandbox, seed)
+    _show(sandbox, output_format, headline="sandbox is up")
+
+
+@app.command()
+def status(output_format: FormatOption = OutputFormat.table) -> None:
+    """Show whether the sandbox runs, where, and what its database holds."""
+    STATE.output_format = output_format
+    _show(Sandbox.default(), output_format, headline=None)
+
+
+@app.command()
+def dsn() -> None:
+    """Print the sandbox connection string (Unix socket; no password needed), e.g. for psql."""
+    typer.echo(Sandbox.default().running_conninfo())
+
+
+@app.command()
+def down() -> None:
+    """Stop the sandbox server; its data stays for the next `up`."""
+    sandbox = Sandbox.default()
+    was_running = sandbox.down()
+    _err().print("sandbox stopped" if was_running else "sandbox was not running")
+
+
+@app.command()
+def reset(
+    seed: SeedOption = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    destroy: Annotated[bool, typer.Option("--destroy", help="Delete the whole sandbox directory instead of recreating the database.")] = False,
+    output_format: FormatOption = OutputFormat.table,
+) -> None:
+    """Throw the sandbox database away and create it again (optionally seeded). Only the sandbox is touched."""
+    STATE.output_format = output_format
+    sandbox = Sandbox.default()
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("reset deletes the sandbox database; confirm with --yes when not on a terminal")
+        if not typer.confirm(f"Delete the sandbox database in {sandbox.directory}?", err=True):
+            _err().print("cancelled; nothing changed")
+            raise typer.Exit(int(ExitCode.INTERRUPTED))
+    if destroy:
+        sandbox.destroy()
+        _err().print(f"deleted {sandbox.directory}")
+        if seed is None:
+            return
+        sandbox = Sandbox.default()
+    else:
+        sandbox.reset()
+    up(seed=seed, output_format=output_format)
+
+
+def _show(sandbox: Sandbox, output_format: OutputFormat, headline: str | None) -> None:
+    info = sandbox.status()
+    if output_format == OutputFormat.json:
+        render.write_json({"kind": "pgflow-cli/sandbox-status", "version": 1, **info.to_dict()})
+        return
+    if output_format == OutputFormat.csv:
+        data = info.to_dict()
+        render.write_csv(list(data), [data])
+        return
+    console = render.stdout_console()
+    if headline:
+        console.print(render.text(headline, "bold green"))
+    rows = [
+        ("directory", info.directory),
+        ("running", "yes" if info.running else "no"),
+        ("port", info.port),
+        ("connection", info.conninfo or "(not running)"),
+        ("schema version", f"{info.schema_version:04d}" if info.schema_version else None),
+        ("pending migrations", info.pending_migrations),
+        ("PGMQ", info.pgmq_version),
+        ("flows", info.flows),
+        ("runs in flight", info.runs_in_flight),
+    ]
+    for key, value in rows:
+        console.print(render.text(f"{key:>20}: {render.display(value) if value is not None else '-'}"))
+    if info.running:
+        console.print(render.text("next: pgflow audit --sandbox", "dim"))
+    else:
+        console.print(render.text("start it with: pgflow sandbox up", "dim"))
