@@ -1,0 +1,269 @@
+"""``pgflow migrate``: status, plan and apply of the shipped SQL migrations."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from pgflow_cli import installer, render
+from pgflow_cli.cli.common import (
+    STATE,
+    ConnectTimeoutOption,
+    DsnOption,
+    FormatOption,
+    OutputFormat,
+    SandboxOption,
+    open_connection,
+)
+from pgflow_cli.operations import migrate as migrate_op
+
+app = typer.Typer(
+    help="Apply pgflow's SQL migrations in order, each in one transaction recorded with its checksum in "
+    "pgflow.schema_migrations.\n\n"
+    "Run `pgflow audit` first, then `migrate plan`, then `migrate apply` (try `--dry-run`). Workers must be "
+    "fenced and drained first for upgrades that change the worker protocol (docs/upgrade.md).",
+    no_args_is_help=True,
+)
+
+
+def register(root: typer.Typer) -> None:
+    """Attach ``migrate`` to the root command."""
+    root.add_typer(app, name="migrate")
+
+
+def _summary(migration: installer.Migration) -> str:
+    """First comment line of a migration file, without its '-- NNNN ' prefix."""
+    for line in migration.sql.splitlines():
+        if line.startswith("--"):
+            text = line.lstrip("- ").strip()
+            prefix = f"{migration.version:04d} "
+            return text[len(prefix):] if text.startswith(prefix) else text
+    return migration.name.replace("_", " ")
+
+
+def _status_rows(plan: installer.Plan) -> list[dict[str, Any]]:
+    by_version = {m.version: m for m in installer.available_migrations()}
+    rows = []
+    for s in plan.statuses:
+        row: dict[str, Any] = {
+            "version": s.version,
+            "name": s.name,
+            "state": s.state,
+            "summary": _summary(by_version[s.version]) if s.version in by_version else "",
+            "applied_at": s.recorded.applied_at if s.recorded else None,
+            "applied_by": s.recorded.applied_by if s.recorded else None,
+            "tool_version": s.recorded.tool_version if s.recorded else None,
+            "duration_ms": s.recorded.duration_ms if s.recorded else None,
+            "checksum": s.file_checksum or (s.recorded.checksum if s.recorded else None),
+        }
+        rows.append(row)
+    return rows
+
+
+STATUS_COLUMNS = ["version", "name", "state", "applied_at", "applied_by", "tool_version", "duration_ms", "summary"]
+
+
+@app.command()
+def status(
+    dsn: DsnOption = None,
+    sandbox: SandboxOption = False,
+    connect_timeout: ConnectTimeoutOption = 10,
+    output_format: FormatOption = OutputFormat.table,
+) -> None:
+    """Show applied, pending, changed (checksum mismatch) and unknown migrations. Read-only.
+
+    Exit 0, or 6 when the database cannot be migrated by this tool (changed files, a newer database,
+    a pgflow schema pgflow-cli did not install).
+    """
+    STATE.output_format = output_format
+    conn, target = open_connection(dsn, sandbox, connect_timeout)
+    with conn:
+        plan = installer.make_plan(conn)
+    rows = _status_rows(plan)
+    conflict = plan.refuse_reasons()
+    if output_format == OutputFormat.json:
+        render.write_json({
+            "kind": "pgflow-cli/migrate-status", "version": 1, "database": target.describe(),
+            "pgmq_version": plan.state.pgmq_version, "migrations": rows,
+            "pending": [r["version"] for r in rows if r["state"] == "pending"],
+            "conflict": conflict.to_dict() if conflict else None,
+        })
+    elif output_format == OutputFormat.csv:
+        render.write_csv(STATUS_COLUMNS, rows)
+    else:
+        _print_status(rows, target.describe(), plan)
+    if conflict:
+        from pgflow_cli.cli import report_error
+
+        report_error(conflict)
+        raise typer.Exit(int(conflict.exit_code))
+
+
+def _print_status(rows: list[dict[str, Any]], where: str, plan: installer.Plan) -> None:
+    from rich.table import Table
+
+    console = render.stdout_console()
+    table = Table(title=f"migrations in {render.display(where)}", title_justify="left")
+    for column in ("version", "state", "applied", "by", "tool", "ms", "summary"):
+        table.add_column(column, no_wrap=column != "summary", overflow="fold")
+    styles = {"applied": "green", "pending": "yellow", "changed": "bold red", "unknown": "bold red"}
+    for row in rows:
+        table.add_row(
+            render.text(f"{row['version']:04d}_{row['name']}"),
+            render.text(row["state"], styles.get(row["state"])),
+            render.text(row["applied_at"].strftime("%Y-%m-%d %H:%M:%S") if row["applied_at"] else ""),
+            render.text(row["applied_by"]),
+            render.text(row["tool_version"]),
+            render.text(row["duration_ms"]),
+            render.text(row["summary"]),
+        )
+    console.print(table)
+    pending = [r for r in rows if r["state"] == "pending"]
+    console.print(render.text(f"PGMQ: {plan.state.pgmq_version or 'not installed'}"))
+    if pending and not plan.refuse_reasons():
+        console.print(render.text(f"{len(pending)} pending; next: pgflow migrate plan", "yellow"))
+    elif not pending:
+        console.print(render.text("up to date", "green"))
+
+
+@app.command()
+def plan(
+    dsn: DsnOption = None,
+    sandbox: SandboxOption = False,
+    connect_timeout: ConnectTimeoutOption = 10,
+    output_format: FormatOption = OutputFormat.table,
+) -> None:
+    """List what `migrate apply` would do, in order. Read-only; nothing is locked.
+
+    Exit 0 when apply may proceed, 6 when it would be refused for a state conflict.
+    """
+    STATE.output_format = output_format
+    conn, target = open_connection(dsn, sandbox, connect_timeout)
+    with conn:
+        the_plan = installer.make_plan(conn)
+    conflict = the_plan.refuse_reasons()
+    pending = [{"version": m.version, "name": m.name, "summary": _summary(m), "checksum": m.checksum}
+               for m in the_plan.pending]
+    if output_format == OutputFormat.json:
+        render.write_json({
+            "kind": "pgflow-cli/migrate-plan", "version": 1, "database": target.describe(),
+            "pending": pending, "pgmq_installed": the_plan.state.has_pgmq_meta,
+            "conflict": conflict.to_dict() if conflict else None,
+        })
+    elif output_format == OutputFormat.csv:
+        render.write_csv(["version", "name", "summary", "checksum"], pending)
+    else:
+        console = render.stdout_console()
+        if not pending:
+            console.print(render.text("nothing to apply: the database is up to date", "green"))
+        for item in pending:
+            console.print(render.text(f"{item['version']:04d}_{item['name']}: {item['summary']}"))
+        if pending and not conflict:
+            console.print(render.text("next: pgflow migrate apply --dry-run, then pgflow migrate apply", "dim"))
+        if not the_plan.state.has_pgmq_meta:
+            console.print(render.text("PGMQ is not installed: install the pgmq extension or use --install-pgmq", "yellow"))
+    if conflict:
+        from pgflow_cli.cli import report_error
+
+        report_error(conflict)
+        raise typer.Exit(int(conflict.exit_code))
+
+
+@app.command()
+def apply(
+    dsn: DsnOption = None,
+    sandbox: SandboxOption = False,
+    connect_timeout: ConnectTimeoutOption = 10,
+    output_format: FormatOption = OutputFormat.table,
+    target_version: Annotated[
+        Optional[int], typer.Option("--target", min=1, help="Apply up to and including this migration number.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Run the next pending migration and roll it back: rows touched, locks held, time.")
+    ] = False,
+    show_sql: Annotated[
+        bool, typer.Option("--sql", help="Print the SQL of the pending migrations for review and exit; changes nothing.")
+    ] = False,
+    lock_timeout: Annotated[
+        float, typer.Option("--lock-timeout", min=0.1, help="Seconds a statement may wait for a lock before the migration is rolled back and retried.", metavar="SECONDS")
+    ] = 5.0,
+    retries: Annotated[
+        int, typer.Option("--retries", min=1, max=50, help="Attempts per migration, on lock timeouts and deadlocks only.")
+    ] = 5,
+    install_pgmq: Annotated[
+        bool, typer.Option("--install-pgmq", help="Install the PGMQ SQL bundled with pgflow-cli when the database has no PGMQ.")
+    ] = False,
+) -> None:
+    """Apply pending migrations in order; each one is atomic and recorded with its checksum.
+
+    A lock that cannot be taken within --lock-timeout rolls the migration back; it is retried with backoff
+    up to --retries times, naming the sessions that block it (never their queries). Exit 4 if it never gets
+    the lock; the database is then exactly as before that migration.
+    """
+    STATE.output_format = output_format
+    conn, target = open_connection(dsn, sandbox, connect_timeout)
+    err = render.stderr_console()
+    with conn:
+        if show_sql:
+            the_plan = installer.make_plan(conn)
+            conflict = the_plan.refuse_reasons()
+            if conflict:
+                raise conflict
+            todo = [m for m in the_plan.pending if target_version is None or m.version <= target_version]
+            for migration in todo:
+                typer.echo(f"-- ===== {migration.label} (sha256 {migration.checksum}) =====")
+                typer.echo(migration.sql.rstrip("\n"))
+            if not todo:
+                err.print("nothing pending")
+            return
+        if install_pgmq:
+            installed = installer.ensure_pgmq(conn)
+            if installed:
+                err.print(render.text(f"installed PGMQ {installed} (SQL bundled with pgflow-cli)"))
+
+        def progress(event: str, data: dict[str, Any]) -> None:
+            if output_format != OutputFormat.table and event not in ("blocked", "retry"):
+                return
+            if event == "lock_wait":
+                err.print(render.text("waiting for another migrator to finish...", "yellow"))
+            elif event == "start":
+                suffix = f" (attempt {data['attempt']})" if data["attempt"] > 1 else ""
+                err.print(render.text(f"{'dry run of' if dry_run else 'applying'} {data['migration']}{suffix}..."))
+            elif event == "blocked":
+                waiting = data.get("waiting_on") or {}
+                what = f"{waiting.get('mode', 'a lock')} on {waiting.get('object', '?')}" if waiting else "a lock"
+                err.print(render.text(f"waiting for {what}, blocked by:", "yellow"))
+                for blocker in data["blockers"]:
+                    err.print(render.text(f"  {migrate_op.describe_blocker(blocker)}", "yellow"))
+            elif event == "retry":
+                err.print(render.text(
+                    f"{data['migration']}: {data['error']}; rolled back, retrying in {data['sleep']}s", "yellow"))
+            elif event == "done":
+                verb = "rolled back (dry run)" if data["dry_run"] else "applied"
+                err.print(render.text(f"{verb} {data['migration']} in {data['duration_ms']} ms", "green"))
+
+        result = migrate_op.apply(
+            conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
+            dry_run=dry_run, progress=progress,
+        )
+    if output_format == OutputFormat.json:
+        render.write_json({"kind": "pgflow-cli/migrate-apply", "version": 1, "database": target.describe(), **result.to_dict()})
+        return
+    if output_format == OutputFormat.csv:
+        render.write_csv(["name", "seconds"], [{"name": p.name, "seconds": round(p.seconds, 3)} for p in result.phases])
+        return
+    console = render.stdout_console()
+    if not result.phases:
+        console.print(render.text("nothing to apply: the database is up to date", "green"))
+    for phase in result.phases:
+        console.print(render.text(f"{phase.name}: {phase.seconds:.3f}s"))
+        if dry_run:
+            for row in phase.detail.get("rows_touched", []):
+                console.print(render.text(
+                    f"  {row['table_name']}: +{row['inserted']} ~{row['updated']} -{row['deleted']} rows"))
+            for lock in phase.detail.get("locks_held", []):
+                console.print(render.text(f"  lock {lock['relation']}: {lock['modes']} for {lock['held_ms']} ms"))
+    if dry_run and result.phases:
+        console.print(render.text("dry run: everything was rolled back", "dim"))
+

@@ -1,0 +1,207 @@
+"""``pgflow migrate``: show, plan and apply the shipped migrations safely.
+
+Applying is :func:`pgflow_cli.installer.apply` (the one installer) plus what an operator
+needs around it:
+
+* a **preflight audit** before any lock is taken: blocking findings refuse the upgrade
+  with the complete list (exit 1) and nothing is changed; the migration itself rechecks
+  the same rules under its locks;
+* a **lock watcher**: a second connection that, while the migration waits for a lock,
+  names the blocking sessions (pid, application name, state, seconds) without their
+  query text;
+* bounded **retries** on lock timeouts and deadlocks only, with backoff;
+* **dry runs**: each pending migration runs and is rolled back, reporting rows touched
+  per table and the relation locks it held (and for how long: every lock is held until the
+  end of its transaction).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgflow_cli import installer, sqlfiles
+from pgflow_cli.db import Target, connect
+
+QUERIES = "queries/migrate.sql"
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class Phase:
+    """One step of a migrate run, for progress and the JSON result.
+
+    Attributes:
+        name: ``preflight``, ``lock``, ``apply <migration>`` ...
+        seconds: wall time.
+        detail: phase-specific data (attempts, rows touched, locks held).
+    """
+
+    name: str
+    seconds: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seconds": round(self.seconds, 3), **self.detail}
+
+
+@dataclass
+class MigrateResult:
+    """Outcome of ``pgflow migrate apply``."""
+
+    dry_run: bool
+    applied: list[str] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
+    blockers_seen: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "applied": self.applied,
+            "phases": [p.to_dict() for p in self.phases],
+            "blockers_seen": self.blockers_seen,
+        }
+
+
+class LockWatcher:
+    """Reports sessions blocking the migrator's backend while it waits for a lock.
+
+    Args:
+        target: where to connect (a second, short-lived connection).
+        pid: the migrator's backend pid.
+        report: called as ``report(blockers, waiting_on)`` when the set of blockers changes,
+            and again every ``repeat`` seconds while it persists.
+        interval: seconds between samples.
+        repeat: seconds between repeated reports of an unchanged blocker set.
+    """
+
+    def __init__(self, target: Target, pid: int, report: Callable[[list[dict[str, Any]], dict[str, Any] | None], None],
+                 *, interval: float = 0.25, repeat: float = 5.0) -> None:
+        self.target = target
+        self.pid = pid
+        self.report = report
+        self.interval = interval
+        self.repeat = repeat
+        self.seen: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pgflow-lock-watcher", daemon=True)
+
+    def __enter__(self) -> "LockWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            conn = connect(self.target, application_name="pgflow-cli lock-watcher", connect_timeout=5)
+        except Exception:
+            return  # watching is best effort; the migration itself reports the timeout
+        last_key: tuple[int, ...] = ()
+        last_report = 0.0
+        try:
+            with conn.cursor(row_factory=dict_row) as cur:
+                while not self._stop.wait(self.interval):
+                    blockers = cur.execute(sqlfiles.statement(QUERIES, "blocking_sessions"), {"pid": self.pid}).fetchall()
+                    key = tuple(sorted(b["pid"] for b in blockers))
+                    now = time.monotonic()
+                    if blockers and (key != last_key or now - last_report >= self.repeat):
+                        waiting = cur.execute(sqlfiles.statement(QUERIES, "waiting_on"), {"pid": self.pid}).fetchone()
+                        self.report(blockers, waiting)
+                        last_report = now
+                        for blocker in blockers:
+                            if blocker["pid"] not in {s["pid"] for s in self.seen}:
+                                self.seen.append(dict(blocker))
+                    last_key = key
+        except psycopg.Error:
+            pass
+        finally:
+            conn.close()
+
+
+def describe_blocker(blocker: dict[str, Any]) -> str:
+    """One line per blocking session: pid, application, state, duration (never its query)."""
+    modes = f", holds {blocker['lock_modes']}" if blocker.get("lock_modes") else ""
+    return (f"pid {blocker['pid']} ({blocker['application_name']}, user {blocker['user_name']}), "
+            f"{blocker['state'] or 'unknown state'} for {blocker['seconds']}s{modes}")
+
+
+def apply(
+    conn: psycopg.Connection,
+    target: Target,
+    *,
+    target_version: int | None = None,
+    lock_timeout: float = 5.0,
+    attempts: int = 5,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> MigrateResult:
+    """Apply (or dry-run) pending migrations with a lock watcher; see the module docstring.
+
+    Args:
+        conn: autocommit connection of the migrator.
+        target: connection target (the watcher opens its own connection).
+        target_version: stop after this migration version.
+        lock_timeout: seconds any statement may wait for a lock before the migration is
+            rolled back and retried.
+        attempts: tries per migration (lock timeouts and deadlocks only).
+        dry_run: roll back each migration after measuring it.
+        progress: ``progress(event, data)`` for stderr reporting.
+
+    Returns:
+        A :class:`MigrateResult` with one phase per migration.
+
+    Raises:
+        StateConflict, SchemaMissing, LockTimeout: see :func:`pgflow_cli.installer.apply`.
+    """
+    emit = progress or (lambda event, data: None)
+    result = MigrateResult(dry_run=dry_run)
+    pid = conn.info.backend_pid
+    starts: dict[str, float] = {}
+    measured: dict[str, dict[str, Any]] = {}
+
+    def on_event(event: str, data: dict[str, Any]) -> None:
+        if event == "start":
+            starts[data["migration"]] = time.monotonic()
+        if event == "done":
+            label = data["migration"]
+            detail = {"migration": label, "attempts": data["attempts"], "duration_ms": data["duration_ms"]}
+            detail.update(measured.get(label, {}))
+            result.phases.append(Phase(f"apply {label}", time.monotonic() - starts.get(label, time.monotonic()), detail))
+            if not dry_run:
+                result.applied.append(label)
+        emit(event, data)
+
+    def measure(c: psycopg.Connection, migration: installer.Migration) -> None:
+        with c.cursor(row_factory=dict_row) as cur:
+            changes = cur.execute(sqlfiles.statement(QUERIES, "transaction_changes")).fetchall()
+            locks = cur.execute(sqlfiles.statement(QUERIES, "transaction_locks")).fetchall()
+        held_ms = int((time.monotonic() - starts.get(migration.label, time.monotonic())) * 1000)
+        measured[migration.label] = {
+            "rows_touched": changes,
+            "locks_held": [{**lock, "held_ms": held_ms} for lock in locks],
+        }
+
+    def on_blockers(blockers: list[dict[str, Any]], waiting: dict[str, Any] | None) -> None:
+        emit("blocked", {"blockers": blockers, "waiting_on": waiting})
+
+    with LockWatcher(target, pid, on_blockers) as watcher:
+        installer.apply(
+            conn,
+            target=target_version,
+            lock_timeout=lock_timeout,
+            attempts=attempts,
+            progress=on_event,
+            before_commit=measure,
+            dry_run=dry_run,
+        )
+    result.blockers_seen = [dict(b) for b in watcher.seen]
+    return result

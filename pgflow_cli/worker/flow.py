@@ -1,0 +1,267 @@
+"""Flow definitions in Python: steps, map steps, dependencies and options.
+
+A :class:`Flow` is the Python counterpart of a pgflow flow definition. Its
+:meth:`Flow.shape` is the JSON document a worker sends to the database at startup
+(``ensure_flow_compiled``), so the database can create, verify or refuse the
+definition (spec "Startup compilation"). Handlers are plain Python callables.
+
+Handler input (same rules as the database builds them):
+
+* a root single step receives the run input;
+* a dependent single step receives ``{dependency_slug: dependency_output, ...}`` of its
+  completed dependencies (skipped dependencies are absent);
+* a map step receives one element of its array (the run input for a root map, else the
+  output of its single dependency).
+
+Every handler is called as ``handler(input, context)`` with a :class:`TaskContext`
+and must return a JSON-serialisable value (the task output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgflow_cli import naming
+from pgflow_cli.errors import UsageError
+
+WHEN_VALUES = ("fail", "skip", "skip-cascade")
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a handler knows about the task it runs.
+
+    Attributes:
+        flow_slug: the concrete flow.
+        run_id: the run (UUID text).
+        step_slug: the step.
+        task_index: zero-based task index (map element index; 0 for single steps).
+        message_id: the PGMQ message id of the task.
+        queue_name: the queue the message came from.
+        flow_input: the run input for root single steps, else ``None``.
+        worker_id: the worker running it.
+    """
+
+    flow_slug: str
+    run_id: str
+    step_slug: str
+    task_index: int
+    message_id: int
+    queue_name: str
+    flow_input: Any
+    worker_id: str
+
+
+Handler = Callable[[Any, TaskContext], Any]
+
+
+@dataclass(frozen=True)
+class StepDefinition:
+    """One step of a flow (immutable once added)."""
+
+    slug: str
+    handler: Handler
+    step_type: str
+    dependencies: tuple[str, ...]
+    max_attempts: int | None = None
+    base_delay: int | None = None
+    timeout: int | None = None
+    start_delay: int | None = None
+    required_input_pattern: Mapping[str, Any] | None = None
+    forbidden_input_pattern: Mapping[str, Any] | None = None
+    when_unmet: str = "skip"
+    when_exhausted: str = "fail"
+
+    def shape(self) -> dict[str, Any]:
+        """The step's part of the startup shape document."""
+        options = {
+            key: value
+            for key, value in (
+                ("maxAttempts", self.max_attempts),
+                ("baseDelay", self.base_delay),
+                ("timeout", self.timeout),
+                ("startDelay", self.start_delay),
+            )
+            if value is not None
+        }
+        return {
+            "slug": self.slug,
+            "stepType": self.step_type,
+            "dependencies": sorted(self.dependencies),
+            "options": options,
+            "whenUnmet": self.when_unmet,
+            "whenExhausted": self.when_exhausted,
+            "requiredInputPattern": _pattern(self.required_input_pattern),
+            "forbiddenInputPattern": _pattern(self.forbidden_input_pattern),
+        }
+
+
+def _pattern(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"defined": False} if value is None else {"defined": True, "value": dict(value)}
+
+
+@dataclass
+class Flow:
+    """A flow definition: an ordered list of steps forming a DAG.
+
+    Args:
+        slug: the concrete flow slug (checked against the slug rules unless
+            ``legacy_slugs`` is set, which allows names the released baseline accepted).
+        max_attempts: total attempts per task (flow default; database default 3).
+        base_delay: seconds; retry n waits ``base_delay * 2**attempts`` (database default 5).
+        timeout: seconds a task may run before its message becomes visible again
+            (database default 60).
+        legacy_slugs: accept slugs that only the pre-upgrade rule allows (sandbox demo).
+
+    Raises:
+        UsageError: invalid slugs, duplicate or unknown dependencies, bad options.
+    """
+
+    slug: str
+    max_attempts: int | None = None
+    base_delay: int | None = None
+    timeout: int | None = None
+    legacy_slugs: bool = False
+    steps: list[StepDefinition] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._check_slug(self.slug, "flow slug")
+        _check_options(self.slug, max_attempts=self.max_attempts, base_delay=self.base_delay, timeout=self.timeout)
+
+    # building ----------------------------------------------------------------
+    def step(
+        self,
+        slug: str,
+        handler: Handler,
+        *,
+        depends_on: Iterable[str] = (),
+        max_attempts: int | None = None,
+        base_delay: int | None = None,
+        timeout: int | None = None,
+        start_delay: int | None = None,
+        if_: Mapping[str, Any] | None = None,
+        if_not: Mapping[str, Any] | None = None,
+        when_unmet: str = "skip",
+        when_exhausted: str = "fail",
+    ) -> "Flow":
+        """Add a single step (one task per run). Returns the flow for chaining."""
+        return self._add(
+            StepDefinition(
+                slug=slug,
+                handler=handler,
+                step_type="single",
+                dependencies=tuple(depends_on),
+                max_attempts=max_attempts,
+                base_delay=base_delay,
+                timeout=timeout,
+                start_delay=start_delay,
+                required_input_pattern=if_,
+                forbidden_input_pattern=if_not,
+                when_unmet=when_unmet,
+                when_exhausted=when_exhausted,
+            )
+        )
+
+    def map(
+        self,
+        slug: str,
+        handler: Handler,
+        *,
+        array: str | None = None,
+        max_attempts: int | None = None,
+        base_delay: int | None = None,
+        timeout: int | None = None,
+        start_delay: int | None = None,
+        when_unmet: str = "skip",
+        when_exhausted: str = "fail",
+    ) -> "Flow":
+        """Add a map step: one task per element of ``array`` (a dependency slug) or of the run input."""
+        return self._add(
+            StepDefinition(
+                slug=slug,
+                handler=handler,
+                step_type="map",
+                dependencies=(array,) if array else (),
+                max_attempts=max_attempts,
+                base_delay=base_delay,
+                timeout=timeout,
+                start_delay=start_delay,
+                when_unmet=when_unmet,
+                when_exhausted=when_exhausted,
+            )
+        )
+
+    def _add(self, step: StepDefinition) -> "Flow":
+        self._check_slug(step.slug, "step slug")
+        existing = {s.slug for s in self.steps}
+        if step.slug in existing:
+            raise UsageError(f"flow {self.slug!r}: step {step.slug!r} is defined twice")
+        if not self.legacy_slugs:
+            folded = {naming.normalized_slug(s) for s in existing}
+            if naming.normalized_slug(step.slug) in folded:
+                raise UsageError(f"flow {self.slug!r}: step {step.slug!r} differs from another step only by case")
+        unknown = [dep for dep in step.dependencies if dep not in existing]
+        if unknown:
+            raise UsageError(
+                f"flow {self.slug!r}: step {step.slug!r} depends on undefined step(s) {', '.join(map(repr, unknown))}",
+                hint="define dependencies before the steps that use them",
+            )
+        if len(set(step.dependencies)) != len(step.dependencies):
+            raise UsageError(f"flow {self.slug!r}: step {step.slug!r} lists a dependency twice")
+        for value, what in ((step.when_unmet, "when_unmet"), (step.when_exhausted, "when_exhausted")):
+            if value not in WHEN_VALUES:
+                raise UsageError(f"flow {self.slug!r}: step {step.slug!r}: {what} must be one of {', '.join(WHEN_VALUES)}")
+        _check_options(f"{self.slug}.{step.slug}", max_attempts=step.max_attempts, base_delay=step.base_delay,
+                       timeout=step.timeout, start_delay=step.start_delay)
+        self.steps.append(step)
+        return self
+
+    def _check_slug(self, slug: str, what: str) -> None:
+        if self.legacy_slugs:
+            reasons = [r for r in naming.slug_violations(slug) if r not in naming.NEW_RULE_REASONS]
+            if reasons:
+                raise UsageError(f"{what} {slug!r} is not valid even under the released rule: {naming.describe_reasons(reasons)}")
+        else:
+            naming.validate_slug(slug, what=what)
+
+    # reading -----------------------------------------------------------------
+    def get_step(self, slug: str) -> StepDefinition:
+        """The step called ``slug``.
+
+        Raises:
+            KeyError: no such step.
+        """
+        for step in self.steps:
+            if step.slug == slug:
+                return step
+        raise KeyError(slug)
+
+    @property
+    def step_slugs(self) -> Sequence[str]:
+        """Step slugs in definition order (the order of ``step_index``)."""
+        return [s.slug for s in self.steps]
+
+    def shape(self) -> dict[str, Any]:
+        """The structural definition sent at worker startup (options included but not compared)."""
+        if not self.steps:
+            raise UsageError(f"flow {self.slug!r} has no steps")
+        options = {
+            key: value
+            for key, value in (("maxAttempts", self.max_attempts), ("baseDelay", self.base_delay), ("timeout", self.timeout))
+            if value is not None
+        }
+        return {"steps": [step.shape() for step in self.steps], "options": options}
+
+
+def _check_options(where: str, **values: int | None) -> None:
+    for name, value in values.items():
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UsageError(f"{where}: {name} must be a whole number of seconds/attempts, got {value!r}")
+        if name == "timeout" and value <= 0:
+            raise UsageError(f"{where}: timeout must be at least 1 second, got {value}")
+        if value < 0:
+            raise UsageError(f"{where}: {name} must not be negative, got {value}")

@@ -1,0 +1,230 @@
+"""The database protocol a worker speaks: startup compile, registration, read, claim, report.
+
+Each protocol version is one class whose SQL lives in ``sql/queries/worker_v<N>.sql``.
+A worker speaks exactly one version and checks ``pgflow.protocol_version()`` before it
+compiles, registers or polls; any mismatch is refused with both versions and the fix
+(DESIGN.md "The database has a protocol version").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from pgflow_cli import sqlfiles
+from pgflow_cli.errors import PgflowError, StateConflict, UsageError
+
+# SQLSTATEs raised by pgflow SQL (docs/architecture.md).
+SQLSTATE_FENCED = "PF001"
+SQLSTATE_PROTOCOL = "PF002"
+SQLSTATE_DEFINITION = "PF003"
+SQLSTATE_QUEUE_COLLISION = "PF004"
+
+PACKAGE_FOR_PROTOCOL = {
+    1: "a pgflow-cli release before the queue-identity upgrade (database schema 0002)",
+    2: "pgflow-cli with the queue-identity upgrade (database schema 0003 or later)",
+}
+
+
+class WorkerStartupError(PgflowError):
+    """The worker refused to start; nothing was registered and nothing was polled."""
+
+    exit_code = StateConflict.exit_code
+
+
+class ProtocolMismatch(WorkerStartupError):
+    """Worker and database speak different protocol versions."""
+
+
+class WorkerFenced(WorkerStartupError):
+    """The worker's function is fenced (``worker_functions.enabled = false``)."""
+
+
+class FlowShapeMismatch(WorkerStartupError):
+    """The database holds a different definition under this flow slug (production refuses)."""
+
+
+def protocol_mismatch(worker_version: int, database_version: int | None) -> ProtocolMismatch:
+    """Build the refusal for a worker/database version mismatch (both directions)."""
+    if database_version is None:
+        return ProtocolMismatch(
+            f"the database has no pgflow protocol version (worker speaks protocol {worker_version})",
+            hint="install or upgrade the schema with `pgflow migrate apply`",
+        )
+    if database_version > worker_version:
+        fix = (f"the database was upgraded to protocol {database_version}; deploy workers from "
+               f"{PACKAGE_FOR_PROTOCOL.get(database_version, f'a release speaking protocol {database_version}')} "
+               "(coordinated package-and-database upgrade)")
+    else:
+        fix = (f"the database still speaks protocol {database_version}; run `pgflow migrate apply` before deploying "
+               "workers of this version (coordinated package-and-database upgrade)")
+    return ProtocolMismatch(
+        f"worker speaks pgflow protocol {worker_version}, database speaks protocol {database_version}: refusing to start",
+        hint=fix,
+    )
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """A task this worker now owns (status started, attempt counted, visibility extended)."""
+
+    flow_slug: str
+    run_id: str
+    step_slug: str
+    input: Any
+    message_id: int
+    task_index: int
+    flow_input: Any
+    queue_name: str
+
+
+@dataclass
+class ClaimOutcome:
+    """Result of one claim call on a batch of message ids.
+
+    Attributes:
+        claimed: tasks to run now.
+        duplicates: message ids of tasks already started elsewhere (no attempt used).
+        archived_terminal: message ids archived because their task already ended.
+        archived_foreign: message ids archived as clearly foreign (not pgflow work).
+        fatal_reason: set when the batch held unsupported work: nothing was claimed and
+            the worker must stop (the database already paused its function).
+        fatal_messages: message ids behind the fatal reason.
+    """
+
+    claimed: list[ClaimedTask] = field(default_factory=list)
+    duplicates: list[int] = field(default_factory=list)
+    archived_terminal: list[int] = field(default_factory=list)
+    archived_foreign: list[int] = field(default_factory=list)
+    fatal_reason: str | None = None
+    fatal_messages: list[int] = field(default_factory=list)
+
+
+class ProtocolV1:
+    """Protocol 1: the released baseline. Queue = flow slug; claim = ``start_tasks``."""
+
+    version = 1
+    queries = "queries/worker_v1.sql"
+
+    def _sql(self, name: str) -> str:
+        return sqlfiles.statement(self.queries, name)
+
+    def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
+        """The queue a worker for this flow polls."""
+        if step_slug is not None:
+            raise UsageError("protocol 1 has no private step queues; a step worker needs protocol 2 or later")
+        return flow_slug
+
+    def database_version(self, conn: psycopg.Connection) -> int | None:
+        """``pgflow.protocol_version()``, or ``None`` when the function does not exist."""
+        row = conn.execute(sqlfiles.statement("queries/worker_v1.sql", "protocol_version")).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def check_version(self, conn: psycopg.Connection) -> None:
+        """Raise :class:`ProtocolMismatch` unless the database speaks this version."""
+        found = self.database_version(conn)
+        if found != self.version:
+            raise protocol_mismatch(self.version, found)
+
+    def compile(self, conn: psycopg.Connection, flow_slug: str, shape: dict[str, Any], step_slug: str | None) -> dict[str, Any]:
+        """Startup compilation; returns the database's JSON verdict.
+
+        Raises:
+            FlowShapeMismatch: the stored definition differs (production).
+        """
+        row = conn.execute(self._sql("compile"), {"flow_slug": flow_slug, "shape": Jsonb(shape)}).fetchone()
+        result = row[0] if row else {}
+        if isinstance(result, str):
+            result = json.loads(result)
+        if result.get("status") == "mismatch":
+            raise FlowShapeMismatch(
+                f"flow {flow_slug!r} exists in the database with a different shape; this worker's definition was refused",
+                hint="deploy the changed definition under a new concrete flow slug (e.g. a V2 suffix); "
+                "production never recompiles a flow that may hold runs",
+                detail=[str(d) for d in result.get("differences", [])],
+            )
+        return result
+
+    def register(self, conn: psycopg.Connection, *, worker_id: str, function_name: str, queue_name: str,
+                 flow_slug: str, step_slug: str | None) -> None:
+        """Insert the worker row (refused with PF001 when the function is fenced)."""
+        try:
+            conn.execute(self._sql("register"), {
+                "worker_id": worker_id, "function_name": function_name, "queue_name": queue_name,
+                "flow_slug": flow_slug, "step_slug": step_slug,
+            })
+        except psycopg.Error as exc:
+            if getattr(exc, "sqlstate", None) == SQLSTATE_FENCED:
+                raise WorkerFenced(
+                    f"worker function {function_name!r} is fenced (worker_functions.enabled = false): not registering",
+                    hint="a rollout fence is active; restore it with `pgflow fence restore` when the rollout is done",
+                ) from None
+            raise
+
+    def heartbeat(self, conn: psycopg.Connection, worker_id: str) -> bool:
+        """Record liveness; returns True when the worker has been deprecated."""
+        row = conn.execute(self._sql("heartbeat"), {"worker_id": worker_id}).fetchone()
+        return bool(row and row[0])
+
+    def read(self, conn: psycopg.Connection, *, queue_name: str, vt: int, qty: int,
+             max_poll_seconds: int, poll_interval_ms: int) -> list[int]:
+        """Read up to ``qty`` message ids (long poll); they stay invisible for ``vt`` seconds."""
+        rows = conn.execute(self._sql("read"), {
+            "queue_name": queue_name, "vt": vt, "qty": qty,
+            "max_poll_seconds": max_poll_seconds, "poll_interval_ms": poll_interval_ms,
+        }).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def claim(self, conn: psycopg.Connection, *, flow_slug: str, step_slug: str | None, queue_name: str,
+              message_ids: list[int], worker_id: str) -> ClaimOutcome:
+        """Claim the tasks behind ``message_ids``; unclaimable ids are simply absent (protocol 1)."""
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(self._sql("claim"), {"flow_slug": flow_slug, "msg_ids": message_ids, "worker_id": worker_id}).fetchall()
+        return ClaimOutcome(claimed=[
+            ClaimedTask(
+                flow_slug=r["flow_slug"], run_id=str(r["run_id"]), step_slug=r["step_slug"], input=r["input"],
+                message_id=int(r["msg_id"]), task_index=int(r["task_index"]), flow_input=r["flow_input"],
+                queue_name=queue_name,
+            )
+            for r in rows
+        ])
+
+    def complete(self, conn: psycopg.Connection, task: ClaimedTask, output: Any) -> None:
+        """Report success with the task output."""
+        conn.execute(self._sql("complete"), {
+            "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": Jsonb(output),
+        })
+
+    def fail(self, conn: psycopg.Connection, task: ClaimedTask, error_message: str) -> None:
+        """Report failure; the database retries or exhausts the task."""
+        conn.execute(self._sql("fail"), {
+            "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
+            "error_message": error_message,
+        })
+
+    def stopped(self, conn: psycopg.Connection, worker_id: str) -> None:
+        """Mark the worker stopped."""
+        conn.execute(self._sql("stopped"), {"worker_id": worker_id})
+
+
+LATEST = ProtocolV1
+"""The protocol new workers speak by default."""
+
+PROTOCOLS = {1: ProtocolV1}
+
+
+def for_version(version: int):
+    """The protocol class for ``version``.
+
+    Raises:
+        UsageError: unknown version.
+    """
+    try:
+        return PROTOCOLS[version]()
+    except KeyError:
+        raise UsageError(f"unknown protocol version {version}; this worker speaks {sorted(PROTOCOLS)}") from None

@@ -1,0 +1,33 @@
+-- Database calls of the reference worker speaking protocol 1 (the released baseline).
+-- The queue is the flow slug; the claim is start_tasks(flow_slug, msg_ids, worker_id).
+
+--@name protocol_version
+SELECT CASE WHEN to_regprocedure('pgflow.protocol_version()') IS NULL THEN NULL
+            ELSE pgflow.protocol_version() END AS version;
+
+--@name compile
+SELECT pgflow.ensure_flow_compiled(%(flow_slug)s, %(shape)s::jsonb) AS result;
+
+--@name register
+SELECT pgflow.register_worker(%(worker_id)s, %(function_name)s, %(queue_name)s, %(flow_slug)s, %(step_slug)s);
+
+--@name heartbeat
+SELECT pgflow.send_heartbeat(%(worker_id)s) AS deprecated;
+
+--@name read
+SELECT msg_id
+FROM pgmq.read_with_poll(%(queue_name)s, %(vt)s, %(qty)s, %(max_poll_seconds)s, %(poll_interval_ms)s);
+
+--@name claim
+SELECT flow_slug, run_id, step_slug, input, msg_id, task_index, flow_input
+FROM pgflow.start_tasks(%(flow_slug)s, %(msg_ids)s::bigint[], %(worker_id)s);
+
+--@name complete
+SELECT count(*) FROM pgflow.complete_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(output)s::jsonb);
+
+--@name fail
+SELECT count(*) FROM pgflow.fail_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(error_message)s);
+
+--@name stopped
+SELECT pgflow.mark_worker_stopped(%(worker_id)s);
+--@end
