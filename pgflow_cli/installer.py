@@ -41,6 +41,91 @@ BASELINE_VERSION = 2
 """Last migration of the released baseline (schema + runtime): the state an upgrade starts from."""
 
 
+_PHASE = re.compile(r"^--@phase[ \t]+(?P<name>[a-z_]+)(?:[ \t]+(?P<mode>tx|batch|notx))?[ \t]*$", re.MULTILINE)
+_THRESHOLD = re.compile(r"^--@online-threshold[ \t]+(?P<table>[a-z_.]+)[ \t]+(?P<rows>\d+)[ \t]*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a phased migration.
+
+    Attributes:
+        name: ``prepare``, ``backfill``, ``index``, ``main``, ``abort``...
+        mode: ``tx`` (one transaction), ``batch`` (one statement taking ``%(first_page)s`` and
+            ``%(pages)s`` and returning ``(rows_updated, relation_pages)``, run over the table's
+            heap in page ranges, each range its own transaction) or ``notx`` (one statement
+            outside any transaction, e.g. ``CREATE INDEX CONCURRENTLY``; an optimisation only:
+            the final phase must reach the same state on its own).
+        sql: the phase's text.
+    """
+
+    name: str
+    mode: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class PhasedMigration:
+    """A migration split by ``--@phase`` markers.
+
+    On small databases every phase runs in one transaction (``notx`` phases skipped), so
+    the migration is all or nothing. When the ``--@online-threshold TABLE ROWS`` table is
+    larger, phases commit one by one: short locks, a batched backfill, a concurrent index
+    build, and a final transaction that records the ledger row. Until that final commit
+    the database keeps its old behaviour; a rerun resumes; ``pgflow migrate abort`` runs
+    the ``abort`` phase to undo the preparation.
+    """
+
+    phases: tuple[Phase, ...]
+    threshold_table: str | None
+    threshold_rows: int
+
+    @property
+    def apply_phases(self) -> tuple[Phase, ...]:
+        return tuple(p for p in self.phases if p.name != "abort")
+
+    @property
+    def abort(self) -> Phase | None:
+        return next((p for p in self.phases if p.name == "abort"), None)
+
+    @property
+    def has_online_phases(self) -> bool:
+        return any(p.mode in ("batch", "notx") for p in self.apply_phases)
+
+    def large(self, conn: psycopg.Connection) -> bool:
+        """True when the threshold table's row estimate exceeds the threshold."""
+        if not self.threshold_table:
+            return False
+        row = conn.execute(sqlfiles.statement(QUERIES, "estimated_rows"), {"table": self.threshold_table}).fetchone()
+        return bool(row and row[0] is not None and int(row[0]) > self.threshold_rows)
+
+
+def parse_phases(text: str) -> PhasedMigration | None:
+    """Split migration text at ``--@phase`` markers; ``None`` when it has none."""
+    markers = list(_PHASE.finditer(text))
+    if not markers:
+        return None
+    phases = []
+    for index, marker in enumerate(markers):
+        end = markers[index + 1].start() if index + 1 < len(markers) else len(text)
+        phases.append(Phase(marker["name"], marker["mode"] or "tx", text[marker.end():end].strip()))
+    names = [p.name for p in phases]
+    if len(names) != len(set(names)):
+        raise ValueError(f"duplicate phase names: {names}")
+    if phases[-1].name == "abort":
+        apply_phases = phases[:-1]
+    else:
+        apply_phases = phases
+    if not apply_phases or apply_phases[-1].mode != "tx":
+        raise ValueError("the last phase to apply must be a transaction (mode tx)")
+    threshold = _THRESHOLD.search(text)
+    return PhasedMigration(
+        tuple(phases),
+        threshold["table"] if threshold else None,
+        int(threshold["rows"]) if threshold else 0,
+    )
+
+
 @dataclass(frozen=True)
 class Migration:
     """One migration file.
@@ -51,6 +136,7 @@ class Migration:
         path: path below ``sql/``.
         sql: text as executed (includes expanded).
         checksum: SHA-256 hex of ``sql``.
+        phased: its phases, or ``None`` for a plain one-transaction migration.
     """
 
     version: int
@@ -68,6 +154,17 @@ class Migration:
     @property
     def label(self) -> str:
         return f"{self.version:04d}_{self.name}"
+
+    @property
+    def phased(self) -> PhasedMigration | None:
+        return parse_phases(self.sql)
+
+    def phases_for_single_transaction(self) -> list[Phase]:
+        """What runs when the whole migration is one transaction (``notx`` phases skipped)."""
+        phased = self.phased
+        if phased is None:
+            return [Phase("main", "tx", self.sql)]
+        return [p for p in phased.apply_phases if p.mode != "notx"]
 
 
 @lru_cache(maxsize=1)
@@ -131,14 +228,17 @@ class LedgerRow:
     applied_by: str
     applied_at: Any
     duration_ms: int
+    state: str = "applied"
+    phases_done: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class MigrationStatus:
     """A migration's state in one database.
 
-    ``state`` is one of ``applied``, ``pending``, ``changed`` (file differs from the
-    recorded checksum) or ``unknown`` (recorded, but this tool has no such file).
+    ``state`` is one of ``applied``, ``pending``, ``in_progress`` (a phased migration that
+    committed some phases; applying resumes it), ``changed`` (file differs from the recorded
+    checksum) or ``unknown`` (recorded, but this tool has no such file).
     """
 
     version: int
@@ -158,7 +258,7 @@ class Plan:
     @property
     def pending(self) -> list[Migration]:
         by_version = {m.version: m for m in available_migrations()}
-        return [by_version[s.version] for s in self.statuses if s.state == "pending"]
+        return [by_version[s.version] for s in self.statuses if s.state in ("pending", "in_progress")]
 
     @property
     def changed(self) -> list[MigrationStatus]:
@@ -211,6 +311,8 @@ def make_plan(conn: psycopg.Connection) -> Plan:
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "pending", migration.checksum))
         elif row.checksum != migration.checksum:
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "changed", migration.checksum, row))
+        elif row.state == "in_progress":
+            plan.statuses.append(MigrationStatus(migration.version, migration.name, "in_progress", migration.checksum, row))
         else:
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "applied", migration.checksum, row))
     for row in recorded.values():
@@ -260,11 +362,20 @@ ProgressFn = Callable[[str, dict[str, Any]], None]
 
 @dataclass
 class Applied:
-    """Result of applying one migration."""
+    """Result of applying one migration.
+
+    Attributes:
+        migration: the migration.
+        duration_ms: wall time of this call, milliseconds.
+        attempts: transaction attempts used (lock-timeout retries included).
+        online: whether the phased (online) path ran.
+        notices: server notices raised while applying.
+    """
 
     migration: Migration
     duration_ms: int
     attempts: int
+    online: bool = False
     notices: list[str] = field(default_factory=list)
 
 
@@ -278,23 +389,26 @@ def apply(
     lock_wait: float = 30.0,
     before_commit: Callable[[psycopg.Connection, Migration], None] | None = None,
     dry_run: bool = False,
+    online: str = "auto",
+    batch_pages: int = 2000,
 ) -> list[Applied]:
     """Apply pending migrations in order, each atomically with its ledger row.
 
     Args:
         conn: an autocommit connection (its session takes the migrator lock).
         target: apply up to and including this version (default: all).
-        lock_timeout: seconds each statement may wait for a lock before the migration
+        lock_timeout: seconds each statement may wait for a lock before the transaction
             is rolled back and retried.
-        attempts: tries per migration on lock timeouts and deadlocks.
-        progress: ``progress(event, data)`` callback for stderr reporting
-            (events: ``lock_wait``, ``start``, ``retry``, ``done``).
+        attempts: tries per transaction on lock timeouts and deadlocks.
+        progress: ``progress(event, data)`` callback for stderr reporting (events:
+            ``lock_wait``, ``start``, ``retry``, ``phase``, ``batch``, ``done``).
         lock_wait: seconds to wait for another migrator's session lock.
-        before_commit: hook run inside each migration's transaction just before it
-            commits (used by ``--dry-run`` reporting and tests).
-        dry_run: run every pending migration and roll each back (nothing is kept; later
-            migrations then run on a database without the earlier ones, so only the
-            first pending migration is tried).
+        before_commit: hook run inside a migration's (final) transaction just before it
+            commits (used by ``--dry-run`` reporting).
+        dry_run: run the next pending migration in one transaction and roll it back.
+        online: ``auto`` (phased when a migration's threshold table is large), ``always``
+            or ``never`` (see :class:`PhasedMigration`).
+        batch_pages: heap pages per backfill batch on the phased path.
 
     Returns:
         One :class:`Applied` per migration applied (or tried, in a dry run).
@@ -304,6 +418,8 @@ def apply(
         SchemaMissing: PGMQ is not installed (exit 3).
         LockTimeout: a lock could not be taken within the retries (exit 4).
     """
+    if online not in ("auto", "always", "never"):
+        raise ValueError(f"online must be auto, always or never, not {online!r}")
     emit = progress or (lambda event, data: None)
     _take_migrator_lock(conn, lock_wait, emit)
     try:
@@ -317,12 +433,18 @@ def apply(
                 hint="install the pgmq extension (CREATE EXTENSION pgmq) or rerun with --install-pgmq "
                 "to install the PGMQ SQL bundled with pgflow-cli",
             )
+        in_progress = {s.version: s.recorded for s in plan.statuses if s.state == "in_progress"}
         todo = [m for m in plan.pending if target is None or m.version <= target]
         if dry_run:
             todo = todo[:1]
         results = []
         for migration in todo:
-            results.append(_apply_one(conn, migration, lock_timeout, attempts, emit, before_commit, dry_run))
+            runner = _Runner(conn, migration, lock_timeout, attempts, emit, before_commit, batch_pages)
+            phased = migration.phased
+            resume = in_progress.get(migration.version)
+            use_online = bool(phased and phased.has_online_phases and not dry_run and (
+                resume is not None or online == "always" or (online == "auto" and phased.large(conn))))
+            results.append(runner.run_online(resume) if use_online else runner.run_single(dry_run))
         return results
     finally:
         if not conn.closed:
@@ -333,61 +455,191 @@ class _DryRunRollback(Exception):
     pass
 
 
-def _apply_one(
-    conn: psycopg.Connection,
-    migration: Migration,
-    lock_timeout: float,
-    attempts: int,
-    emit: ProgressFn,
-    before_commit: Callable[[psycopg.Connection, Migration], None] | None,
-    dry_run: bool,
-) -> Applied:
-    tries = 0
-    notices: list[str] = []
+class _Runner:
+    """Applies one migration: in one transaction, or phase by phase (online)."""
 
-    def collect(diag: psycopg.errors.Diagnostic) -> None:
-        if diag.message_primary:
-            notices.append(diag.message_primary)
+    def __init__(self, conn: psycopg.Connection, migration: Migration, lock_timeout: float, attempts: int,
+                 emit: ProgressFn, before_commit: Callable[[psycopg.Connection, Migration], None] | None,
+                 batch_pages: int) -> None:
+        self.conn = conn
+        self.migration = migration
+        self.lock_timeout = lock_timeout
+        self.attempts = attempts
+        self.emit = emit
+        self.before_commit = before_commit
+        self.batch_pages = max(1, batch_pages)
+        self.tries = 0
+        self.notices: list[str] = []
 
-    def attempt() -> int:
-        nonlocal tries
-        tries += 1
-        notices.clear()
-        emit("start", {"migration": migration.label, "attempt": tries})
-        started = time.monotonic()
+    # shared -------------------------------------------------------------------------
+    def _retrying(self, action: Callable[[], Any]) -> Any:
+        def on_retry(number: int, exc: BaseException, delay: float) -> None:
+            self.emit("retry", {"migration": self.migration.label, "attempt": number, "error": first_line(exc),
+                                "sleep": round(delay, 2)})
+
+        def counted() -> Any:
+            self.tries += 1
+            return action()
+
+        def collect(diag: psycopg.errors.Diagnostic) -> None:
+            if diag.message_primary:
+                self.notices.append(diag.message_primary)
+
+        self.conn.add_notice_handler(collect)
         try:
-            with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
-                conn.execute(sqlfiles.statement(QUERIES, "ledger_bootstrap"))
-                conn.execute(migration.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
-                duration_ms = int((time.monotonic() - started) * 1000)
-                conn.execute(
-                    sqlfiles.statement(QUERIES, "ledger_insert"),
-                    {
-                        "version": migration.version,
-                        "name": migration.name,
-                        "checksum": migration.checksum,
-                        "tool_version": __version__,
-                        "duration_ms": duration_ms,
-                    },
-                )
-                if before_commit:
-                    before_commit(conn, migration)
-                if dry_run:
-                    raise _DryRunRollback()
-        except _DryRunRollback:
-            pass
-        return int((time.monotonic() - started) * 1000)
+            return retry_on_lock(counted, attempts=self.attempts, on_retry=on_retry)
+        finally:
+            self.conn.remove_notice_handler(collect)
 
-    def on_retry(number: int, exc: BaseException, delay: float) -> None:
-        emit("retry", {"migration": migration.label, "attempt": number, "error": first_line(exc), "sleep": round(delay, 2)})
+    def _record(self, *, state: str, phases_done: list[str], duration_ms: int) -> None:
+        self.conn.execute(sqlfiles.statement(QUERIES, "ledger_bootstrap"))
+        self.conn.execute(sqlfiles.statement(QUERIES, "ledger_record"), {
+            "version": self.migration.version,
+            "name": self.migration.name,
+            "checksum": self.migration.checksum,
+            "tool_version": __version__,
+            "duration_ms": duration_ms,
+            "state": state,
+            "phases_done": phases_done,
+        })
 
-    conn.add_notice_handler(collect)
+    def _batches(self, phase: "Phase") -> None:
+        """Run a backfill phase's statement over the heap, ``batch_pages`` pages at a time."""
+        first_page = 0
+        while True:
+            row = self.conn.execute(phase.sql, {"first_page": first_page, "pages": self.batch_pages}).fetchone()  # type: ignore[arg-type]
+            updated, relation_pages = (int(row[0]), int(row[1])) if row else (0, 0)
+            self.emit("batch", {"migration": self.migration.label, "phase": phase.name, "first_page": first_page,
+                                "pages": self.batch_pages, "relation_pages": relation_pages, "rows": updated})
+            first_page += self.batch_pages
+            if first_page >= relation_pages:
+                return
+
+    # one transaction ------------------------------------------------------------------
+    def run_single(self, dry_run: bool) -> Applied:
+        """Every phase in one transaction with the ledger row: all or nothing."""
+        label = self.migration.label
+        started = time.monotonic()
+
+        def attempt() -> None:
+            self.notices.clear()
+            self.emit("start", {"migration": label, "attempt": self.tries, "online": False})
+            t0 = time.monotonic()
+            try:
+                with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    self.conn.execute(sqlfiles.statement(QUERIES, "ledger_bootstrap"))
+                    for phase in self.migration.phases_for_single_transaction():
+                        if phase.mode == "batch":
+                            self._batches(phase)
+                        else:
+                            self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+                    self._record(state="applied", phases_done=[], duration_ms=int((time.monotonic() - t0) * 1000))
+                    if self.before_commit:
+                        self.before_commit(self.conn, self.migration)
+                    if dry_run:
+                        raise _DryRunRollback()
+            except _DryRunRollback:
+                pass
+
+        self._retrying(attempt)
+        duration = int((time.monotonic() - started) * 1000)
+        self.emit("done", {"migration": label, "duration_ms": duration, "attempts": self.tries, "dry_run": dry_run,
+                           "online": False})
+        return Applied(self.migration, duration, self.tries, False, list(self.notices))
+
+    # phase by phase ---------------------------------------------------------------------
+    def run_online(self, resume: "LedgerRow | None") -> Applied:
+        """Each phase in its own transaction(s); the ledger tracks progress so a rerun resumes."""
+        label = self.migration.label
+        phased = self.migration.phased
+        assert phased is not None
+        done = list(resume.phases_done) if resume else []
+        started = time.monotonic()
+        self.emit("start", {"migration": label, "attempt": 1, "online": True, "resumed_after": done})
+        for phase in phased.apply_phases:
+            if phase.name in done:
+                continue
+            self.emit("phase", {"migration": label, "phase": phase.name, "mode": phase.mode})
+            t0 = time.monotonic()
+            final = phase is phased.apply_phases[-1]
+            if phase.mode == "notx":
+                self._retrying(lambda: self._notx(phase))
+                with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    self._record(state="in_progress", phases_done=done + [phase.name],
+                                 duration_ms=int((time.monotonic() - t0) * 1000))
+            elif phase.mode == "batch":
+                first_page = 0
+                while True:
+                    def one_batch(first_page: int = first_page) -> tuple[int, int]:
+                        with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                            row = self.conn.execute(phase.sql, {"first_page": first_page, "pages": self.batch_pages}).fetchone()  # type: ignore[arg-type]
+                        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+                    updated, relation_pages = self._retrying(one_batch)
+                    self.emit("batch", {"migration": label, "phase": phase.name, "first_page": first_page,
+                                        "pages": self.batch_pages, "relation_pages": relation_pages, "rows": updated})
+                    first_page += self.batch_pages
+                    if first_page >= relation_pages:
+                        break
+                with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    self._record(state="in_progress", phases_done=done + [phase.name],
+                                 duration_ms=int((time.monotonic() - t0) * 1000))
+            else:
+                def run_tx(phase: Phase = phase, final: bool = final) -> None:
+                    with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                        self.conn.execute(sqlfiles.statement(QUERIES, "ledger_bootstrap"))
+                        self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+                        self._record(state="applied" if final else "in_progress",
+                                     phases_done=[] if final else done + [phase.name],
+                                     duration_ms=int((time.monotonic() - t0) * 1000))
+                        if final and self.before_commit:
+                            self.before_commit(self.conn, self.migration)
+
+                self._retrying(run_tx)
+            done.append(phase.name)
+            self.emit("phase_done", {"migration": label, "phase": phase.name,
+                                     "duration_ms": int((time.monotonic() - t0) * 1000)})
+        duration = int((time.monotonic() - started) * 1000)
+        self.emit("done", {"migration": label, "duration_ms": duration, "attempts": self.tries, "dry_run": False,
+                           "online": True})
+        return Applied(self.migration, duration, self.tries, True, list(self.notices))
+
+    def _notx(self, phase: "Phase") -> None:
+        # Outside a transaction (CREATE INDEX CONCURRENTLY); a session lock_timeout still applies.
+        timeout = sqlfiles.statement(QUERIES, "session_lock_timeout")
+        self.conn.execute(timeout, {"value": f"{int(self.lock_timeout * 1000)}ms"})
+        try:
+            self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+        finally:
+            self.conn.execute(timeout, {"value": "0"})
+
+
+def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
+          progress: ProgressFn | None = None) -> Migration:
+    """Undo a phased migration that is in progress (its ``abort`` phase), in one transaction.
+
+    Raises:
+        StateConflict: the migration is not in progress, or has no abort phase (exit 6).
+    """
+    emit = progress or (lambda event, data: None)
+    _take_migrator_lock(conn, 30.0, emit)
     try:
-        duration = retry_on_lock(attempt, attempts=attempts, on_retry=on_retry)
+        plan = make_plan(conn)
+        status = next((s for s in plan.statuses if s.version == version), None)
+        if status is None or status.state != "in_progress":
+            raise StateConflict(f"migration {version:04d} is not in progress; nothing to abort",
+                                hint="`pgflow migrate status` shows every migration's state")
+        migration = next(m for m in available_migrations() if m.version == version)
+        phased = migration.phased
+        if phased is None or phased.abort is None:
+            raise StateConflict(f"migration {migration.label} has no abort phase")
+        with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+            conn.execute(phased.abort.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+            conn.execute(sqlfiles.statement(QUERIES, "ledger_forget"), {"version": version})
+        return migration
     finally:
-        conn.remove_notice_handler(collect)
-    emit("done", {"migration": migration.label, "duration_ms": duration, "attempts": tries, "dry_run": dry_run})
-    return Applied(migration, duration, tries, list(notices))
+        if not conn.closed:
+            conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))
 
 
 def _take_migrator_lock(conn: psycopg.Connection, wait: float, emit: ProgressFn) -> None:

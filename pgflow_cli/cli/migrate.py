@@ -16,6 +16,7 @@ from pgflow_cli.cli.common import (
     SandboxOption,
     open_connection,
 )
+from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import migrate as migrate_op
 
 app = typer.Typer(
@@ -107,7 +108,8 @@ def _print_status(rows: list[dict[str, Any]], where: str, plan: installer.Plan) 
     table = Table(title=f"migrations in {render.display(where)}", title_justify="left")
     for column in ("version", "state", "applied", "by", "tool", "ms", "summary"):
         table.add_column(column, no_wrap=column != "summary", overflow="fold")
-    styles = {"applied": "green", "pending": "yellow", "changed": "bold red", "unknown": "bold red"}
+    styles = {"applied": "green", "pending": "yellow", "in_progress": "bold yellow", "changed": "bold red",
+              "unknown": "bold red"}
     for row in rows:
         table.add_row(
             render.text(f"{row['version']:04d}_{row['name']}"),
@@ -194,6 +196,13 @@ def apply(
     install_pgmq: Annotated[
         bool, typer.Option("--install-pgmq", help="Install the PGMQ SQL bundled with pgflow-cli when the database has no PGMQ.")
     ] = False,
+    online: Annotated[
+        str, typer.Option("--online", help="Phased migrations: 'auto' commits phase by phase (short locks, batched "
+                          "backfill) only when the task table is large; 'always' or 'never' force the choice.")
+    ] = "auto",
+    batch_pages: Annotated[
+        int, typer.Option("--batch-pages", min=1, help="Heap pages per backfill batch on the phased path.")
+    ] = 2000,
 ) -> None:
     """Apply pending migrations in order; each one is atomic and recorded with its checksum.
 
@@ -202,6 +211,8 @@ def apply(
     the lock; the database is then exactly as before that migration.
     """
     STATE.output_format = output_format
+    if online not in ("auto", "always", "never"):
+        raise UsageError(f"--online must be auto, always or never, not {online!r}")
     conn, target = open_connection(dsn, sandbox, connect_timeout)
     err = render.stderr_console()
     with conn:
@@ -239,13 +250,18 @@ def apply(
             elif event == "retry":
                 err.print(render.text(
                     f"{data['migration']}: {data['error']}; rolled back, retrying in {data['sleep']}s", "yellow"))
+            elif event == "phase":
+                err.print(render.text(f"  phase {data['phase']} ({data['mode']})..."))
+            elif event == "batch":
+                done = min(data["first_page"] + data["pages"], data["relation_pages"])
+                err.print(render.text(f"    backfill pages {done}/{data['relation_pages']}: {data['rows']} rows", "dim"))
             elif event == "done":
                 verb = "rolled back (dry run)" if data["dry_run"] else "applied"
                 err.print(render.text(f"{verb} {data['migration']} in {data['duration_ms']} ms", "green"))
 
         result = migrate_op.apply(
             conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
-            dry_run=dry_run, progress=progress,
+            dry_run=dry_run, progress=progress, online=online, batch_pages=batch_pages,
         )
     if output_format == OutputFormat.json:
         render.write_json({"kind": "pgflow-cli/migrate-apply", "version": 1, "database": target.describe(), **result.to_dict()})
@@ -267,3 +283,32 @@ def apply(
     if dry_run and result.phases:
         console.print(render.text("dry run: everything was rolled back", "dim"))
 
+
+
+@app.command()
+def abort(
+    version: Annotated[int, typer.Argument(help="Number of the in-progress migration to undo, e.g. 3.")],
+    dsn: DsnOption = None,
+    sandbox: SandboxOption = False,
+    connect_timeout: ConnectTimeoutOption = 10,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Undo the committed phases of a phased migration that did not finish (state in_progress).
+
+    Runs the migration's abort phase in one transaction and forgets its ledger row; the database is then
+    back to the schema before that migration. Exit 6 if the migration is not in progress.
+    """
+    import sys
+
+    from pgflow_cli.errors import ExitCode
+
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("abort changes the schema; confirm with --yes when not on a terminal")
+        if not typer.confirm(f"Undo the prepared phases of migration {version:04d}?", err=True):
+            render.stderr_console().print("cancelled; nothing changed")
+            raise typer.Exit(int(ExitCode.INTERRUPTED))
+    conn, _target = open_connection(dsn, sandbox, connect_timeout)
+    with conn:
+        migration = installer.abort(conn, version)
+    render.stderr_console().print(render.text(f"aborted {migration.label}: its prepared phases were undone", "green"))

@@ -143,6 +143,8 @@ def apply(
     attempts: int = 5,
     dry_run: bool = False,
     progress: Progress | None = None,
+    online: str = "auto",
+    batch_pages: int = 2000,
 ) -> MigrateResult:
     """Apply (or dry-run) pending migrations with a lock watcher; see the module docstring.
 
@@ -154,6 +156,8 @@ def apply(
             rolled back and retried.
         attempts: tries per migration (lock timeouts and deadlocks only).
         dry_run: roll back each migration after measuring it.
+        online: phased-migration choice (``auto``, ``always``, ``never``).
+        batch_pages: heap pages per backfill batch on the phased path.
         progress: ``progress(event, data)`` for stderr reporting.
 
     Returns:
@@ -202,6 +206,8 @@ def apply(
             progress=on_event,
             before_commit=measure,
             dry_run=dry_run,
+            online=online,
+            batch_pages=batch_pages,
         )
     result.blockers_seen = [dict(b) for b in watcher.seen]
     return result

@@ -11,7 +11,10 @@ CREATE TABLE IF NOT EXISTS pgflow.schema_migrations (
   tool_version  text        NOT NULL,
   applied_by    text        NOT NULL DEFAULT session_user,
   applied_at    timestamptz NOT NULL DEFAULT now(),
-  duration_ms   integer     NOT NULL
+  duration_ms   integer     NOT NULL,
+  state         text        NOT NULL DEFAULT 'applied',
+  phases_done   text[]      NOT NULL DEFAULT '{}',
+  CONSTRAINT schema_migrations_state_check CHECK (state IN ('applied', 'in_progress'))
 );
 COMMENT ON TABLE pgflow.schema_migrations IS
   'migrations applied by pgflow-cli: one row per sql/migrations file, with its SHA-256 checksum';
@@ -31,13 +34,31 @@ SELECT
   current_database()                                          AS database_name;
 
 --@name ledger_rows
-SELECT version, name, checksum, tool_version, applied_by, applied_at, duration_ms
+SELECT version, name, checksum, tool_version, applied_by, applied_at, duration_ms, state, phases_done
 FROM pgflow.schema_migrations
 ORDER BY version;
 
---@name ledger_insert
-INSERT INTO pgflow.schema_migrations (version, name, checksum, tool_version, duration_ms)
-VALUES (%(version)s, %(name)s, %(checksum)s, %(tool_version)s, %(duration_ms)s);
+--@name ledger_record
+-- Records a finished migration, or the progress of a phased one (state 'in_progress').
+INSERT INTO pgflow.schema_migrations (version, name, checksum, tool_version, duration_ms, state, phases_done)
+VALUES (%(version)s, %(name)s, %(checksum)s, %(tool_version)s, %(duration_ms)s, %(state)s, %(phases_done)s)
+ON CONFLICT (version) DO UPDATE
+  SET checksum = EXCLUDED.checksum,
+      tool_version = EXCLUDED.tool_version,
+      applied_by = session_user,
+      applied_at = now(),
+      duration_ms = pgflow.schema_migrations.duration_ms + EXCLUDED.duration_ms,
+      state = EXCLUDED.state,
+      phases_done = EXCLUDED.phases_done;
+
+--@name ledger_forget
+DELETE FROM pgflow.schema_migrations WHERE version = %(version)s AND state = 'in_progress';
+
+--@name estimated_rows
+-- Planner estimate of a table's rows (no scan); -1 when the table was never analysed.
+SELECT CASE WHEN c.reltuples < 0 THEN -1 ELSE c.reltuples::bigint END AS estimate
+FROM pg_class AS c
+WHERE c.oid = to_regclass(%(table)s);
 
 --@name migrator_try_lock
 -- Session-level advisory lock: two migrators can never interleave. Key: ('pgfw', 0).
@@ -54,4 +75,7 @@ JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid = 1885824631 AND l.objid = 0 AND l.granted
   AND l.pid <> pg_backend_pid();
 
+--@name session_lock_timeout
+-- Session-level lock_timeout for statements that cannot run in a transaction (CONCURRENTLY).
+SELECT set_config('lock_timeout', %(value)s, false);
 --@end
