@@ -1,0 +1,175 @@
+-- pgflow upgrade audit: a read-only report of everything the queue-identity release rejects
+-- or should know about (docs/audit.md).
+--
+-- `pgflow audit` runs the three named statements below, in this order, in one
+-- REPEATABLE READ, READ ONLY transaction. The same text, with includes expanded, ships as
+-- sql/dist/pgflow_audit.sql for `psql -f` (regenerate: pgflow audit --print-sql).
+--
+-- Privileges: USAGE on the schemas pgflow and pgmq, SELECT on their tables. Nothing is
+-- created, written or executed beyond built-in functions; the transaction is rolled back.
+\set ON_ERROR_STOP on
+\pset pager off
+BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
+SET LOCAL lock_timeout = '5s';
+SET LOCAL statement_timeout = '10min';
+
+--@name session_settings
+-- JIT compilation would cost far more than these queries take (this transaction only).
+SET LOCAL jit = off;
+
+--@name schema_probe
+-- What is installed, read from the catalogs only: the pgflow tables and their columns, PGMQ
+-- and its version, the privileges the audit needs. One row.
+WITH ns AS (
+  SELECT n.oid, n.nspname::text AS nspname
+  FROM pg_catalog.pg_namespace AS n
+  WHERE n.nspname IN ('pgflow', 'pgmq')
+),
+rels AS (
+  SELECT ns.nspname, c.oid, c.relname::text AS relname, c.relkind
+  FROM pg_catalog.pg_class AS c
+  JOIN ns ON ns.oid = c.relnamespace
+  WHERE c.relkind IN ('r', 'p')
+)
+SELECT
+  current_database()::text                                       AS database_name,
+  current_user::text                                             AS role_name,
+  current_setting('server_version')                              AS server_version,
+  current_setting('server_version_num')::integer                 AS server_version_num,
+  now()                                                          AS audited_at,
+  EXISTS (SELECT 1 FROM ns WHERE nspname = 'pgflow')             AS has_pgflow_schema,
+  (SELECT has_schema_privilege(oid, 'USAGE') FROM ns WHERE nspname = 'pgflow') AS pgflow_usage,
+  coalesce((
+    SELECT jsonb_object_agg(r.relname, jsonb_build_object(
+             'columns', (SELECT coalesce(jsonb_agg(a.attname::text ORDER BY a.attnum), '[]'::jsonb)
+                           FROM pg_catalog.pg_attribute AS a
+                          WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped),
+             'select', has_table_privilege(r.oid, 'SELECT')))
+    FROM rels AS r
+    WHERE r.nspname = 'pgflow'), '{}'::jsonb)                   AS pgflow_tables,
+  EXISTS (SELECT 1 FROM ns WHERE nspname = 'pgmq')               AS has_pgmq_schema,
+  (SELECT has_schema_privilege(oid, 'USAGE') FROM ns WHERE nspname = 'pgmq') AS pgmq_usage,
+  EXISTS (SELECT 1 FROM rels WHERE nspname = 'pgmq' AND relname = 'meta') AS has_pgmq_meta,
+  (SELECT has_table_privilege(oid, 'SELECT') FROM rels WHERE nspname = 'pgmq' AND relname = 'meta') AS pgmq_meta_select,
+  (SELECT extversion::text FROM pg_catalog.pg_extension WHERE extname = 'pgmq') AS pgmq_extension_version,
+  (SELECT obj_description(oid, 'pg_namespace') FROM ns WHERE nspname = 'pgmq') AS pgmq_schema_comment,
+  EXISTS (
+    SELECT 1
+    FROM pg_catalog.pg_type AS t
+    JOIN ns ON ns.oid = t.typnamespace AND ns.nspname = 'pgmq'
+    JOIN pg_catalog.pg_attribute AS a ON a.attrelid = t.typrelid
+    WHERE t.typname = 'message_record' AND a.attname = 'headers' AND a.attnum > 0 AND NOT a.attisdropped
+  )                                                              AS pgmq_message_headers,
+  (SELECT count(*) FROM rels
+    WHERE nspname = 'pgmq' AND relname LIKE 'q\_%')::integer      AS pgmq_queue_tables,
+  (SELECT count(*) FROM rels
+    WHERE nspname = 'pgmq' AND (relname LIKE 'q\_%' OR relname LIKE 'a\_%')
+      AND NOT has_table_privilege(oid, 'SELECT'))::integer       AS pgmq_unreadable_tables;
+
+--@name findings
+-- Every finding, one row each (columns and check ids: docs/audit.md). The same statement is
+-- rerun by the queue-identity migration under its locks; rows with blocking = true make it refuse.
+--@include audit/findings.sql
+;
+
+--@name flow_impact
+-- Data at stake per flow: runs, tasks, queue backlog and archive size. Queue tables are
+-- counted through query_to_xml() so every per-queue table is read inside this one statement;
+-- a missing or unreadable table yields NULLs, never an error. Archive sizes come from the
+-- catalog (pg_class.reltuples, pg_total_relation_size), not from counting rows.
+WITH
+flows_x AS (
+--@include audit/flows.sql
+),
+steps_x AS (
+--@include audit/steps.sql
+),
+flow_queues AS (
+--@include audit/flow_queues.sql
+),
+pgmq_rel AS (
+  SELECT c.oid, c.relname::text AS relname, c.reltuples
+  FROM pg_catalog.pg_class AS c
+  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+  WHERE n.nspname = 'pgmq' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+),
+queue_stats AS (
+  SELECT k.q_table,
+         qt.oid IS NOT NULL AS has_queue_table,
+         qt.oid IS NOT NULL AND NOT has_table_privilege(qt.oid, 'SELECT') AS unreadable,
+         CASE
+           WHEN qt.oid IS NOT NULL AND has_table_privilege(qt.oid, 'SELECT') THEN
+             query_to_xml(
+               format('SELECT count(*) AS messages, '
+                      || 'round(extract(epoch FROM now() - min(enqueued_at))::numeric, 3) AS oldest_age '
+                      || 'FROM pgmq.%I', qt.relname),
+               false, true, '')
+         END AS stats,
+         CASE WHEN at.reltuples >= 0 THEN at.reltuples::bigint END AS archive_rows_estimate,
+         CASE WHEN at.oid IS NOT NULL THEN pg_total_relation_size(at.oid) END AS archive_bytes
+  FROM (SELECT DISTINCT q_table FROM flow_queues) AS k
+  LEFT JOIN pgmq_rel AS qt ON qt.relname = k.q_table
+  LEFT JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
+),
+per_queue AS (
+  SELECT qs.q_table,
+         qs.has_queue_table,
+         qs.unreadable,
+         (xpath('/row/messages/text()', qs.stats))[1]::text::bigint AS messages,
+         (xpath('/row/oldest_age/text()', qs.stats))[1]::text::numeric AS oldest_age,
+         qs.archive_rows_estimate,
+         qs.archive_bytes
+  FROM queue_stats AS qs
+),
+runs_agg AS (
+  SELECT r.flow_slug,
+         count(*) AS total_runs,
+         count(*) FILTER (WHERE r.status = 'started') AS active_runs
+  FROM pgflow.runs AS r
+  GROUP BY r.flow_slug
+),
+tasks_agg AS (
+  SELECT t.flow_slug,
+         count(*) FILTER (WHERE t.status = 'queued') AS queued_tasks,
+         count(*) FILTER (WHERE t.status = 'started') AS started_tasks
+  FROM pgflow.step_tasks AS t
+  GROUP BY t.flow_slug
+)
+SELECT f.flow_slug,
+       f.queue_mode,
+       (SELECT count(*) FROM steps_x AS s WHERE s.flow_slug = f.flow_slug)::integer AS steps,
+       coalesce(r.total_runs, 0)::bigint AS total_runs,
+       coalesce(r.active_runs, 0)::bigint AS active_runs,
+       coalesce(t.queued_tasks, 0)::bigint AS queued_tasks,
+       coalesce(t.started_tasks, 0)::bigint AS started_tasks,
+       coalesce(q.queue_names, ARRAY[]::text[]) AS queue_names,
+       coalesce(q.queues_missing, 0)::integer AS queues_missing,
+       coalesce(q.queues_unreadable, 0)::integer AS queues_unreadable,
+       q.queue_backlog,
+       q.oldest_message_age_seconds,
+       q.archive_rows_estimate,
+       q.archive_bytes,
+       coalesce((
+         SELECT array_agg(DISTINCT o.flow_slug)
+         FROM flow_queues AS mine
+         JOIN flow_queues AS o ON o.q_table = mine.q_table AND o.flow_slug <> mine.flow_slug
+         WHERE mine.flow_slug = f.flow_slug), ARRAY[]::text[]) AS shares_queue_with
+FROM flows_x AS f
+LEFT JOIN runs_agg AS r ON r.flow_slug = f.flow_slug
+LEFT JOIN tasks_agg AS t ON t.flow_slug = f.flow_slug
+LEFT JOIN LATERAL (
+  SELECT array_agg(fq.queue_name ORDER BY fq.queue_name COLLATE "C") AS queue_names,
+         count(*) FILTER (WHERE NOT pq.has_queue_table) AS queues_missing,
+         count(*) FILTER (WHERE pq.unreadable) AS queues_unreadable,
+         sum(pq.messages)::bigint AS queue_backlog,
+         max(pq.oldest_age) AS oldest_message_age_seconds,
+         sum(pq.archive_rows_estimate)::bigint AS archive_rows_estimate,
+         sum(pq.archive_bytes)::bigint AS archive_bytes
+  FROM flow_queues AS fq
+  JOIN per_queue AS pq ON pq.q_table = fq.q_table
+  WHERE fq.flow_slug = f.flow_slug
+) AS q ON true
+ORDER BY f.flow_slug COLLATE "C";
+--@end
+
+ROLLBACK;
