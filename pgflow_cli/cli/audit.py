@@ -219,7 +219,8 @@ def _impact_line(impact: audit_op.FlowImpact) -> str:
     if impact.queue_backlog is None:
         backlog = "backlog unknown"
     else:
-        backlog = f"backlog {impact.queue_backlog} message(s)"
+        approx = "" if impact.backlog_exact else "~"
+        backlog = f"backlog {approx}{impact.queue_backlog} message(s)"
         if impact.oldest_message_age_seconds is not None:
             backlog += f", oldest {_duration(impact.oldest_message_age_seconds)}"
     parts.append(f"queue {queues}: {backlog}")

@@ -249,6 +249,9 @@ class FlowImpact:
         queues_unreadable: how many queue tables the role may not read (backlog unknown).
         queue_backlog: messages in the queue tables (visible or not); ``None`` if unknown.
             A queue shared with other flows (see ``shares_queue_with``) counts theirs too.
+        backlog_exact: ``True`` when counted; ``False`` when the flows use more queue tables
+            than the audit's lock budget (4 x ``max_locks_per_transaction``) and the backlog
+            is the activity statistics' live-row estimate (oldest age then unknown).
         oldest_message_age_seconds: age of the oldest message, seconds; ``None`` when empty.
         archive_rows_estimate: archived messages per the planner's statistics
             (``pg_class.reltuples``); ``None`` before the first ANALYZE.
@@ -268,6 +271,7 @@ class FlowImpact:
     queues_missing: int
     queues_unreadable: int
     queue_backlog: int | None
+    backlog_exact: bool
     oldest_message_age_seconds: float | None
     archive_rows_estimate: int | None
     archive_bytes: int | None
@@ -288,6 +292,7 @@ class FlowImpact:
             "queues_missing": self.queues_missing,
             "queues_unreadable": self.queues_unreadable,
             "queue_backlog": self.queue_backlog,
+            "backlog_exact": self.backlog_exact,
             "oldest_message_age_seconds": self.oldest_message_age_seconds,
             "archive_rows_estimate": self.archive_rows_estimate,
             "archive_bytes": self.archive_bytes,
@@ -459,6 +464,11 @@ def run_audit(
     duration_ms = int((time.monotonic() - started) * 1000)
     findings = [finding_from_row(row) for row in finding_rows]
     impacts = [impact_from_row(row) for row in impact_rows]
+    if not all(impact.backlog_exact for impact in impacts):
+        schema.notes.append(
+            "the flows use more PGMQ queue tables than the audit locks at once (4 x max_locks_per_transaction): "
+            "queue backlogs are live-row estimates from the activity statistics, oldest message ages unknown"
+        )
     return build_report(schema, findings, impacts, wanted, duration_ms=duration_ms)
 
 
@@ -617,6 +627,7 @@ def impact_from_row(row: dict[str, Any]) -> FlowImpact:
         queues_missing=int(row["queues_missing"]),
         queues_unreadable=int(row["queues_unreadable"]),
         queue_backlog=_int_or_none(row["queue_backlog"]),
+        backlog_exact=bool(row["backlog_exact"]),
         oldest_message_age_seconds=float(age) if isinstance(age, (Decimal, int, float)) else None,
         archive_rows_estimate=_int_or_none(row["archive_rows_estimate"]),
         archive_bytes=_int_or_none(row["archive_bytes"]),

@@ -97,8 +97,8 @@ queues AS (
          coalesce(mr.spellings[1], substr(k.q_table, 3)) AS display_name,
          coalesce(mr.max_chars, length(substr(k.q_table, 3))) AS max_chars,
          coalesce(mr.max_bytes, octet_length(k.q_table)) AS max_bytes,
-         EXISTS (SELECT 1 FROM pgmq_tables AS t WHERE t.relname = k.q_table) AS has_queue_table,
-         EXISTS (SELECT 1 FROM pgmq_tables AS t WHERE t.relname = 'a_' || substr(k.q_table, 3)) AS has_archive_table
+         qt.relname IS NOT NULL AS has_queue_table,
+         at.relname IS NOT NULL AS has_archive_table
   FROM (
     SELECT q_table FROM meta_rows
     UNION
@@ -112,6 +112,8 @@ queues AS (
     FROM meta_rows
     GROUP BY q_table
   ) AS mr ON mr.q_table = k.q_table
+  LEFT JOIN pgmq_tables AS qt ON qt.relname = k.q_table
+  LEFT JOIN pgmq_tables AS at ON at.relname = 'a_' || substr(k.q_table, 3)
 ),
 -- the queues each flow uses: its default queue (flow mode) and its persisted step routes
 flow_queues AS (
@@ -119,26 +121,24 @@ flow_queues AS (
 ),
 queue_owners AS (
   SELECT q_table,
-         array_agg(DISTINCT flow_slug) AS owners
+         array_agg(DISTINCT (flow_slug COLLATE "C") ORDER BY (flow_slug COLLATE "C")) AS owners
   FROM flow_queues
   GROUP BY q_table
 ),
--- every meta row of an owned queue, with the flow it belongs to
+-- every meta row of an owned queue, with the flow it belongs to (the owner spelled exactly
+-- like it, else the first owner) and whether any owner expects exactly this spelling
 owned_meta AS (
   SELECT mr.spelling,
          mr.q_table,
          qo.owners,
-         coalesce(
-           (SELECT fq.flow_slug FROM flow_queues AS fq
-             WHERE fq.q_table = mr.q_table AND fq.flow_slug = mr.spelling LIMIT 1),
-           (SELECT min(fq.flow_slug COLLATE "C") FROM flow_queues AS fq WHERE fq.q_table = mr.q_table)
-         ) AS flow_slug,
-         EXISTS (SELECT 1 FROM flow_queues AS fq
-                  WHERE fq.q_table = mr.q_table
-                    AND ((fq.origin = 'default' AND fq.flow_slug = mr.spelling)
-                      OR (fq.origin = 'step' AND fq.queue_name = mr.spelling))) AS matches_owner
+         coalesce(min(fq.flow_slug COLLATE "C") FILTER (WHERE fq.flow_slug = mr.spelling),
+                  min(fq.flow_slug COLLATE "C")) AS flow_slug,
+         coalesce(bool_or((fq.origin = 'default' AND fq.flow_slug = mr.spelling)
+                       OR (fq.origin = 'step' AND fq.queue_name = mr.spelling)), false) AS matches_owner
   FROM meta_rows AS mr
+  JOIN flow_queues AS fq ON fq.q_table = mr.q_table
   JOIN queue_owners AS qo ON qo.q_table = mr.q_table
+  GROUP BY mr.spelling, mr.q_table, qo.owners
 ),
 -- generated private step queue names of every flow that could opt into step queues
 route_input AS (

@@ -207,8 +207,8 @@ queues AS (
          coalesce(mr.spellings[1], substr(k.q_table, 3)) AS display_name,
          coalesce(mr.max_chars, length(substr(k.q_table, 3))) AS max_chars,
          coalesce(mr.max_bytes, octet_length(k.q_table)) AS max_bytes,
-         EXISTS (SELECT 1 FROM pgmq_tables AS t WHERE t.relname = k.q_table) AS has_queue_table,
-         EXISTS (SELECT 1 FROM pgmq_tables AS t WHERE t.relname = 'a_' || substr(k.q_table, 3)) AS has_archive_table
+         qt.relname IS NOT NULL AS has_queue_table,
+         at.relname IS NOT NULL AS has_archive_table
   FROM (
     SELECT q_table FROM meta_rows
     UNION
@@ -222,6 +222,8 @@ queues AS (
     FROM meta_rows
     GROUP BY q_table
   ) AS mr ON mr.q_table = k.q_table
+  LEFT JOIN pgmq_tables AS qt ON qt.relname = k.q_table
+  LEFT JOIN pgmq_tables AS at ON at.relname = 'a_' || substr(k.q_table, 3)
 ),
 -- the queues each flow uses: its default queue (flow mode) and its persisted step routes
 flow_queues AS (
@@ -249,26 +251,24 @@ FROM (
 ),
 queue_owners AS (
   SELECT q_table,
-         array_agg(DISTINCT flow_slug) AS owners
+         array_agg(DISTINCT (flow_slug COLLATE "C") ORDER BY (flow_slug COLLATE "C")) AS owners
   FROM flow_queues
   GROUP BY q_table
 ),
--- every meta row of an owned queue, with the flow it belongs to
+-- every meta row of an owned queue, with the flow it belongs to (the owner spelled exactly
+-- like it, else the first owner) and whether any owner expects exactly this spelling
 owned_meta AS (
   SELECT mr.spelling,
          mr.q_table,
          qo.owners,
-         coalesce(
-           (SELECT fq.flow_slug FROM flow_queues AS fq
-             WHERE fq.q_table = mr.q_table AND fq.flow_slug = mr.spelling LIMIT 1),
-           (SELECT min(fq.flow_slug COLLATE "C") FROM flow_queues AS fq WHERE fq.q_table = mr.q_table)
-         ) AS flow_slug,
-         EXISTS (SELECT 1 FROM flow_queues AS fq
-                  WHERE fq.q_table = mr.q_table
-                    AND ((fq.origin = 'default' AND fq.flow_slug = mr.spelling)
-                      OR (fq.origin = 'step' AND fq.queue_name = mr.spelling))) AS matches_owner
+         coalesce(min(fq.flow_slug COLLATE "C") FILTER (WHERE fq.flow_slug = mr.spelling),
+                  min(fq.flow_slug COLLATE "C")) AS flow_slug,
+         coalesce(bool_or((fq.origin = 'default' AND fq.flow_slug = mr.spelling)
+                       OR (fq.origin = 'step' AND fq.queue_name = mr.spelling)), false) AS matches_owner
   FROM meta_rows AS mr
+  JOIN flow_queues AS fq ON fq.q_table = mr.q_table
   JOIN queue_owners AS qo ON qo.q_table = mr.q_table
+  GROUP BY mr.spelling, mr.q_table, qo.owners
 ),
 -- generated private step queue names of every flow that could opt into step queues
 route_input AS (
@@ -595,10 +595,16 @@ ORDER BY CASE severity WHEN 'error' THEN 1 WHEN 'warning' THEN 2 ELSE 3 END,
 ;
 
 --@name flow_impact
--- Data at stake per flow: runs, tasks, queue backlog and archive size. Queue tables are
--- counted through query_to_xml() so every per-queue table is read inside this one statement;
--- a missing or unreadable table yields NULLs, never an error. Archive sizes come from the
--- catalog (pg_class.reltuples, pg_total_relation_size), not from counting rows.
+-- Data at stake per flow: runs, tasks, queue backlog and archive size.
+--
+-- Queue tables are counted through query_to_xml(), so every per-queue table is read inside
+-- this one statement; a missing or unreadable table yields NULLs, never an error. Reading a
+-- table keeps its ACCESS SHARE locks (table and indexes, about 3 per queue) until the
+-- transaction ends, so exact counts are taken only while the flows use at most
+-- 4 x max_locks_per_transaction queue tables (256 with the default 64, ~10% of a default lock
+-- table); beyond that the backlog comes from the activity statistics (pg_stat n_live_tup, no
+-- lock) and backlog_exact is false. Archive sizes come from the catalog (pg_class.reltuples,
+-- pg_total_relation_size, which releases its locks at once), never from counting rows.
 WITH
 flows_x AS (
 -- Fragment: pgflow.flows as the audit sees it, on every schema generation.
@@ -649,33 +655,70 @@ pgmq_rel AS (
   JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
   WHERE n.nspname = 'pgmq' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
 ),
+queue_tables AS (
+  SELECT DISTINCT q_table FROM flow_queues
+),
+budget AS (
+  SELECT (SELECT count(*) FROM queue_tables)
+           <= 4 * current_setting('max_locks_per_transaction')::integer AS exact
+),
 queue_stats AS (
   SELECT k.q_table,
+         b.exact,
          qt.oid IS NOT NULL AS has_queue_table,
-         qt.oid IS NOT NULL AND NOT has_table_privilege(qt.oid, 'SELECT') AS unreadable,
+         qt.oid IS NOT NULL AND b.exact AND NOT has_table_privilege(qt.oid, 'SELECT') AS unreadable,
          CASE
-           WHEN qt.oid IS NOT NULL AND has_table_privilege(qt.oid, 'SELECT') THEN
+           WHEN b.exact AND qt.oid IS NOT NULL AND has_table_privilege(qt.oid, 'SELECT') THEN
              query_to_xml(
                format('SELECT count(*) AS messages, '
                       || 'round(extract(epoch FROM now() - min(enqueued_at))::numeric, 3) AS oldest_age '
                       || 'FROM pgmq.%I', qt.relname),
                false, true, '')
          END AS stats,
+         CASE WHEN NOT b.exact AND qt.oid IS NOT NULL THEN pg_stat_get_live_tuples(qt.oid) END AS estimated,
          CASE WHEN at.reltuples >= 0 THEN at.reltuples::bigint END AS archive_rows_estimate,
          CASE WHEN at.oid IS NOT NULL THEN pg_total_relation_size(at.oid) END AS archive_bytes
-  FROM (SELECT DISTINCT q_table FROM flow_queues) AS k
+  FROM queue_tables AS k
+  CROSS JOIN budget AS b
   LEFT JOIN pgmq_rel AS qt ON qt.relname = k.q_table
   LEFT JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
 ),
 per_queue AS (
   SELECT qs.q_table,
+         qs.exact,
          qs.has_queue_table,
          qs.unreadable,
-         (xpath('/row/messages/text()', qs.stats))[1]::text::bigint AS messages,
+         coalesce((xpath('/row/messages/text()', qs.stats))[1]::text::bigint, qs.estimated) AS messages,
          (xpath('/row/oldest_age/text()', qs.stats))[1]::text::numeric AS oldest_age,
          qs.archive_rows_estimate,
          qs.archive_bytes
   FROM queue_stats AS qs
+),
+per_flow_queues AS (
+  SELECT fq.flow_slug,
+         array_agg(fq.queue_name ORDER BY fq.queue_name COLLATE "C") AS queue_names,
+         count(*) FILTER (WHERE NOT pq.has_queue_table) AS queues_missing,
+         count(*) FILTER (WHERE pq.unreadable) AS queues_unreadable,
+         sum(pq.messages)::bigint AS queue_backlog,
+         bool_and(pq.exact) AS backlog_exact,
+         max(pq.oldest_age) AS oldest_message_age_seconds,
+         sum(pq.archive_rows_estimate)::bigint AS archive_rows_estimate,
+         sum(pq.archive_bytes)::bigint AS archive_bytes
+  FROM flow_queues AS fq
+  JOIN per_queue AS pq ON pq.q_table = fq.q_table
+  GROUP BY fq.flow_slug
+),
+sharing AS (
+  SELECT mine.flow_slug,
+         array_agg(DISTINCT (o.flow_slug COLLATE "C") ORDER BY (o.flow_slug COLLATE "C")) AS shares_queue_with
+  FROM flow_queues AS mine
+  JOIN flow_queues AS o ON o.q_table = mine.q_table AND o.flow_slug <> mine.flow_slug
+  GROUP BY mine.flow_slug
+),
+step_counts AS (
+  SELECT s.flow_slug, count(*) AS steps
+  FROM steps_x AS s
+  GROUP BY s.flow_slug
 ),
 runs_agg AS (
   SELECT r.flow_slug,
@@ -689,11 +732,12 @@ tasks_agg AS (
          count(*) FILTER (WHERE t.status = 'queued') AS queued_tasks,
          count(*) FILTER (WHERE t.status = 'started') AS started_tasks
   FROM pgflow.step_tasks AS t
+  WHERE t.status IN ('queued', 'started')
   GROUP BY t.flow_slug
 )
 SELECT f.flow_slug,
        f.queue_mode,
-       (SELECT count(*) FROM steps_x AS s WHERE s.flow_slug = f.flow_slug)::integer AS steps,
+       coalesce(sc.steps, 0)::integer AS steps,
        coalesce(r.total_runs, 0)::bigint AS total_runs,
        coalesce(r.active_runs, 0)::bigint AS active_runs,
        coalesce(t.queued_tasks, 0)::bigint AS queued_tasks,
@@ -702,29 +746,17 @@ SELECT f.flow_slug,
        coalesce(q.queues_missing, 0)::integer AS queues_missing,
        coalesce(q.queues_unreadable, 0)::integer AS queues_unreadable,
        q.queue_backlog,
+       coalesce(q.backlog_exact, true) AS backlog_exact,
        q.oldest_message_age_seconds,
        q.archive_rows_estimate,
        q.archive_bytes,
-       coalesce((
-         SELECT array_agg(DISTINCT o.flow_slug)
-         FROM flow_queues AS mine
-         JOIN flow_queues AS o ON o.q_table = mine.q_table AND o.flow_slug <> mine.flow_slug
-         WHERE mine.flow_slug = f.flow_slug), ARRAY[]::text[]) AS shares_queue_with
+       coalesce(sh.shares_queue_with, ARRAY[]::text[]) AS shares_queue_with
 FROM flows_x AS f
+LEFT JOIN step_counts AS sc ON sc.flow_slug = f.flow_slug
 LEFT JOIN runs_agg AS r ON r.flow_slug = f.flow_slug
 LEFT JOIN tasks_agg AS t ON t.flow_slug = f.flow_slug
-LEFT JOIN LATERAL (
-  SELECT array_agg(fq.queue_name ORDER BY fq.queue_name COLLATE "C") AS queue_names,
-         count(*) FILTER (WHERE NOT pq.has_queue_table) AS queues_missing,
-         count(*) FILTER (WHERE pq.unreadable) AS queues_unreadable,
-         sum(pq.messages)::bigint AS queue_backlog,
-         max(pq.oldest_age) AS oldest_message_age_seconds,
-         sum(pq.archive_rows_estimate)::bigint AS archive_rows_estimate,
-         sum(pq.archive_bytes)::bigint AS archive_bytes
-  FROM flow_queues AS fq
-  JOIN per_queue AS pq ON pq.q_table = fq.q_table
-  WHERE fq.flow_slug = f.flow_slug
-) AS q ON true
+LEFT JOIN per_flow_queues AS q ON q.flow_slug = f.flow_slug
+LEFT JOIN sharing AS sh ON sh.flow_slug = f.flow_slug
 ORDER BY f.flow_slug COLLATE "C";
 --@end
 
