@@ -20,7 +20,8 @@ FINDING_KEYS = {
 }
 FLOW_KEYS = {
     "flow_slug", "queue_mode", "steps", "total_runs", "active_runs", "queued_tasks", "started_tasks",
-    "queue_names", "queues_missing", "queues_unreadable", "queue_backlog", "oldest_message_age_seconds",
+    "queue_names", "queues_missing", "queues_unreadable", "queue_backlog", "backlog_exact",
+    "oldest_message_age_seconds",
     "archive_rows_estimate", "archive_bytes", "shares_queue_with", "findings",
 }
 

@@ -188,3 +188,32 @@ def test_control_characters_and_quotes_are_escaped_in_the_table(published_db):
     assert found["step_slug_rejected", evil_step]["reasons"] == ["invalid_character"]
     assert ("queue_unowned", evil_queue) in found
     assert ("flow_queue_missing", evil_flow.lower()) in found
+
+
+def test_many_queues_are_estimated_instead_of_locked(baseline_db):
+    """Exact counting locks every queue table until the end of the transaction; past the budget
+    (4 x max_locks_per_transaction queue tables) the audit falls back to statistics."""
+    conn = baseline_db.connect()
+    budget = 4 * int(conn.execute("SHOW max_locks_per_transaction").fetchone()[0])
+    with conn.transaction():
+        conn.execute("SET LOCAL client_min_messages = warning")
+        conn.execute("INSERT INTO pgflow.flows (flow_slug) SELECT 'flow_' || g FROM generate_series(1, %s) AS g",
+                     (budget + 1,))
+        conn.execute("SELECT pgmq.create('flow_' || g) FROM generate_series(1, %s) AS g", (budget + 1,))
+        conn.execute("SELECT pgmq.send('flow_1', '{}'::jsonb) FROM generate_series(1, 3)")
+
+    reader = baseline_db.connect(autocommit=False)
+    with reader.transaction():
+        reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        rows = reader.execute(sqlfiles.statement(AUDIT_SQL, "flow_impact")).fetchall()
+        locks = reader.execute("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()").fetchone()[0]
+    assert len(rows) == budget + 1
+    assert locks < 100, locks
+
+    from tests.audit.helpers import audit
+
+    report = audit(baseline_db)
+    flow_1 = next(i for i in report.flows if i.flow_slug == "flow_1")
+    assert not flow_1.backlog_exact and flow_1.oldest_message_age_seconds is None
+    assert flow_1.queue_backlog is not None  # the statistics' estimate (may lag behind)
+    assert any("live-row estimates" in note for note in report.schema.notes)
