@@ -18,9 +18,11 @@
 -- Lock order (the same everywhere, so workers, recovery, definition changes and deletion
 -- cannot deadlock; docs/runtime.md explains it):
 --   flow advisory lock (1, hashtext(flow_slug))   definition changes, start_flow (shared), deletion
---   -> runs row                                    complete_task, fail_task, deletion, pruning
+--   -> runs row                                    complete_task, fail_task (FOR UPDATE), start_tasks
+--                                                  (FOR SHARE), deletion, pruning
 --   -> step_states rows                            by (run_id, step_slug)
 --   -> step_tasks rows                             UPDATE ... RETURNING, or FOR UPDATE [SKIP LOCKED]
+--                                                  (recovery never waits: SKIP LOCKED)
 --   -> PGMQ queue rows / tables                    only through the two helpers (or drop_queue)
 
 ------------------------------------------------------------------------------------------------
@@ -1262,15 +1264,34 @@ BEGIN
     RETURN;
   END IF;
 
-  WITH claimed AS (
+  -- Lock order runs -> step_tasks, as complete_task/fail_task: the runs in share mode (claims do
+  -- not block each other, but wait for a completion or failure of the same run), then the task
+  -- rows in key order, so two claims with overlapping batches cannot deadlock either.
+  PERFORM 1
+  FROM pgflow.runs AS r
+  WHERE r.run_id IN (SELECT t.run_id FROM pgflow.step_tasks AS t
+                     WHERE t.flow_slug = start_tasks.flow_slug
+                       AND t.message_id = ANY (start_tasks.msg_ids)
+                       AND t.status = 'queued')
+  ORDER BY r.run_id
+  FOR SHARE;
+
+  WITH locked AS (
+    SELECT t.run_id, t.step_slug, t.task_index
+    FROM pgflow.step_tasks AS t
+    WHERE t.flow_slug = start_tasks.flow_slug
+      AND t.message_id = ANY (start_tasks.msg_ids)
+      AND t.status = 'queued'
+    ORDER BY t.run_id, t.step_slug, t.task_index
+    FOR UPDATE
+  ), claimed AS (
     UPDATE pgflow.step_tasks AS t
        SET status = 'started',
            attempts_count = t.attempts_count + 1,
            started_at = pg_catalog.now(),
            last_worker_id = start_tasks.worker_id
-      FROM pgflow.runs AS r, pgflow.step_states AS ss, pgflow.steps AS s, pgflow.flows AS f
-     WHERE t.flow_slug = start_tasks.flow_slug
-       AND t.message_id = ANY (start_tasks.msg_ids)
+      FROM locked AS l, pgflow.runs AS r, pgflow.step_states AS ss, pgflow.steps AS s, pgflow.flows AS f
+     WHERE t.run_id = l.run_id AND t.step_slug = l.step_slug AND t.task_index = l.task_index
        AND t.status = 'queued'
        AND r.run_id = t.run_id AND r.status = 'started'
        AND ss.run_id = t.run_id AND ss.step_slug = t.step_slug AND ss.status = 'started'
@@ -1519,7 +1540,6 @@ BEGIN
   IF v_when_exhausted = 'fail' THEN
     PERFORM pgflow._fail_run(fail_task.run_id, fail_task.step_slug, v_error);
   ELSE
-    PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
     IF v_when_exhausted = 'skip' THEN
       PERFORM pgflow._skip_step(fail_task.run_id, fail_task.step_slug, 'handler_failed', v_error);
     ELSE
@@ -1527,6 +1547,7 @@ BEGIN
       UPDATE pgflow.step_states AS ss SET error_message = v_error
        WHERE ss.run_id = fail_task.run_id AND ss.step_slug = fail_task.step_slug;
     END IF;
+    PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
     PERFORM pgflow._advance_run(fail_task.run_id);
   END IF;
 
