@@ -139,3 +139,89 @@ def test_concurrent_claims_never_hand_out_a_task_twice(rt, db):
     assert len(first) == 20
     assert result["rows"] == []
     assert {t["attempts_count"] for t in rt.tasks(run)} == {1}
+
+
+def _in_thread(fn):
+    import threading
+
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = fn()
+        except Exception as exc:  # surfaced by the caller
+            result["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
+
+
+def test_claim_waits_for_a_failing_run_and_then_claims_nothing(rt, db):
+    """#645 race: a claim arriving while the run is being failed must not start a cancelled task."""
+    rt.flow("racefail", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
+    run = rt.start("racefail", {})
+    msgs = {m["message"]["step_slug"]: m["msg_id"] for m in rt.read("racefail")}
+    rt.claim("racefail", [msgs["a"]])
+    failing = db.connect(autocommit=False)
+    failing.execute("SELECT * FROM pgflow.fail_task(%s, 'a', 0, 'fatal')", (run,))
+
+    claimer = db.connect()
+    thread, result = _in_thread(
+        lambda: claimer.execute("SELECT * FROM pgflow.start_tasks('racefail', %s, %s)", ([msgs["b"]], rt.worker)).fetchall()
+    )
+    thread.join(0.5)
+    assert thread.is_alive(), "the claim must wait for the run's failure to commit"
+    failing.commit()
+    thread.join(10)
+    assert "error" not in result, result.get("error")
+    assert result["value"] == []
+    b = rt.task(run, "b")
+    assert (b["status"], b["attempts_count"]) == ("cancelled", 0)
+
+
+def test_failure_waits_for_an_in_flight_claim_and_then_cancels_it(rt, db):
+    rt.flow("raceclaim", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
+    run = rt.start("raceclaim", {})
+    msgs = {m["message"]["step_slug"]: m["msg_id"] for m in rt.read("raceclaim")}
+    rt.claim("raceclaim", [msgs["a"]])
+    claiming = db.connect(autocommit=False)
+    claimed = claiming.execute("SELECT * FROM pgflow.start_tasks('raceclaim', %s, %s)", ([msgs["b"]], rt.worker)).fetchall()
+    assert len(claimed) == 1
+
+    failer = db.connect()
+    thread, result = _in_thread(lambda: failer.execute("SELECT status FROM pgflow.fail_task(%s, 'a', 0, 'x')", (run,)).fetchall())
+    thread.join(0.5)
+    assert thread.is_alive(), "fail_task must wait for the claim holding the run in share mode"
+    claiming.commit()
+    thread.join(10)
+    assert "error" not in result, result.get("error")
+    assert rt.run(run)["status"] == "failed"
+    assert rt.task(run, "b")["status"] == "cancelled"
+    assert rt.messages("raceclaim") == []
+    # the worker that claimed b reports later: nothing changes
+    assert rt.complete(run, "b", 0, "late")["status"] == "cancelled"
+
+
+def test_overlapping_claims_split_the_tasks_without_double_claims(rt, db):
+    """A second claim over partly the same messages (listed in reverse) waits, then takes only the rest."""
+    rt.flow("overlap", [{"slug": "each", "step_type": "map"}])
+    run = rt.start("overlap", list(range(6)))
+    ids = [m["msg_id"] for m in rt.read("overlap")]
+    other = uuid.uuid4()
+    rt.conn.execute("SELECT pgflow.register_worker(%s, 'w-other', 'overlap', 'overlap')", (other,))
+    first = db.connect(autocommit=False)
+    second = db.connect(autocommit=False)
+    got_first = first.execute("SELECT task_index FROM pgflow.start_tasks('overlap', %s, %s)", (ids[:4], rt.worker)).fetchall()
+    thread, result = _in_thread(
+        lambda: second.execute("SELECT task_index FROM pgflow.start_tasks('overlap', %s, %s)", (list(reversed(ids)), other)).fetchall()
+    )
+    thread.join(0.5)
+    first.commit()
+    thread.join(10)
+    second.commit()
+    assert "error" not in result, result.get("error")
+    claimed_second = sorted(r[0] for r in result["value"])
+    assert sorted(r[0] for r in got_first) == [0, 1, 2, 3]
+    assert claimed_second == [4, 5]
+    assert {t["attempts_count"] for t in rt.tasks(run)} == {1}
