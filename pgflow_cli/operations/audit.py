@@ -59,15 +59,22 @@ class CheckInfo:
 
     Attributes:
         check_id: stable id.
-        severity: ``error``, ``warning`` or ``info``.
+        severity: ``error``, ``warning`` or ``info``: the highest severity the check reports.
         blocking: the queue-identity migration refuses while such a finding exists.
         title: a short description.
+        lower_severities: severities the check may report instead, depending on the evidence.
     """
 
     check_id: str
     severity: str
     blocking: bool
     title: str
+    lower_severities: tuple[str, ...] = ()
+
+    @property
+    def severities(self) -> tuple[str, ...]:
+        """Every severity this check may report."""
+        return (self.severity,) + self.lower_severities
 
 
 CHECKS: dict[str, CheckInfo] = {
@@ -82,7 +89,8 @@ CHECKS: dict[str, CheckInfo] = {
         CheckInfo("task_message_id_duplicate", "error", True, "a message id held by several tasks of one queue"),
         CheckInfo("queue_name_too_long", "error", False, "an existing queue's name exceeds PGMQ's limits"),
         CheckInfo("flow_queue_missing", "warning", False, "a flow's PGMQ queue (meta row or tables) is missing"),
-        CheckInfo("queue_meta_spelling", "warning", False, "a flow's pgmq.meta row is not spelled lowercase / as the flow"),
+        CheckInfo("queue_meta_spelling", "warning", False, "a flow's pgmq.meta row is not spelled lowercase / as the flow",
+                  ("info",)),
         CheckInfo("step_queue_collision", "warning", False, "an existing queue has a name a flow would generate"),
         CheckInfo("queue_unowned", "info", False, "a queue no flow owns"),
         CheckInfo("step_queues_unavailable", "info", False, "a flow whose private step queue names cannot be generated"),

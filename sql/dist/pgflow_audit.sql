@@ -503,7 +503,9 @@ findings AS (
 
   UNION ALL
   -- a flow's pgmq.meta row spelled otherwise than its canonical lowercase name
-  SELECT 'queue_meta_spelling', 'warning', false,
+  -- info when PGMQ lists the queue exactly as the flow is spelled (the normal legacy camelCase
+  -- case, handled by the upgrade); warning when the listed spelling is not the flow's.
+  SELECT 'queue_meta_spelling', CASE WHEN om.matches_owner THEN 'info' ELSE 'warning' END, false,
          om.flow_slug, NULL, 'queue', om.spelling,
          ARRAY(SELECT code FROM (VALUES
                  (1, 'not_lowercase', om.spelling <> lower(om.spelling COLLATE "C")),
