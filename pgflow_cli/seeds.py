@@ -1,8 +1,8 @@
 """Sample data for the sandbox (``pgflow sandbox up --seed NAME``).
 
-Seeds are SQL files under ``sql/seeds/`` run in one transaction through the public
-pgflow functions (create_flow, add_step, start_flow, ...), never by inserting rows
-behind the runtime's back, so the data is what a real deployment would hold.
+A seed goes only through real pgflow paths (worker startup compilation, ``start_flow``,
+real workers), never by inserting rows behind the runtime's back, so the data is what a
+real deployment would hold. See :mod:`pgflow_cli.demo` for the ``demo`` seed.
 """
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ from collections.abc import Callable
 import psycopg
 
 from pgflow_cli import installer, sqlfiles
-from pgflow_cli.db import transaction
 from pgflow_cli.errors import UsageError
 
 SEEDS = {
     "demo": {
-        "file": "seeds/demo.sql",
         "schema": installer.BASELINE_VERSION,
-        "about": "pre-upgrade baseline with legacy flow names and runs in several states",
+        "about": "pre-upgrade baseline: compliant and rejected flow names, runs in several states",
     },
 }
 
@@ -36,14 +34,16 @@ def schema_target(name: str) -> int:
     return int(SEEDS[name]["schema"])  # type: ignore[arg-type]
 
 
-def load(sandbox, name: str, progress: Callable[[str], None] = lambda message: None) -> None:
-    """Load seed ``name`` into the sandbox database in one transaction."""
+def load(sandbox, name: str, progress: Callable[[str], None] = lambda message: None) -> bool:
+    """Load seed ``name`` into the sandbox database; returns False when it was already loaded."""
     check_name(name)
     with psycopg.connect(sandbox.conninfo(), autocommit=True) as conn:
-        with transaction(conn, statement_timeout=120):
-            already = conn.execute(sqlfiles.statement("queries/seeds.sql", "already_seeded")).fetchone()
-            if already and already[0]:
-                progress(f"seed {name!r} already loaded; nothing to do")
-                return
-            conn.execute(sqlfiles.load(str(SEEDS[name]["file"])))  # type: ignore[arg-type]
+        row = conn.execute(sqlfiles.statement("queries/seeds.sql", "already_seeded")).fetchone()
+    if row and row[0]:
+        progress(f"the sandbox already holds flows; seed {name!r} not loaded again (use `pgflow sandbox reset --seed {name}`)")
+        return False
+    from pgflow_cli import demo
+
+    demo.seed(sandbox.conninfo(), progress)
     progress(f"loaded seed {name!r}")
+    return True

@@ -11,6 +11,7 @@ import psycopg
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.padding import Padding
 from rich.text import Text
 
 from pgflow_cli import render
@@ -171,7 +172,7 @@ def _render_table(report: audit_op.AuditReport, fail_on: str, console: Console) 
         impact = impacts.get(slug) if slug is not None else None
         if impact is not None:
             console.print(render.text("  " + _impact_line(impact), "dim"))
-        console.print(_findings_table(findings))
+        _print_findings(findings, console)
         console.print()
 
     clean_flows = [i for i in report.flows if not i.findings]
@@ -184,29 +185,24 @@ def _render_table(report: audit_op.AuditReport, fail_on: str, console: Console) 
     _render_summary(report, fail_on, console)
 
 
-def _findings_table(findings: Sequence[audit_op.Finding]) -> Table:
-    table = Table(show_lines=True, expand=False, pad_edge=False)
-    table.add_column("severity", no_wrap=True)
-    table.add_column("check", no_wrap=True)
-    table.add_column("object", overflow="fold")
-    table.add_column("reasons", overflow="fold")
-    table.add_column("finding", overflow="fold", ratio=3)
-    table.add_column("fix", overflow="fold", ratio=3)
+def _print_findings(findings: Sequence[audit_op.Finding], console: Console) -> None:
+    """One headline per finding, then its message and fix wrapped under it (readable at 80 columns)."""
     for f in findings:
-        severity = render.text(f.severity + (" (blocking)" if f.blocking else ""), SEVERITY_STYLE.get(f.severity))
-        obj = Text.assemble(render.text(f.object_type + " "), render.text(f.object_name, "bold"))
+        headline = Text("  ")
+        headline.append_text(render.text(f.severity.upper() + (" (blocking)" if f.blocking else ""),
+                                         SEVERITY_STYLE.get(f.severity)))
+        headline.append("  ")
+        headline.append_text(render.text(f.check_id, "bold"))
+        headline.append("  ")
+        headline.append_text(render.text(f.object_type + " "))
+        headline.append_text(render.text(f.object_name, "bold"))
         if f.step_slug is not None and f.object_type != "step":
-            obj.append("\n")
-            obj.append_text(render.text(f"(step {f.step_slug})", "dim"))
-        table.add_row(
-            severity,
-            render.text(f.check_id),
-            obj,
-            render.text(", ".join(f.reasons)),
-            render.text(f.message),
-            render.text(f.fix),
-        )
-    return table
+            headline.append_text(render.text(f" (step {f.step_slug})", "dim"))
+        if f.reasons:
+            headline.append_text(render.text("  [" + ", ".join(f.reasons) + "]", "dim"))
+        console.print(headline)
+        console.print(Padding(render.text(f.message), (0, 0, 0, 6)))
+        console.print(Padding(Text.assemble(("fix: ", "bold"), render.text(f.fix)), (0, 0, 0, 6)))
 
 
 def _impact_line(impact: audit_op.FlowImpact) -> str:

@@ -72,6 +72,34 @@ def up(
 
 
 @app.command()
+def worker(
+    flow: Annotated[
+        Optional[list[str]], typer.Option("--flow", help="Demo flow to serve (repeatable); default: every runnable demo flow.")
+    ] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=64, help="Handlers in flight per flow.")] = 4,
+    seconds: Annotated[
+        Optional[float], typer.Option("--seconds", min=0.5, help="Stop after this many seconds (default: run until Ctrl-C).")
+    ] = None,
+) -> None:
+    """Run the demo workers (reference Python worker) against the sandbox until Ctrl-C.
+
+    They finish the seeded in-flight runs. The sandbox has no pg_cron, so this command also calls
+    pgflow.requeue_stalled_tasks() every 15 s, as the cron job does in production. Ctrl-C drains in-flight
+    tasks before exiting.
+    """
+    import logging
+
+    from pgflow_cli import demo
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    conninfo = Sandbox.default().running_conninfo()
+    unknown = [slug for slug in flow or [] if slug not in demo.RUNNABLE]
+    if unknown:
+        raise UsageError(f"not a runnable demo flow: {', '.join(unknown)}", hint="choose from: " + ", ".join(demo.RUNNABLE))
+    demo.run_workers(conninfo, flow, max_concurrent=concurrency, stop_after=seconds)
+
+
+@app.command()
 def status(output_format: FormatOption = OutputFormat.table) -> None:
     """Show whether the sandbox runs, where, and what its database holds."""
     STATE.output_format = output_format

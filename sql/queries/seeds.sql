@@ -1,6 +1,6 @@
 -- Queries of the sandbox seeds.
 
 --@name already_seeded
--- The demo seed marks its flows with this comment-free convention: any flow present means seeded.
+-- A seed is only loaded into a database without flows.
 SELECT EXISTS (SELECT 1 FROM pgflow.flows) AS seeded;
 --@end
