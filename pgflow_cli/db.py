@@ -31,7 +31,15 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgflow_cli.errors import ConnectionFailed, LockTimeout, PgflowError, SchemaMissing, UsageError
+from pgflow_cli.errors import (
+    ConnectionFailed,
+    LockTimeout,
+    PgflowError,
+    Refused,
+    SchemaMissing,
+    StateConflict,
+    UsageError,
+)
 
 DEFAULT_APPLICATION_NAME = "pgflow-cli"
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -285,6 +293,18 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+PGFLOW_SQLSTATES: dict[str, type[PgflowError]] = {
+    "PF001": StateConflict,  # worker function disabled (fence or fatal pause)
+    "PF002": StateConflict,  # worker/database protocol mismatch
+    "PF003": UsageError,  # invalid flow or step definition
+    "PF004": StateConflict,  # queue collision, or a queue pgflow must not adopt
+    "PF005": Refused,  # the upgrade recheck found incompatible data
+    "PF006": StateConflict,  # unknown flow or run
+    "PF007": StateConflict,  # worker not registered
+}
+"""Exit-code class of each pgflow SQLSTATE (docs/architecture.md "Errors raised by pgflow SQL")."""
+
+
 def map_database_error(exc: psycopg.Error, *, target: Target | None = None) -> PgflowError:
     """Translate a psycopg error raised during a command into a :class:`PgflowError`.
 
@@ -298,6 +318,10 @@ def map_database_error(exc: psycopg.Error, *, target: Target | None = None) -> P
     diag = getattr(exc, "diag", None)
     detail = [line for line in ((diag.message_detail if diag else None) or "").splitlines() if line]
     hint_from_server = (diag.message_hint if diag else None) or ""
+    first = message.splitlines()[0] if message else type(exc).__name__
+    pgflow_error = PGFLOW_SQLSTATES.get(getattr(exc, "sqlstate", None) or "")
+    if pgflow_error is not None:
+        return pgflow_error(first, hint=hint_from_server, detail=detail)
     if isinstance(exc, (pgerrors.LockNotAvailable, pgerrors.QueryCanceled, pgerrors.DeadlockDetected)):
         return LockTimeout(
             f"timed out: {message.splitlines()[0]}",

@@ -42,6 +42,7 @@ BASELINE_VERSION = 2
 
 
 _PHASE = re.compile(r"^--@phase[ \t]+(?P<name>[a-z_]+)(?:[ \t]+(?P<mode>tx|batch|notx))?[ \t]*$", re.MULTILINE)
+_PREFLIGHT = re.compile(r"^--@preflight[ \t]+audit[ \t]*$", re.MULTILINE)
 _THRESHOLD = re.compile(r"^--@online-threshold[ \t]+(?P<table>[a-z_.]+)[ \t]+(?P<rows>\d+)[ \t]*$", re.MULTILINE)
 
 
@@ -158,6 +159,12 @@ class Migration:
     @property
     def phased(self) -> PhasedMigration | None:
         return parse_phases(self.sql)
+
+    @property
+    def preflight_audit(self) -> bool:
+        """True when the file asks for ``pgflow audit``'s blocking rules to pass before any lock
+        (``--@preflight audit``); the migration rechecks them itself under its locks."""
+        return bool(_PREFLIGHT.search(self.sql))
 
     def phases_for_single_transaction(self) -> list[Phase]:
         """What runs when the whole migration is one transaction (``notx`` phases skipped)."""

@@ -89,21 +89,26 @@ class Sandbox:
         return self.conninfo()
 
     def up(self, *, target: int | None = None) -> list[installer.Applied]:
-        """Create or start the server, create the database, install PGMQ and migrations.
+        """Create or start the server; create and install the database the first time.
+
+        An existing sandbox database is only started, never migrated: upgrading it is
+        ``pgflow migrate apply --sandbox``, exactly as on a real database.
 
         Args:
-            target: install migrations only up to this version (``None``: all).
+            target: for a new database, install migrations only up to this version
+                (``None``: all).
 
         Returns:
-            The migrations applied by this call (empty when already current).
+            The migrations applied by this call (empty for an existing database).
         """
         self.server.init()
         self.server.start()
         self.server.wait_ready()
         with psycopg.connect(self.server.conninfo("postgres"), autocommit=True) as admin:
             exists = admin.execute(sqlfiles.statement(QUERIES, "database_exists"), {"name": DATABASE}).fetchone()
-            if not exists:
-                admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(DATABASE)))
+            if exists:
+                return []
+            admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(DATABASE)))
         with psycopg.connect(self.conninfo(), autocommit=True) as conn:
             installer.ensure_pgmq(conn)
             return installer.apply(conn, target=target)

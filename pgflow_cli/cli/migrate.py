@@ -16,7 +16,7 @@ from pgflow_cli.cli.common import (
     SandboxOption,
     open_connection,
 )
-from pgflow_cli.errors import UsageError
+from pgflow_cli.errors import PgflowError, Refused, UsageError
 from pgflow_cli.operations import migrate as migrate_op
 
 app = typer.Typer(
@@ -142,16 +142,25 @@ def plan(
     """
     STATE.output_format = output_format
     conn, target = open_connection(dsn, sandbox, connect_timeout)
+    refused: PgflowError | None = None
     with conn:
         the_plan = installer.make_plan(conn)
-    conflict = the_plan.refuse_reasons()
-    pending = [{"version": m.version, "name": m.name, "summary": _summary(m), "checksum": m.checksum}
+        conflict = the_plan.refuse_reasons()
+        if not conflict:
+            try:
+                migrate_op.preflight(conn, the_plan.pending)
+            except Refused as exc:
+                refused = exc
+    pending = [{"version": m.version, "name": m.name, "summary": _summary(m), "checksum": m.checksum,
+                "state": next(s.state for s in the_plan.statuses if s.version == m.version),
+                "phased": bool(m.phased and m.phased.has_online_phases), "preflight_audit": m.preflight_audit}
                for m in the_plan.pending]
     if output_format == OutputFormat.json:
         render.write_json({
             "kind": "pgflow-cli/migrate-plan", "version": 1, "database": target.describe(),
             "pending": pending, "pgmq_installed": the_plan.state.has_pgmq_meta,
             "conflict": conflict.to_dict() if conflict else None,
+            "refused": refused.to_dict() if refused else None,
         })
     elif output_format == OutputFormat.csv:
         render.write_csv(["version", "name", "summary", "checksum"], pending)
@@ -160,16 +169,25 @@ def plan(
         if not pending:
             console.print(render.text("nothing to apply: the database is up to date", "green"))
         for item in pending:
-            console.print(render.text(f"{item['version']:04d}_{item['name']}: {item['summary']}"))
-        if pending and not conflict:
+            notes = []
+            if item["state"] == "in_progress":
+                notes.append("in progress: apply resumes it")
+            if item["phased"]:
+                notes.append("phased on large task tables")
+            if item["preflight_audit"]:
+                notes.append("preflight audit")
+            suffix = f" [{'; '.join(notes)}]" if notes else ""
+            console.print(render.text(f"{item['version']:04d}_{item['name']}: {item['summary']}{suffix}"))
+        if pending and not conflict and not refused:
             console.print(render.text("next: pgflow migrate apply --dry-run, then pgflow migrate apply", "dim"))
         if not the_plan.state.has_pgmq_meta:
             console.print(render.text("PGMQ is not installed: install the pgmq extension or use --install-pgmq", "yellow"))
-    if conflict:
+    problem = conflict or refused
+    if problem:
         from pgflow_cli.cli import report_error
 
-        report_error(conflict)
-        raise typer.Exit(int(conflict.exit_code))
+        report_error(problem)
+        raise typer.Exit(int(problem.exit_code))
 
 
 @app.command()
@@ -238,6 +256,8 @@ def apply(
                 return
             if event == "lock_wait":
                 err.print(render.text("waiting for another migrator to finish...", "yellow"))
+            elif event == "preflight":
+                err.print(render.text(f"preflight audit: {data['findings']} finding(s), none blocking", "green"))
             elif event == "start":
                 suffix = f" (attempt {data['attempt']})" if data["attempt"] > 1 else ""
                 err.print(render.text(f"{'dry run of' if dry_run else 'applying'} {data['migration']}{suffix}..."))

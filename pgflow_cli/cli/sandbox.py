@@ -45,10 +45,11 @@ def up(
     seed: SeedOption = None,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
-    """Create (first time) or start the sandbox and bring its schema up to date.
+    """Create (first time) or start the sandbox. A new database gets the current schema.
 
-    With --seed demo the database stays at the pre-upgrade baseline so that `pgflow audit --sandbox`
-    and `pgflow migrate plan --sandbox` have something to report.
+    With --seed demo a new database gets the pre-upgrade baseline and sample data, so that `pgflow audit
+    --sandbox` and `pgflow migrate plan --sandbox` have something to report. An existing sandbox database is
+    only started, never migrated: upgrade it with `pgflow migrate apply --sandbox`, as you would a real one.
     """
     STATE.output_format = output_format
     sandbox = Sandbox.default()

@@ -3,9 +3,9 @@
 Applying is :func:`pgflow_cli.installer.apply` (the one installer) plus what an operator
 needs around it:
 
-* a **preflight audit** before any lock is taken: blocking findings refuse the upgrade
-  with the complete list (exit 1) and nothing is changed; the migration itself rechecks
-  the same rules under its locks;
+* a **preflight audit** before any lock is taken (for migrations marked ``--@preflight
+  audit``): blocking findings refuse the upgrade with the complete list (exit 1) and nothing
+  is changed; the migration itself rechecks the same rules under its locks;
 * a **lock watcher**: a second connection that, while the migration waits for a lock,
   names the blocking sessions (pid, application name, state, seconds) without their
   query text;
@@ -28,6 +28,7 @@ from psycopg.rows import dict_row
 
 from pgflow_cli import installer, sqlfiles
 from pgflow_cli.db import Target, connect
+from pgflow_cli.errors import Refused
 
 QUERIES = "queries/migrate.sql"
 Progress = Callable[[str, dict[str, Any]], None]
@@ -134,6 +135,36 @@ def describe_blocker(blocker: dict[str, Any]) -> str:
             f"{blocker['state'] or 'unknown state'} for {blocker['seconds']}s{modes}")
 
 
+def preflight(conn: psycopg.Connection, pending: list[installer.Migration]) -> Phase | None:
+    """Run the audit's blocking rules before any lock when a pending migration asks for it.
+
+    Returns:
+        The ``preflight`` phase (or ``None`` when no pending migration asks for it).
+
+    Raises:
+        Refused: blocking findings exist (exit 1), with every one of them in the detail; nothing
+            was locked or changed.
+    """
+    if not any(m.preflight_audit for m in pending):
+        return None
+    from pgflow_cli.operations.audit import run_audit
+
+    started = time.monotonic()
+    report = run_audit(conn)
+    blocking = report.blocking
+    phase = Phase("preflight audit", time.monotonic() - started,
+                  {"findings": len(report.findings), "blocking": len(blocking)})
+    if blocking:
+        raise Refused(
+            f"the upgrade is refused: {len(blocking)} blocking finding(s); nothing was locked or changed",
+            hint="run `pgflow audit` for the full report and the fix of each finding: a rejected name needs a new "
+            "concrete flow under a compliant slug; pgflow never renames or deletes flows",
+            detail=[f"{f.check_id}: {f.object_type} {f.object_name}" + (f" (flow {f.flow_slug})" if f.flow_slug and f.flow_slug != f.object_name else "")
+                    + f": {f.message}" for f in blocking],
+        )
+    return phase
+
+
 def apply(
     conn: psycopg.Connection,
     target: Target,
@@ -197,6 +228,15 @@ def apply(
     def on_blockers(blockers: list[dict[str, Any]], waiting: dict[str, Any] | None) -> None:
         emit("blocked", {"blockers": blockers, "waiting_on": waiting})
 
+    plan = installer.make_plan(conn)
+    conflict = plan.refuse_reasons()
+    if conflict:
+        raise conflict
+    pending = [m for m in plan.pending if target_version is None or m.version <= target_version]
+    checked = preflight(conn, pending)
+    if checked is not None:
+        result.phases.append(checked)
+        emit("preflight", checked.detail)
     with LockWatcher(target, pid, on_blockers) as watcher:
         installer.apply(
             conn,

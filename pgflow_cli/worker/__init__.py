@@ -22,6 +22,7 @@ from pgflow_cli.worker.protocol import (
     FlowShapeMismatch,
     ProtocolMismatch,
     ProtocolV1,
+    ProtocolV2,
     WorkerFenced,
     WorkerStartupError,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "FlowShapeMismatch",
     "ProtocolMismatch",
     "ProtocolV1",
+    "ProtocolV2",
     "StepDefinition",
     "TaskContext",
     "Worker",

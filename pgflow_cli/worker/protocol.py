@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgflow_cli import sqlfiles
+from pgflow_cli import naming, sqlfiles
 from pgflow_cli.errors import PgflowError, StateConflict, UsageError
 
 # SQLSTATEs raised by pgflow SQL (docs/architecture.md).
@@ -92,6 +92,8 @@ class ClaimOutcome:
         duplicates: message ids of tasks already started elsewhere (no attempt used).
         archived_terminal: message ids archived because their task already ended.
         archived_foreign: message ids archived as clearly foreign (not pgflow work).
+        missing: message ids no longer in the queue (archived by someone else meanwhile).
+        released: message ids of a fatal batch made visible again without being judged fatal.
         fatal_reason: set when the batch held unsupported work: nothing was claimed and
             the worker must stop (the database already paused its function).
         fatal_messages: message ids behind the fatal reason.
@@ -101,6 +103,8 @@ class ClaimOutcome:
     duplicates: list[int] = field(default_factory=list)
     archived_terminal: list[int] = field(default_factory=list)
     archived_foreign: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)
     fatal_reason: str | None = None
     fatal_messages: list[int] = field(default_factory=list)
 
@@ -212,10 +216,84 @@ class ProtocolV1:
         conn.execute(self._sql("stopped"), {"worker_id": worker_id})
 
 
-LATEST = ProtocolV1
+class ProtocolV2(ProtocolV1):
+    """Protocol 2: queue identity. Queue = the flow's persisted route; claim = ``claim_tasks``.
+
+    Registration, heartbeats, reads, complete and fail are unchanged from protocol 1.
+    """
+
+    version = 2
+    v2_queries = "queries/worker_v2.sql"
+
+    def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
+        """The generated lowercase default queue (plain flows; step workers need private step queues)."""
+        if step_slug is not None:
+            raise UsageError("this database generation has no private step queues; start a whole-flow worker")
+        queue = naming.default_queue_name(flow_slug)
+        if queue.name is None:
+            raise UsageError(f"flow slug {flow_slug!r} cannot be used: {naming.describe_reasons([queue.reason or ''])}")
+        return queue.name
+
+    def compile(self, conn: psycopg.Connection, flow_slug: str, shape: dict[str, Any], step_slug: str | None) -> dict[str, Any]:
+        """Protocol-2 startup compilation with the route map this worker derived (checked by SQL)."""
+        queue = self.queue_name(flow_slug, None)
+        route_map = [{"stepSlug": step["slug"], "queueName": queue} for step in shape["steps"]]
+        row = conn.execute(sqlfiles.statement(self.v2_queries, "compile"), {
+            "flow_slug": flow_slug, "shape": Jsonb(shape), "queue_mode": "flow", "route_map": Jsonb(route_map),
+        }).fetchone()
+        result = row[0] if row else {}
+        if isinstance(result, str):
+            result = json.loads(result)
+        if result.get("status") == "mismatch":
+            kind = result.get("mismatchKind") or "shape"
+            raise FlowShapeMismatch(
+                f"flow {flow_slug!r} exists in the database with a different {kind}; this worker's definition was refused",
+                hint="deploy the changed definition under a new concrete flow slug (e.g. a V2 suffix); "
+                "production never recompiles a flow that may hold runs",
+                detail=[str(d) for d in result.get("differences", [])],
+            )
+        return result
+
+    def claim(self, conn: psycopg.Connection, *, flow_slug: str, step_slug: str | None, queue_name: str,
+              message_ids: list[int], worker_id: str) -> ClaimOutcome:
+        """Classifying claim: returns every message's outcome (fatal outcomes already paused the function)."""
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(sqlfiles.statement(self.v2_queries, "claim"), {
+                "queue_name": queue_name, "msg_ids": message_ids, "worker_id": worker_id,
+                "flow_slug": flow_slug, "step_slug": step_slug,
+            }).fetchall()
+        outcome = ClaimOutcome()
+        fatal_reasons: list[str] = []
+        for r in rows:
+            kind, message_id = r["outcome"], int(r["message_id"])
+            if kind == "claimed":
+                outcome.claimed.append(ClaimedTask(
+                    flow_slug=r["flow_slug"], run_id=str(r["run_id"]), step_slug=r["step_slug"], input=r["input"],
+                    message_id=message_id, task_index=int(r["task_index"]), flow_input=r["flow_input"],
+                    queue_name=queue_name,
+                ))
+            elif kind == "duplicate":
+                outcome.duplicates.append(message_id)
+            elif kind == "archived_terminal":
+                outcome.archived_terminal.append(message_id)
+            elif kind == "archived_foreign":
+                outcome.archived_foreign.append(message_id)
+            elif kind == "missing":
+                outcome.missing.append(message_id)
+            elif kind == "fatal":
+                outcome.fatal_messages.append(message_id)
+                fatal_reasons.append(f"message {message_id}: {r['reason']}")
+            elif kind == "released":
+                outcome.released.append(message_id)
+        if outcome.fatal_messages:
+            outcome.fatal_reason = "; ".join(fatal_reasons)
+        return outcome
+
+
+LATEST = ProtocolV2
 """The protocol new workers speak by default."""
 
-PROTOCOLS = {1: ProtocolV1}
+PROTOCOLS = {1: ProtocolV1, 2: ProtocolV2}
 
 
 def for_version(version: int):

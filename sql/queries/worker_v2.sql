@@ -1,0 +1,12 @@
+-- Database calls of the reference worker speaking protocol 2 (queue identity).
+-- The queue is the flow's persisted route (lower(flow_slug) for a plain flow); the claim is
+-- pgflow.claim_tasks, which classifies every message before changing anything.
+
+--@name compile
+SELECT pgflow.ensure_flow_compiled(%(flow_slug)s, %(shape)s::jsonb, protocol_version => 2,
+                                   queue_mode => %(queue_mode)s, route_map => %(route_map)s::jsonb) AS result;
+
+--@name claim
+SELECT outcome, message_id, reason, flow_slug, run_id, step_slug, task_index, input, flow_input
+FROM pgflow.claim_tasks(%(queue_name)s, %(msg_ids)s::bigint[], %(worker_id)s, %(flow_slug)s, %(step_slug)s);
+--@end
