@@ -20,7 +20,9 @@ The rules (docs/runtime.md, "Invariants"):
    tasks cancelled); a started run's ``remaining_steps`` equals its number of created/started steps; a
    completed run has only completed or skipped steps; a failed run has at least one failed step.
 
-In this baseline a task's queue is its ``flow_slug`` (``pgmq.q_<lower(flow_slug)>``).
+A task's queue is its ``queue_name`` snapshot where the schema has one (queue identity,
+migration 0003), else its ``flow_slug`` (the released baseline), read through
+``to_jsonb(t) ->> 'queue_name'`` so one query serves both schema generations.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def check_runtime_invariants(conn: psycopg.Connection, *, require_live_messages:
 
         tasks = cur.execute(
             """
-            SELECT t.flow_slug, t.run_id, t.step_slug, t.task_index, t.status, t.message_id,
+            SELECT t.flow_slug, coalesce(to_jsonb(t) ->> 'queue_name', t.flow_slug) AS queue,
+                   t.run_id, t.step_slug, t.task_index, t.status, t.message_id,
                    t.permanently_stalled_at IS NOT NULL AS dead,
                    r.status AS run_status, ss.status AS step_status
             FROM pgflow.step_tasks t
@@ -74,7 +77,7 @@ def check_runtime_invariants(conn: psycopg.Connection, *, require_live_messages:
             JOIN pgflow.step_states ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
             """
         ).fetchall()
-        queues = sorted({t["flow_slug"] for t in tasks})
+        queues = sorted({t["queue"] for t in tasks})
         messages: dict[str, dict[int, dict] | None] = {}
         for queue in queues:
             found = _queue_messages(cur, queue)
@@ -82,7 +85,7 @@ def check_runtime_invariants(conn: psycopg.Connection, *, require_live_messages:
 
         for t in tasks:
             label = f"task {t['step_slug']}[{t['task_index']}] ({t['status']}) of run {t['run_id']}"
-            in_queue = messages.get(t["flow_slug"]) or {}
+            in_queue = messages.get(t["queue"]) or {}
             finished = (
                 t["status"] in TERMINAL_TASK
                 or t["run_status"] in TERMINAL_RUN
@@ -91,10 +94,10 @@ def check_runtime_invariants(conn: psycopg.Connection, *, require_live_messages:
             )
             msg = in_queue.get(t["message_id"]) if t["message_id"] is not None else None
             if finished and msg is not None:
-                problems.append(f"{label}: message {t['message_id']} is still in queue {t['flow_slug']!r}")
+                problems.append(f"{label}: message {t['message_id']} is still in queue {t['queue']!r}")
             if not finished and require_live_messages:
                 if msg is None:
-                    problems.append(f"{label}: its message {t['message_id']} is missing from queue {t['flow_slug']!r}")
+                    problems.append(f"{label}: its message {t['message_id']} is missing from queue {t['queue']!r}")
                 else:
                     body = msg["message"]
                     expected = {
