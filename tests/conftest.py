@@ -5,7 +5,9 @@ Fixtures:
 * ``harness``: the session's server (see tests/support/server.py);
 * ``db``: a fresh database with PGMQ and every pgflow migration;
 * ``baseline_db``: PGMQ and only the baseline migrations (the pre-upgrade state);
-* ``empty_db``: a database with nothing installed.
+* ``empty_db``: a database with nothing installed;
+* ``published_db``: a database built from the published ``@pgflow/core`` release
+  (tests/support/published.py), holding exactly ``published.EXPECTED_FINDINGS``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import psycopg
 import pytest
 
 from pgflow_cli import installer
+from tests.support import published
 from tests.support.server import Harness, TestDatabase
 
 BASELINE_VERSION = installer.BASELINE_VERSION
@@ -58,5 +61,25 @@ def baseline_db(harness, request) -> TestDatabase:
 @pytest.fixture
 def empty_db(harness, request) -> TestDatabase:
     database = harness.clone(None, _label(request))
+    yield database
+    harness.drop(database)
+
+
+@pytest.fixture(scope="session")
+def published_template(harness) -> str:
+    """Name of the template database built once per test run from the published release."""
+    try:
+        return harness.template(
+            f"published_{published.RELEASE.replace('.', '')}",
+            lambda conninfo: published.build(conninfo, harness.admin),
+        )
+    except published.PublishedReleaseError as exc:
+        pytest.fail(f"cannot build the published-release database: {exc}", pytrace=False)
+
+
+@pytest.fixture
+def published_db(harness, published_template, request):
+    """A fresh database cloned from the published-release template."""
+    database = harness.clone(published_template, _label(request))
     yield database
     harness.drop(database)

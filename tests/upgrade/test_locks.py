@@ -1,0 +1,103 @@
+"""Lock timeouts: the migration waits, names the blocker (never its query), retries, gives up with exit 4."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+import pytest
+
+from pgflow_cli import installer
+from pgflow_cli.errors import ExitCode, LockTimeout
+from tests.support.cli import run_cli
+from tests.support.fingerprint import fingerprint
+from tests.upgrade.conftest import build_pre_upgrade, bulk_finished_runs
+
+
+def _blocker(database):
+    """A 'worker' idle in a transaction that holds a row lock on a task (RowShare on step_tasks)."""
+    conn = psycopg.connect(database.conninfo, application_name="pgflow-worker")
+    conn.execute("SELECT 1 FROM pgflow.step_tasks WHERE status = 'queued' LIMIT 1 FOR UPDATE")
+    pid = conn.info.backend_pid
+    return conn, pid
+
+
+def test_never_getting_the_lock_ends_with_exit_4_and_names_the_blocker(pre_upgrade):
+    database, _state = pre_upgrade
+    blocker, pid = _blocker(database)
+    before = fingerprint(database.conninfo)
+    try:
+        result = run_cli("migrate", "apply", "--dsn", database.conninfo, "--lock-timeout", "0.5", "--retries", "2")
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert result.code == ExitCode.LOCK_TIMEOUT, result.output
+    assert f"pid {pid} (pgflow-worker" in result.stderr
+    assert "idle in transaction" in result.stderr
+    assert "rolled back, retrying" in result.stderr
+    assert "FOR UPDATE" not in result.output  # the blocker's query text is never shown
+    assert "gave up after 2 attempt(s)" in result.stderr
+    assert fingerprint(database.conninfo).differences(before) == []
+
+
+def test_a_blocker_that_lets_go_is_waited_out(pre_upgrade):
+    database, _state = pre_upgrade
+    blocker, pid = _blocker(database)
+    timer = threading.Timer(1.5, blocker.rollback)
+    timer.start()
+    try:
+        result = run_cli("migrate", "apply", "--dsn", database.conninfo, "--lock-timeout", "0.5", "--retries", "10")
+    finally:
+        timer.join()
+        blocker.close()
+    assert result.code == ExitCode.OK, result.output
+    assert f"pid {pid}" in result.stderr and "applied 0003_queue_identity" in result.stderr
+
+
+def test_two_migrators_never_interleave(baseline_db):
+    holder = baseline_db.connect()
+    holder.execute("SELECT pg_advisory_lock(1885824631, 0)")
+    conn = baseline_db.connect()
+    with pytest.raises(LockTimeout) as info:
+        installer.apply(conn, lock_wait=1.0)
+    assert f"pid {holder.info.backend_pid}" in "\n".join(info.value.detail)
+    holder.execute("SELECT pg_advisory_unlock(1885824631, 0)")
+    assert [a.migration.version for a in installer.apply(conn)] == [3]
+
+
+def test_killing_the_client_mid_migration_leaves_the_database_unchanged(pre_upgrade):
+    database, _state = pre_upgrade
+    conn = database.connect()
+    bulk_finished_runs(conn, 30000)  # 90k tasks: the one-transaction backfill takes a few seconds
+    before = fingerprint(database.conninfo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgflow_cli", "migrate", "apply", "--dsn", database.conninfo, "--online", "never"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )
+    try:
+        backend = None
+        deadline = time.monotonic() + 60
+        while backend is None and time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgflow-cli' AND state = 'active' "
+                "AND query LIKE '%%SET queue_name = pg_catalog.lower%%'").fetchone()
+            backend = row[0] if row else None
+            time.sleep(0.02)
+        assert backend is not None, "the migration never reached its backfill"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        # the server notices the dead client when the statement ends, and rolls back
+        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (backend,)).fetchone()[0]:
+            assert time.monotonic() < deadline, "the orphaned backend did not finish"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert fingerprint(database.conninfo).differences(before) == []
+    assert [s.state for s in installer.make_plan(conn).statuses] == ["applied", "applied", "pending"]

@@ -1,0 +1,89 @@
+"""The startup compatibility boundary: mismatched workers are refused before registering or polling."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from pgflow_cli import installer
+from pgflow_cli.worker import Flow, ProtocolMismatch, ProtocolV1, ProtocolV2, Worker
+from tests.upgrade.conftest import flows
+
+
+def _footprint(conn):
+    """What a worker could have changed: worker rows, functions, flows, message reads."""
+    return (
+        conn.execute("SELECT count(*) FROM pgflow.workers").fetchone()[0],
+        conn.execute("SELECT count(*) FROM pgflow.worker_functions").fetchone()[0],
+        conn.execute("SELECT count(*) FROM pgflow.flows").fetchone()[0],
+        conn.execute("SELECT coalesce(sum(read_ct), 0) FROM pgmq.q_orderflow").fetchone()[0],
+    )
+
+
+def test_an_old_worker_is_refused_by_an_upgraded_database(pre_upgrade):
+    database, _state = pre_upgrade
+    conn = database.connect()
+    installer.apply(conn)
+    before = _footprint(conn)
+    worker = Worker(flows()[0], database.conninfo, function_name="order-worker", protocol=ProtocolV1())
+    with pytest.raises(ProtocolMismatch) as info:
+        worker.start()
+    assert "worker speaks pgflow protocol 1, database speaks protocol 2" in info.value.message
+    assert "protocol 2" in info.value.hint and "coordinated" in info.value.hint
+    assert _footprint(conn) == before
+    assert worker.state == "stopped"
+
+
+def test_a_released_worker_skipping_the_version_check_is_refused_by_the_startup_function(pre_upgrade):
+    """A protocol-1 worker that calls the released startup function directly gets PF002, nothing compiled."""
+    database, _state = pre_upgrade
+    conn = database.connect()
+    installer.apply(conn)
+    before = _footprint(conn)
+    shape = Flow("newFlow").step("a", lambda r, c: r).shape()
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT pgflow.ensure_flow_compiled(%s, %s)", ("newFlow", Jsonb(shape)))
+    assert info.value.sqlstate == "PF002"
+    assert "protocol 1" in str(info.value) and "protocol 2" in str(info.value)
+    assert "pgflow-cli with the queue-identity upgrade" in (info.value.diag.message_hint or "")
+    with pytest.raises(psycopg.Error) as claim:
+        conn.execute("SELECT * FROM pgflow.start_tasks('orderFlow', ARRAY[1]::bigint[], gen_random_uuid())")
+    assert claim.value.sqlstate == "PF002"
+    assert _footprint(conn) == before
+
+
+def test_a_new_worker_is_refused_by_a_database_that_was_not_upgraded(pre_upgrade):
+    database, _state = pre_upgrade
+    conn = database.connect()
+    before = _footprint(conn)
+    worker = Worker(flows()[0], database.conninfo, function_name="order-worker", protocol=ProtocolV2())
+    with pytest.raises(ProtocolMismatch) as info:
+        worker.start()
+    assert "worker speaks pgflow protocol 2, database speaks protocol 1" in info.value.message
+    assert "pgflow migrate apply" in info.value.hint
+    assert _footprint(conn) == before
+
+
+def test_a_new_worker_calling_the_new_startup_function_on_an_old_database_gets_no_function(pre_upgrade):
+    """Without the version check, the protocol-2 startup call simply does not exist before the upgrade."""
+    database, _state = pre_upgrade
+    conn = database.connect()
+    shape = flows()[0].shape()
+    with pytest.raises(psycopg.errors.UndefinedFunction):
+        conn.execute("SELECT pgflow.ensure_flow_compiled(%s, %s, protocol_version => 2)", ("orderFlow", Jsonb(shape)))
+
+
+def test_the_cli_maps_a_protocol_refusal_to_exit_6(pre_upgrade):
+    from pgflow_cli.errors import ExitCode
+    from pgflow_cli.db import map_database_error
+
+    database, _state = pre_upgrade
+    conn = database.connect()
+    installer.apply(conn)
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT pgflow.ensure_flow_compiled('x', '{\"steps\": []}')")
+    mapped = map_database_error(info.value)
+    assert mapped.exit_code == ExitCode.CONFLICT and mapped.hint
