@@ -46,28 +46,7 @@ SET LOCAL jit = off;
 -- whole migration, taken up front in the documented order so nothing is upgraded later.
 LOCK TABLE pgflow.flows, pgflow.steps, pgflow.step_tasks, pgflow.worker_functions IN ACCESS EXCLUSIVE MODE;
 
-DO $recheck$
-DECLARE
-  v_count integer;
-  v_detail text;
-BEGIN
-  SELECT pg_catalog.count(*)::integer,
-         pg_catalog.string_agg(pg_catalog.format('%s %s: %s [%s]', f.check_id, f.object_name, f.message,
-                                                 pg_catalog.array_to_string(f.reasons, ', ')),
-                               E'\n' ORDER BY f.flow_slug, f.check_id, f.object_name)
-  INTO v_count, v_detail
-  FROM (
---@include audit/findings.sql
-  ) AS f
-  WHERE f.blocking;
-  IF v_count > 0 THEN
-    RAISE EXCEPTION 'pgflow queue-identity upgrade refused: % incompatible definition(s) found under the migration''s locks; nothing was changed', v_count
-      USING ERRCODE = 'PF005',
-            DETAIL = v_detail,
-            HINT = 'run `pgflow audit` for the report with fixes: a rejected name needs a new concrete flow under a compliant slug; pgflow never renames or deletes flows';
-  END IF;
-END
-$recheck$;
+--@include migrations/0003/recheck.sql
 
 -- A queue name as persisted by pgflow: lowercase ASCII letters, digits and _, 1..47 characters
 -- (PGMQ's limit). Generated names always satisfy it.
@@ -134,28 +113,7 @@ CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS idx_step_tasks_queue_message
 SET LOCAL jit = off;
 LOCK TABLE pgflow.flows, pgflow.steps, pgflow.step_tasks, pgflow.worker_functions IN ACCESS EXCLUSIVE MODE;
 
-DO $recheck$
-DECLARE
-  v_count integer;
-  v_detail text;
-BEGIN
-  SELECT pg_catalog.count(*)::integer,
-         pg_catalog.string_agg(pg_catalog.format('%s %s: %s [%s]', f.check_id, f.object_name, f.message,
-                                                 pg_catalog.array_to_string(f.reasons, ', ')),
-                               E'\n' ORDER BY f.flow_slug, f.check_id, f.object_name)
-  INTO v_count, v_detail
-  FROM (
---@include audit/findings.sql
-  ) AS f
-  WHERE f.blocking;
-  IF v_count > 0 THEN
-    RAISE EXCEPTION 'pgflow queue-identity upgrade refused: % incompatible definition(s) found under the migration''s locks; the final step was rolled back', v_count
-      USING ERRCODE = 'PF005',
-            DETAIL = v_detail,
-            HINT = 'run `pgflow audit` for the report with fixes; then rerun `pgflow migrate apply` to finish, or `pgflow migrate abort 3` to undo the prepared phases';
-  END IF;
-END
-$recheck$;
+--@include migrations/0003/recheck.sql
 
 ------------------------------------------------------------------------------------------------
 -- Task queue snapshot: not null, immutable, unique with the message id
