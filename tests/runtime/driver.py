@@ -1,11 +1,24 @@
 """A thin test driver for the pgflow runtime: real SQL calls and real PGMQ reads, nothing mocked.
 
-Tests act like a worker would: ``pgmq.read`` to get message ids, ``pgflow.start_tasks`` to
-claim, ``pgflow.complete_task`` / ``pgflow.fail_task`` to report.
+Tests act like a worker would: ``pgmq.read`` to get message ids, claim, then
+``pgflow.complete_task`` / ``pgflow.fail_task`` to report. The driver speaks the worker
+protocol of the schema level it was built for:
+
+* ``baseline`` (migrations 0001-0002, protocol 1): a flow's queue is named like the flow;
+  claims go through ``pgflow.start_tasks(flow_slug, msg_ids, worker_id)``; one worker row
+  (function ``test-worker``, no route) claims for every flow;
+* ``upgraded`` (every migration, protocol 2): a plain flow's queue is ``lower(flow_slug)``;
+  claims go through ``pgflow.claim_tasks(queue_name, msg_ids, worker_id, flow_slug)``, which
+  returns one classified row per message. Only ``claimed`` rows are tasks; they are returned
+  in the baseline's ``step_task_record`` shape so the same test bodies run on both levels.
+  Each flow gets its own worker row registered with the flow's real route, as a protocol-2
+  worker registers. A ``fatal`` outcome (a claim that paused the worker function) is never
+  swallowed: :meth:`Runtime.claim` raises ``AssertionError`` with the rows.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -15,15 +28,44 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from pgflow_cli import naming
+
+LEVELS = ("baseline", "upgraded")
+"""Schema levels the runtime suite runs on (pytest ids)."""
+
+TASK_FIELDS = ("flow_slug", "run_id", "step_slug", "input", "msg_id", "task_index", "flow_input")
+"""Columns of ``pgflow.step_task_record``, the shape every claimed task has in the tests."""
+
 
 class Runtime:
     """Helpers around one autocommit connection to a test database."""
 
-    def __init__(self, conn: psycopg.Connection) -> None:
+    def __init__(self, conn: psycopg.Connection, level: str = "baseline") -> None:
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, not {level!r}")
         self.conn = conn
         self.conn.row_factory = dict_row
+        self.level = level
         self.require_live_messages = True
         self._worker: uuid.UUID | None = None
+        self._flow_workers: dict[str, uuid.UUID] = {}
+        self.last_outcomes: list[dict] = []
+
+    @property
+    def upgraded(self) -> bool:
+        """True on the queue-identity schema (protocol 2)."""
+        return self.level == "upgraded"
+
+    def queue(self, slug: str) -> str:
+        """The queue a plain flow's tasks live in: the slug itself (baseline) or lower(slug)."""
+        if not self.upgraded:
+            return slug
+        return naming.normalized_slug(slug)
+
+    @property
+    def prune_file(self) -> str:
+        """The optional pruning file that matches this schema level (sql/optional)."""
+        return "optional/prune.sql" if self.upgraded else "optional/prune_baseline.sql"
 
     # -- plain SQL ---------------------------------------------------------------------
     def rows(self, query: str, params: Any = None) -> list[dict]:
@@ -82,16 +124,50 @@ class Runtime:
     def statuses(self, run_id: uuid.UUID) -> dict[str, str]:
         return {k: v["status"] for k, v in self.steps(run_id).items()}
 
+    def compile(self, slug: str, shape: dict) -> dict:
+        """Startup compilation as this level's worker calls it.
+
+        Baseline: ``ensure_flow_compiled(flow_slug, shape)``. Upgraded: the protocol-2 form
+        with ``queue_mode => 'flow'`` and the route map a plain-flow worker derives
+        (every step on ``lower(flow_slug)``).
+        """
+        if not self.upgraded:
+            return self.val("SELECT pgflow.ensure_flow_compiled(%s, %s)", (slug, Jsonb(shape)))
+        steps = shape.get("steps") if isinstance(shape, dict) else None
+        route_map = None
+        if isinstance(steps, list):
+            route_map = Jsonb([{"stepSlug": s.get("slug"), "queueName": self.queue(slug)} for s in steps])
+        return self.val(
+            "SELECT pgflow.ensure_flow_compiled(%s, %s, protocol_version => 2, queue_mode => 'flow', route_map => %s)",
+            (slug, Jsonb(shape), route_map),
+        )
+
     # -- workers -------------------------------------------------------------------------
     @property
     def worker(self) -> uuid.UUID:
-        """A registered worker id (registered on first use)."""
+        """A registered worker without a route (registered on first use; valid on both levels)."""
         if self._worker is None:
             self._worker = uuid.uuid4()
             self.conn.execute(
                 "SELECT pgflow.register_worker(%s, 'test-worker', 'any', NULL)", (self._worker,)
             )
         return self._worker
+
+    def worker_for(self, slug: str) -> uuid.UUID:
+        """The worker that claims the tasks of flow ``slug``.
+
+        Baseline: the one route-less :attr:`worker`. Upgraded: a worker registered with the
+        flow's real route ``(lower(flow_slug), flow_slug)``, which 0003 validates.
+        """
+        if not self.upgraded:
+            return self.worker
+        if slug not in self._flow_workers:
+            wid = uuid.uuid4()
+            self.conn.execute(
+                "SELECT pgflow.register_worker(%s, 'test-worker', %s, %s)", (wid, self.queue(slug), slug)
+            )
+            self._flow_workers[slug] = wid
+        return self._flow_workers[slug]
 
     # -- queues --------------------------------------------------------------------------
     def qtable(self, queue: str, prefix: str = "q") -> sql.Composable:
@@ -124,12 +200,43 @@ class Runtime:
         self.conn.execute(sql.SQL("UPDATE {} SET vt = clock_timestamp()").format(self.qtable(queue)))
 
     # -- worker protocol -----------------------------------------------------------------
+    def claim_outcomes(
+        self, slug: str, msg_ids: list[int], worker: uuid.UUID | None = None, *, queue: str | None = None,
+        conn: psycopg.Connection | None = None,
+    ) -> list[dict]:
+        """Upgraded only: every row ``pgflow.claim_tasks`` returns, in message-id order."""
+        assert self.upgraded, "claim_tasks exists from protocol 2 on"
+        cur = (conn or self.conn).cursor(row_factory=dict_row)
+        return cur.execute(
+            "SELECT * FROM pgflow.claim_tasks(%s, %s::bigint[], %s, %s)",
+            (queue if queue is not None else self.queue(slug), msg_ids,
+             worker if worker is not None else self.worker_for(slug), slug),
+        ).fetchall()
+
     def claim(self, slug: str, msg_ids: list[int]) -> list[dict]:
-        return self.rows("SELECT * FROM pgflow.start_tasks(%s, %s, %s)", (slug, msg_ids, self.worker))
+        """Claim the tasks behind ``msg_ids`` of flow ``slug``; returns the claimed tasks.
+
+        Rows come in the order of ``msg_ids`` (as start_tasks returns them) with the
+        :data:`TASK_FIELDS` keys. Upgraded: the full outcome list is kept in
+        :attr:`last_outcomes`; duplicates, archived and missing messages are not tasks; a
+        fatal claim raises ``AssertionError``.
+        """
+        if not self.upgraded:
+            return self.rows("SELECT * FROM pgflow.start_tasks(%s, %s, %s)", (slug, msg_ids, self.worker_for(slug)))
+        rows = self.claim_outcomes(slug, msg_ids)
+        self.last_outcomes = rows
+        fatal = [r for r in rows if r["outcome"] in ("fatal", "released")]
+        assert not fatal, f"claim_tasks refused the batch of flow {slug}: {fatal}"
+        position = {m: i for i, m in reversed(list(enumerate(msg_ids)))}
+        claimed = sorted(
+            (r for r in rows if r["outcome"] == "claimed"),
+            key=lambda r: (position.get(r["message_id"], len(position)), str(r["run_id"]), r["step_slug"], r["task_index"]),
+        )
+        return [as_task(r) for r in claimed]
 
     def poll(self, slug: str, qty: int = 100) -> list[dict]:
         """Read every visible message of the flow's queue and claim them."""
-        msgs = self.read(slug, qty)
+        msgs = self.read(self.queue(slug), qty)
         return self.claim(slug, [m["msg_id"] for m in msgs]) if msgs else []
 
     def complete(self, run_id: uuid.UUID, step: str, index: int, output: Any) -> dict | None:
@@ -158,6 +265,37 @@ class Runtime:
                 else:
                     self.complete(task["run_id"], task["step_slug"], task["task_index"], output)
         raise AssertionError(f"flow {slug} still had work after {max_rounds} rounds")
+
+
+def as_task(row: dict) -> dict:
+    """A ``claimed`` row of claim_tasks in the step_task_record shape (:data:`TASK_FIELDS`)."""
+    assert row["outcome"] == "claimed", row
+    return {
+        "flow_slug": row["flow_slug"],
+        "run_id": row["run_id"],
+        "step_slug": row["step_slug"],
+        "input": row["input"],
+        "msg_id": row["message_id"],
+        "task_index": row["task_index"],
+        "flow_input": row["flow_input"],
+    }
+
+
+def wait_until_blocked(observer: psycopg.Connection, pid: int, *, deadline: float = 15.0) -> list[int]:
+    """Wait until backend ``pid`` waits for a lock another backend holds; return the blockers.
+
+    Polls ``pg_blocking_pids`` (no fixed sleep decides anything): a backend that never blocks
+    fails the test after ``deadline`` seconds, one that blocks returns as soon as it does.
+    """
+    end = time.monotonic() + deadline
+    while True:
+        row = observer.execute("SELECT pg_blocking_pids(%s)", (pid,)).fetchone()
+        blockers = list(row[0] if not isinstance(row, dict) else next(iter(row.values())))
+        if blockers:
+            return blockers
+        if time.monotonic() > end:
+            raise AssertionError(f"backend {pid} never waited for a lock")
+        time.sleep(0.01)
 
 
 class _SqlstateRaises:

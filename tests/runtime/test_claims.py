@@ -1,14 +1,22 @@
-"""Claims: visibility = effective timeout + 2 s, the claim-rollback guard, duplicates, start delay."""
+"""Claims: visibility = effective timeout + 2 s, the claim-rollback guard, duplicates, start delay.
+
+Most tests run on both levels through the driver (start_tasks on the baseline, claim_tasks on
+the upgraded schema). The races that call ``pgflow.start_tasks`` by name are baseline-only;
+each has a claim_tasks counterpart below it that also checks the classified outcomes.
+"""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import psycopg
 import pytest
-from psycopg import sql
+
+from tests.runtime.driver import raises_sqlstate, wait_until_blocked
 
 TOLERANCE = 1.5  # seconds of slack when comparing a vt with the clock
+START_TASKS = "start_tasks(flow_slug, msg_ids, worker_id) is the protocol-1 claim; 0003 refuses it with PF002"
 
 
 def test_claim_sets_visibility_to_effective_timeout_plus_two(rt):
@@ -29,10 +37,14 @@ def test_claim_records_attempt_worker_and_start(rt):
     after = rt.task(run, "a")
     assert after["status"] == "started"
     assert after["attempts_count"] == 1
-    assert after["last_worker_id"] == rt.worker
+    assert after["last_worker_id"] == rt.worker_for("attempt")
     assert after["started_at"] is not None
 
 
+@pytest.mark.baseline_only(
+    reason="start_tasks claims first and then finds the message gone; claim_tasks classifies a vanished "
+    "message as 'missing' before changing anything (upgraded counterparts below)"
+)
 def test_claim_rolls_back_when_a_message_vanished(rt):
     """The visibility guard: fewer messages changed than tasks claimed -> raise, nothing consumed."""
     rt.flow("guard", [{"slug": "each", "step_type": "map"}])
@@ -76,6 +88,10 @@ def test_claim_only_touches_the_named_flow(rt):
     assert rt.claim("two", [12345]) == []
 
 
+@pytest.mark.baseline_only(
+    reason="start_tasks ignores a flow it does not know; claim_tasks treats a route to an unknown flow as "
+    "fatal unsupported work (test_claim_for_an_unknown_flow_is_fatal_and_changes_nothing)"
+)
 def test_claim_ignores_unknown_flows_and_empty_batches(rt):
     assert rt.claim("nosuchflow", [1, 2]) == []
     assert rt.claim("nosuchflow", []) == []
@@ -111,39 +127,8 @@ def test_claim_of_task_in_failed_run_is_refused(rt):
     assert rt.task(run, "b")["status"] == "cancelled"
 
 
-def test_concurrent_claims_never_hand_out_a_task_twice(rt, db):
-    """Two workers claim the same message ids at the same time: exactly one gets each task."""
-    rt.flow("race", [{"slug": "each", "step_type": "map"}])
-    run = rt.start("race", list(range(20)))
-    ids = [m["msg_id"] for m in rt.read("race")]
-    w2 = uuid.uuid4()
-    rt.conn.execute("SELECT pgflow.register_worker(%s, 'w2', 'race', 'race')", (w2,))
-    c1 = db.connect(autocommit=False)
-    c2 = db.connect(autocommit=False)
-    first = c1.execute("SELECT task_index FROM pgflow.start_tasks('race', %s, %s)", (ids, rt.worker)).fetchall()
-    # c2 blocks on c1's row locks until c1 commits; run it in a thread
-    import threading
-
-    result: dict = {}
-
-    def claim_second():
-        result["rows"] = c2.execute("SELECT task_index FROM pgflow.start_tasks('race', %s, %s)", (ids, w2)).fetchall()
-        c2.commit()
-
-    thread = threading.Thread(target=claim_second)
-    thread.start()
-    thread.join(0.5)
-    assert thread.is_alive(), "the second claim should wait for the first one's row locks"
-    c1.commit()
-    thread.join(10)
-    assert len(first) == 20
-    assert result["rows"] == []
-    assert {t["attempts_count"] for t in rt.tasks(run)} == {1}
-
-
 def _in_thread(fn):
-    import threading
-
+    """Run ``fn`` in a thread; its return value or exception ends up in the returned dict."""
     result: dict = {}
 
     def target():
@@ -157,6 +142,48 @@ def _in_thread(fn):
     return thread, result
 
 
+def _finish(thread, result) -> object:
+    thread.join(30)
+    assert not thread.is_alive(), "the blocked call never finished"
+    assert "error" not in result, result.get("error")
+    return result["value"]
+
+
+def _register(rt, function: str, slug: str) -> uuid.UUID:
+    """A second worker of flow ``slug`` with its real route (both levels accept it)."""
+    wid = uuid.uuid4()
+    rt.conn.execute("SELECT pgflow.register_worker(%s, %s, %s, %s)", (wid, function, rt.queue(slug), slug))
+    return wid
+
+
+# -- races with start_tasks (baseline) -----------------------------------------------------------
+
+
+@pytest.mark.baseline_only(reason=START_TASKS)
+def test_concurrent_claims_never_hand_out_a_task_twice(rt, db):
+    """Two workers claim the same message ids at the same time: exactly one gets each task."""
+    rt.flow("race", [{"slug": "each", "step_type": "map"}])
+    run = rt.start("race", list(range(20)))
+    ids = [m["msg_id"] for m in rt.read("race")]
+    w2 = _register(rt, "w2", "race")
+    c1 = db.connect(autocommit=False)
+    c2 = db.connect(autocommit=False)
+    first = c1.execute("SELECT task_index FROM pgflow.start_tasks('race', %s, %s)", (ids, rt.worker)).fetchall()
+
+    def claim_second():
+        rows = c2.execute("SELECT task_index FROM pgflow.start_tasks('race', %s, %s)", (ids, w2)).fetchall()
+        c2.commit()
+        return rows
+
+    thread, result = _in_thread(claim_second)
+    wait_until_blocked(rt.conn, c2.info.backend_pid)  # c2 waits for c1's task row locks
+    c1.commit()
+    assert _finish(thread, result) == []
+    assert len(first) == 20
+    assert {t["attempts_count"] for t in rt.tasks(run)} == {1}
+
+
+@pytest.mark.baseline_only(reason=START_TASKS)
 def test_claim_waits_for_a_failing_run_and_then_claims_nothing(rt, db):
     """#645 race: a claim arriving while the run is being failed must not start a cancelled task."""
     rt.flow("racefail", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
@@ -170,16 +197,14 @@ def test_claim_waits_for_a_failing_run_and_then_claims_nothing(rt, db):
     thread, result = _in_thread(
         lambda: claimer.execute("SELECT * FROM pgflow.start_tasks('racefail', %s, %s)", ([msgs["b"]], rt.worker)).fetchall()
     )
-    thread.join(0.5)
-    assert thread.is_alive(), "the claim must wait for the run's failure to commit"
+    wait_until_blocked(rt.conn, claimer.info.backend_pid)  # the claim waits for the run's failure
     failing.commit()
-    thread.join(10)
-    assert "error" not in result, result.get("error")
-    assert result["value"] == []
+    assert _finish(thread, result) == []
     b = rt.task(run, "b")
     assert (b["status"], b["attempts_count"]) == ("cancelled", 0)
 
 
+@pytest.mark.baseline_only(reason=START_TASKS)
 def test_failure_waits_for_an_in_flight_claim_and_then_cancels_it(rt, db):
     rt.flow("raceclaim", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
     run = rt.start("raceclaim", {})
@@ -191,11 +216,9 @@ def test_failure_waits_for_an_in_flight_claim_and_then_cancels_it(rt, db):
 
     failer = db.connect()
     thread, result = _in_thread(lambda: failer.execute("SELECT status FROM pgflow.fail_task(%s, 'a', 0, 'x')", (run,)).fetchall())
-    thread.join(0.5)
-    assert thread.is_alive(), "fail_task must wait for the claim holding the run in share mode"
+    wait_until_blocked(rt.conn, failer.info.backend_pid)  # fail_task waits for the claim's share lock on the run
     claiming.commit()
-    thread.join(10)
-    assert "error" not in result, result.get("error")
+    _finish(thread, result)
     assert rt.run(run)["status"] == "failed"
     assert rt.task(run, "b")["status"] == "cancelled"
     assert rt.messages("raceclaim") == []
@@ -203,25 +226,204 @@ def test_failure_waits_for_an_in_flight_claim_and_then_cancels_it(rt, db):
     assert rt.complete(run, "b", 0, "late")["status"] == "cancelled"
 
 
+@pytest.mark.baseline_only(reason=START_TASKS)
 def test_overlapping_claims_split_the_tasks_without_double_claims(rt, db):
     """A second claim over partly the same messages (listed in reverse) waits, then takes only the rest."""
     rt.flow("overlap", [{"slug": "each", "step_type": "map"}])
     run = rt.start("overlap", list(range(6)))
     ids = [m["msg_id"] for m in rt.read("overlap")]
-    other = uuid.uuid4()
-    rt.conn.execute("SELECT pgflow.register_worker(%s, 'w-other', 'overlap', 'overlap')", (other,))
+    other = _register(rt, "w-other", "overlap")
     first = db.connect(autocommit=False)
     second = db.connect(autocommit=False)
     got_first = first.execute("SELECT task_index FROM pgflow.start_tasks('overlap', %s, %s)", (ids[:4], rt.worker)).fetchall()
     thread, result = _in_thread(
         lambda: second.execute("SELECT task_index FROM pgflow.start_tasks('overlap', %s, %s)", (list(reversed(ids)), other)).fetchall()
     )
-    thread.join(0.5)
+    wait_until_blocked(rt.conn, second.info.backend_pid)
     first.commit()
-    thread.join(10)
+    claimed_second = sorted(r[0] for r in _finish(thread, result))
     second.commit()
-    assert "error" not in result, result.get("error")
-    claimed_second = sorted(r[0] for r in result["value"])
     assert sorted(r[0] for r in got_first) == [0, 1, 2, 3]
     assert claimed_second == [4, 5]
     assert {t["attempts_count"] for t in rt.tasks(run)} == {1}
+
+
+# -- the same races with claim_tasks (upgraded) ----------------------------------------------------
+
+CLAIM_TASKS = "claim_tasks is the protocol-2 claim (0003); the baseline counterpart uses start_tasks"
+
+
+def _outcomes(rows) -> list[tuple]:
+    return [(r["outcome"], r["reason"], r["step_slug"], r["task_index"]) for r in rows]
+
+
+@pytest.mark.upgraded_only(reason=CLAIM_TASKS)
+def test_concurrent_claim_tasks_never_hand_out_a_task_twice(rt, db):
+    """Same ids, two workers: the second waits, then sees 20 started tasks as duplicates, no attempt used."""
+    rt.flow("race", [{"slug": "each", "step_type": "map"}])
+    run = rt.start("race", list(range(20)))
+    ids = [m["msg_id"] for m in rt.read("race")]
+    w1 = rt.worker_for("race")
+    w2 = _register(rt, "w2", "race")
+    c1 = db.connect(autocommit=False)
+    c2 = db.connect(autocommit=False)
+    first = rt.claim_outcomes("race", ids, w1, conn=c1)
+
+    def claim_second():
+        rows = rt.claim_outcomes("race", ids, w2, conn=c2)
+        c2.commit()
+        return rows
+
+    thread, result = _in_thread(claim_second)
+    wait_until_blocked(rt.conn, c2.info.backend_pid)  # c2 waits for c1's task row locks
+    c1.commit()
+    second = _finish(thread, result)
+    assert sorted(r["task_index"] for r in first if r["outcome"] == "claimed") == list(range(20))
+    assert len(first) == 20
+    assert _outcomes(second) == [("duplicate", "task_started", "each", i) for i in range(20)]
+    tasks = rt.tasks(run)
+    assert {t["attempts_count"] for t in tasks} == {1}
+    assert {t["last_worker_id"] for t in tasks} == {w1}
+    # a duplicate defers the message toward the task's recovery deadline (started_at + 60 s + 30 s)
+    assert rt.vt_in("race", ids[0]) == pytest.approx(90, abs=TOLERANCE)
+
+
+@pytest.mark.upgraded_only(reason=CLAIM_TASKS)
+def test_claim_tasks_waits_for_a_failing_run_and_then_claims_nothing(rt, db):
+    """#645 race on protocol 2: the claim waits, then finds b cancelled and archives its message idempotently."""
+    rt.flow("racefail", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
+    run = rt.start("racefail", {})
+    msgs = {m["message"]["step_slug"]: m["msg_id"] for m in rt.read("racefail")}
+    rt.claim("racefail", [msgs["a"]])
+    worker = rt.worker_for("racefail")
+    failing = db.connect(autocommit=False)
+    failing.execute("SELECT * FROM pgflow.fail_task(%s, 'a', 0, 'fatal')", (run,))
+
+    claimer = db.connect()
+    thread, result = _in_thread(lambda: rt.claim_outcomes("racefail", [msgs["b"]], worker, conn=claimer))
+    wait_until_blocked(rt.conn, claimer.info.backend_pid)
+    failing.commit()
+    [row] = _finish(thread, result)
+    # Not claimed: depending on whether the claim read b's message before or after the failure
+    # archived it, it is the late message of a terminal task or already gone. Both are benign.
+    assert (row["outcome"], row["reason"], row["step_slug"]) in {
+        ("archived_terminal", "task_cancelled", "b"),
+        ("missing", "message_gone_task_exists", "b"),
+    }
+    b = rt.task(run, "b")
+    assert (b["status"], b["attempts_count"], b["last_worker_id"]) == ("cancelled", 0, None)
+    assert rt.messages("racefail") == []
+    assert sorted(m["msg_id"] for m in rt.archived("racefail")) == sorted(msgs.values())
+
+
+@pytest.mark.upgraded_only(reason=CLAIM_TASKS)
+def test_failure_waits_for_an_in_flight_claim_tasks_and_then_cancels_it(rt, db):
+    rt.flow("raceclaim", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
+    run = rt.start("raceclaim", {})
+    msgs = {m["message"]["step_slug"]: m["msg_id"] for m in rt.read("raceclaim")}
+    rt.claim("raceclaim", [msgs["a"]])
+    claiming = db.connect(autocommit=False)
+    claimed = rt.claim_outcomes("raceclaim", [msgs["b"]], rt.worker_for("raceclaim"), conn=claiming)
+    assert _outcomes(claimed) == [("claimed", None, "b", 0)]
+
+    failer = db.connect()
+    thread, result = _in_thread(lambda: failer.execute("SELECT status FROM pgflow.fail_task(%s, 'a', 0, 'x')", (run,)).fetchall())
+    wait_until_blocked(rt.conn, failer.info.backend_pid)  # fail_task waits for the claim's share lock on the run
+    claiming.commit()
+    _finish(thread, result)
+    assert rt.run(run)["status"] == "failed"
+    b = rt.task(run, "b")
+    assert (b["status"], b["attempts_count"]) == ("cancelled", 1)
+    assert rt.messages("raceclaim") == []
+    assert rt.complete(run, "b", 0, "late")["status"] == "cancelled"
+
+
+@pytest.mark.upgraded_only(reason=CLAIM_TASKS)
+def test_overlapping_claim_tasks_split_the_tasks_without_double_claims(rt, db):
+    rt.flow("overlap", [{"slug": "each", "step_type": "map"}])
+    run = rt.start("overlap", list(range(6)))
+    ids = [m["msg_id"] for m in rt.read("overlap")]
+    w1 = rt.worker_for("overlap")
+    other = _register(rt, "w-other", "overlap")
+    first = db.connect(autocommit=False)
+    second = db.connect(autocommit=False)
+    got_first = rt.claim_outcomes("overlap", ids[:4], w1, conn=first)
+    thread, result = _in_thread(lambda: rt.claim_outcomes("overlap", list(reversed(ids)), other, conn=second))
+    wait_until_blocked(rt.conn, second.info.backend_pid)
+    first.commit()
+    got_second = _finish(thread, result)
+    second.commit()
+    assert _outcomes(got_first) == [("claimed", None, "each", i) for i in range(4)]
+    assert _outcomes(got_second) == (
+        [("duplicate", "task_started", "each", i) for i in range(4)] + [("claimed", None, "each", i) for i in (4, 5)]
+    )
+    assert {t["attempts_count"] for t in rt.tasks(run)} == {1}
+    assert [t["last_worker_id"] for t in rt.tasks(run)] == [w1] * 4 + [other] * 2
+
+
+@pytest.mark.upgraded_only(reason="claim_tasks classifies every message before changing anything")
+def test_claim_classifies_a_vanished_message_as_missing(rt):
+    """Counterpart of the baseline guard test: a message deleted before the claim is 'missing'; the rest is claimed."""
+    rt.flow("guard", [{"slug": "each", "step_type": "map"}])
+    run = rt.start("guard", [1, 2])
+    msgs = rt.read("guard")
+    assert len(msgs) == 2
+    rt.conn.execute("SELECT pgmq.delete('guard', %s::bigint)", (msgs[0]["msg_id"],))
+    rows = rt.claim_outcomes("guard", [m["msg_id"] for m in msgs])
+    assert _outcomes(rows) == [("missing", "message_gone_task_exists", "each", 0), ("claimed", None, "each", 1)]
+    tasks = rt.tasks(run)
+    assert [(t["status"], t["attempts_count"]) for t in tasks] == [("queued", 0), ("started", 1)]
+    assert rt.vt_in("guard", msgs[1]["msg_id"]) == pytest.approx(62, abs=TOLERANCE)
+    rt.require_live_messages = False  # task 0 has no message any more: the broken state we created
+
+
+@pytest.mark.upgraded_only(reason="the claim_tasks visibility guard")
+def test_claim_guard_rolls_back_when_a_message_vanishes_during_the_claim(rt, db):
+    """The message is there when claim_tasks reads it and gone when it sets the visibility: nothing is consumed.
+
+    Someone holds the queue row; the claim classifies, claims the task and waits on that row in
+    the visibility helper; the holder deletes the message and commits; the helper changes 0 of
+    1 messages, so the claim raises and rolls back.
+    """
+    rt.flow("midguard", [{"slug": "a"}])
+    run = rt.start("midguard", {})
+    [msg] = rt.read("midguard")
+    worker = rt.worker_for("midguard")
+    holder = db.connect(autocommit=False)
+    holder.execute("SELECT 1 FROM pgmq.q_midguard WHERE msg_id = %s FOR UPDATE", (msg["msg_id"],))
+    claimer = db.connect()
+    thread, result = _in_thread(lambda: rt.claim_outcomes("midguard", [msg["msg_id"]], worker, conn=claimer))
+    assert holder.info.backend_pid in wait_until_blocked(rt.conn, claimer.info.backend_pid)
+    holder.execute("SELECT pgmq.delete('midguard', %s::bigint)", (msg["msg_id"],))
+    holder.commit()
+    thread.join(30)
+    error = result.get("error")
+    assert isinstance(error, psycopg.errors.RaiseException), result
+    assert "visibility updated 0 of 1 claimed messages" in str(error)
+    task = rt.task(run, "a")
+    assert (task["status"], task["attempts_count"], task["last_worker_id"], task["started_at"]) == ("queued", 0, None, None)
+    rt.require_live_messages = False  # the task's message was deleted behind pgflow's back
+
+
+@pytest.mark.upgraded_only(
+    reason="counterpart of test_claim_ignores_unknown_flows_and_empty_batches: a route to an unknown flow is fatal"
+)
+def test_claim_for_an_unknown_flow_is_fatal_and_changes_nothing(rt):
+    assert rt.claim_outcomes("nosuchflow", [], uuid.uuid4()) == []  # empty batch: nothing to classify
+    rt.conn.execute("SELECT pgmq.create('nosuchflow')")
+    msg_id = rt.val("""SELECT pgmq.send('nosuchflow', '{"hello": "world"}')""")
+    with raises_sqlstate("PF007", "is not registered"):
+        rt.claim_outcomes("nosuchflow", [msg_id], uuid.uuid4())
+
+    rows = rt.claim_outcomes("nosuchflow", [msg_id], rt.worker)  # route-less worker of function test-worker
+    assert [(r["outcome"], r["message_id"], r["reason"]) for r in rows] == [("fatal", msg_id, "unknown_flow")]
+    assert [m["msg_id"] for m in rt.messages("nosuchflow")] == [msg_id]  # not archived
+    assert rt.archived("nosuchflow") == []
+    assert rt.vt_in("nosuchflow", msg_id) <= 0.1  # the batch is visible again
+    fn = rt.one("SELECT * FROM pgflow.worker_functions WHERE function_name = 'test-worker'")
+    assert fn["enabled"] is False
+    assert "nosuchflow" in fn["paused_reason"] and f"message {msg_id} unknown_flow" in fn["paused_reason"]
+    assert "hello" not in fn["paused_reason"]  # never a message body
+    assert rt.val("SELECT deprecated_at FROM pgflow.workers WHERE worker_id = %s", (rt.worker,)) is not None
+    with raises_sqlstate("PF001"):
+        rt.conn.execute("SELECT pgflow.register_worker(%s, 'test-worker', 'any', NULL)", (uuid.uuid4(),))

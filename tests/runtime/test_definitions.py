@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.runtime.driver import raises_sqlstate
+from tests.runtime.driver import raises_sqlstate, wait_until_blocked
 
 
 def shape(*steps: dict, **options) -> dict:
@@ -28,7 +28,20 @@ def shape(*steps: dict, **options) -> dict:
 
 
 def compile_(rt, slug: str, doc: dict) -> dict:
-    return rt.val("SELECT pgflow.ensure_flow_compiled(%s, %s)", (slug, Jsonb(doc)))
+    """Startup compilation through this level's worker protocol (driver.Runtime.compile)."""
+    return rt.compile(slug, doc)
+
+
+def outcome(result: dict) -> dict:
+    """The part of a compile result both protocols return: status and differences."""
+    return {"status": result["status"], "differences": result["differences"]}
+
+
+def assert_routes(rt, result: dict, slug: str, steps: list[str]) -> None:
+    """Upgraded: a plain flow's result names every step's route, lower(flow_slug)."""
+    if rt.upgraded:
+        assert result["queueMode"] == "flow"
+        assert result["routes"] == [{"stepSlug": s, "queueName": rt.queue(slug)} for s in steps]
 
 
 def test_create_flow_defaults_idempotent_and_queue(rt):
@@ -41,6 +54,10 @@ def test_create_flow_defaults_idempotent_and_queue(rt):
     assert (custom["opt_max_attempts"], custom["opt_base_delay"], custom["opt_timeout"]) == (1, 2, 3)
 
 
+@pytest.mark.baseline_only(
+    reason="0003 never adopts an existing queue: create_flow refuses it with PF004 "
+    "(tests/stage1/test_definitions.py::test_create_flow_refuses_an_existing_default_queue)"
+)
 def test_create_flow_reuses_an_exactly_listed_queue(rt):
     rt.conn.execute("SELECT pgmq.create('prelisted')")
     rt.conn.execute("SELECT pgmq.send('prelisted', '{\"x\": 1}')")
@@ -97,7 +114,9 @@ def test_shape_round_trip(rt):
          "requiredInputPattern": {"defined": True, "value": {"fetch": {"ok": True}}}},
         maxAttempts=4, baseDelay=1, timeout=30,
     )
-    assert compile_(rt, "roundtrip", doc) == {"status": "compiled", "differences": []}
+    result = compile_(rt, "roundtrip", doc)
+    assert outcome(result) == {"status": "compiled", "differences": []}
+    assert_routes(rt, result, "roundtrip", ["fetch", "items", "gate"])
     stored = rt.val("SELECT pgflow._get_flow_shape('roundtrip')")
     assert [s["slug"] for s in stored["steps"]] == ["fetch", "items", "gate"]
     assert stored["steps"][2]["dependencies"] == ["fetch", "items"]
@@ -133,13 +152,18 @@ def test_ensure_flow_compiled_verified_and_production_mismatch(rt):
     assert compile_(rt, "prod", v1)["status"] == "compiled"
     # options changes are not shape changes
     v1_opts = shape({"slug": "a", "options": {"maxAttempts": 9}}, {"slug": "b", "dependencies": ["a"]}, timeout=5)
-    assert compile_(rt, "prod", v1_opts) == {"status": "verified", "differences": []}
+    verified = compile_(rt, "prod", v1_opts)
+    assert outcome(verified) == {"status": "verified", "differences": []}
+    assert_routes(rt, verified, "prod", ["a", "b"])
 
     run = rt.start("prod", {})
     v2 = shape({"slug": "a"}, {"slug": "b", "dependencies": ["a"]}, {"slug": "c", "dependencies": ["b"]})
     result = compile_(rt, "prod", v2)
     assert result["status"] == "mismatch"
     assert any("step count differs" in d for d in result["differences"])
+    if rt.upgraded:
+        assert result["mismatchKind"] == "shape"
+        assert_routes(rt, result, "prod", ["a", "b"])  # the stored routes, unchanged
     # production never deletes: the run, its task and message are all still there
     assert rt.run(run)["status"] == "started"
     assert len(rt.messages("prod")) == 1
@@ -209,22 +233,26 @@ def test_delete_flow_and_data_waits_for_a_worker_holding_task_rows(rt, db):
     worker = db.connect(autocommit=False)
     worker.execute("SELECT * FROM pgflow.complete_task(%s, 'a', 0, '1')", (run,))  # holds run/task/queue locks
     done = {}
+    deleter = db.connect()
 
     def delete():
-        c = db.connect()
-        c.execute("SELECT pgflow.delete_flow_and_data('busyflow')")
+        deleter.execute("SELECT pgflow.delete_flow_and_data('busyflow')")
         done["ok"] = True
 
     thread = threading.Thread(target=delete)
     thread.start()
-    thread.join(0.5)
-    assert thread.is_alive()
+    assert worker.info.backend_pid in wait_until_blocked(rt.conn, deleter.info.backend_pid)
     worker.commit()
-    thread.join(10)
+    thread.join(30)
     assert done.get("ok")
     assert rt.val("SELECT count(*) FROM pgflow.flows") == 0
+    assert rt.val("SELECT to_regclass('pgmq.q_busyflow')") is None
 
 
+@pytest.mark.baseline_only(
+    reason="case aliases cannot exist from 0003 on (create_flow refuses them with PF003); deleting a legacy "
+    "camelCase flow is tests/stage1/test_deletion.py::test_delete_drops_a_legacy_camelcase_queue_by_its_listed_spelling"
+)
 def test_delete_keeps_a_queue_shared_with_a_case_alias(rt):
     """0.14.1 hazard: MyFlow and myflow share pgmq.q_myflow; deleting one must not break the other."""
     rt.flow("MyFlow", [{"slug": "a"}])

@@ -8,8 +8,6 @@ import pytest
 
 from pgflow_cli import sqlfiles
 
-PRUNE_FILE = "optional/prune_baseline.sql"
-
 
 def _fake_realtime(rt):
     rt.conn.execute(
@@ -111,12 +109,13 @@ def test_set_vt_batch_compat(rt):
 
 
 def _install_prune(rt):
-    rt.conn.execute(sqlfiles.load(PRUNE_FILE))
+    """The pruning file of this level: prune_baseline.sql (0002) or the queue-aware prune.sql (0003)."""
+    rt.conn.execute(sqlfiles.load(rt.prune_file))
 
 
 def test_prune_is_not_part_of_the_migrations(rt):
     assert rt.val("SELECT to_regprocedure('pgflow.prune_data_older_than(interval)')") is None
-    assert Path(sqlfiles.sql_root(), PRUNE_FILE).is_file()
+    assert Path(sqlfiles.sql_root(), rt.prune_file).is_file()
 
 
 def test_prune_removes_only_old_finished_data(rt):

@@ -1,4 +1,8 @@
-"""Workers: registration and the enable fence, heartbeats, stop; the optional HTTP starter and cron."""
+"""Workers: registration and the enable fence, heartbeats, stop; the optional HTTP starter and cron.
+
+Workers register with a real route (an existing flow and its queue): the upgraded schema
+checks the route, the baseline records it as given.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,16 @@ import uuid
 from tests.runtime.driver import raises_sqlstate
 
 
+def _route(rt, slug: str) -> tuple[str, str]:
+    """Create plain flow ``slug``; return the (queue, flow) a worker of it registers with."""
+    rt.flow(slug)
+    return rt.queue(slug), slug
+
+
 def test_register_worker_records_route_and_tracks_function(rt):
     wid = uuid.uuid4()
-    rt.conn.execute("SELECT pgflow.register_worker(%s, 'fn-a', 'orders', 'orders')", (wid,))
+    queue, flow = _route(rt, "orders")
+    rt.conn.execute("SELECT pgflow.register_worker(%s, 'fn-a', %s, %s)", (wid, queue, flow))
     w = rt.one("SELECT * FROM pgflow.workers WHERE worker_id = %s", (wid,))
     assert (w["function_name"], w["queue_name"], w["flow_slug"], w["step_slug"]) == ("fn-a", "orders", "orders", None)
     fn = rt.one("SELECT * FROM pgflow.worker_functions WHERE function_name = 'fn-a'")
@@ -20,8 +31,10 @@ def test_fenced_function_refuses_registration_with_pf001(rt):
     rt.conn.execute("SELECT pgflow.track_worker_function('fenced-fn')")
     rt.conn.execute("UPDATE pgflow.worker_functions SET enabled = false WHERE function_name = 'fenced-fn'")
     wid = uuid.uuid4()
-    with raises_sqlstate("PF001", r'worker function "fenced-fn" is fenced') as caught:
-        rt.conn.execute("SELECT pgflow.register_worker(%s, 'fenced-fn', 'q', 'q')", (wid,))
+    queue, flow = _route(rt, "q")
+    state = "disabled" if rt.upgraded else "fenced"
+    with raises_sqlstate("PF001", rf'worker function "fenced-fn" is {state}') as caught:
+        rt.conn.execute("SELECT pgflow.register_worker(%s, 'fenced-fn', %s, %s)", (wid, queue, flow))
     assert "pgflow fence restore" in (caught.error.diag.message_hint or "")
     assert rt.val("SELECT count(*) FROM pgflow.workers") == 0
     # tracking never lifts the fence
@@ -41,7 +54,8 @@ def test_track_worker_function_is_idempotent_and_touches_updated_at(rt):
 
 def test_heartbeat_reports_deprecation_and_stop(rt):
     wid = uuid.uuid4()
-    rt.conn.execute("SELECT pgflow.register_worker(%s, 'fn', 'q', 'q')", (wid,))
+    queue, flow = _route(rt, "q")
+    rt.conn.execute("SELECT pgflow.register_worker(%s, 'fn', %s, %s)", (wid, queue, flow))
     before = rt.val("SELECT last_heartbeat_at FROM pgflow.workers WHERE worker_id = %s", (wid,))
     assert rt.val("SELECT pgflow.send_heartbeat(%s)", (wid,)) is False
     assert rt.val("SELECT last_heartbeat_at FROM pgflow.workers WHERE worker_id = %s", (wid,)) > before
@@ -98,7 +112,8 @@ def test_ensure_workers_production_needs_secrets_and_respects_liveness(rt):
         INSERT INTO vault.decrypted_secrets VALUES ('pgflow_auth_secret', 's3cret'), ('supabase_project_id', 'proj');
         """
     )
-    rt.conn.execute("SELECT pgflow.register_worker(%s, 'alive-fn', 'q', 'q')", (uuid.uuid4(),))
+    queue, flow = _route(rt, "q")
+    rt.conn.execute("SELECT pgflow.register_worker(%s, 'alive-fn', %s, %s)", (uuid.uuid4(), queue, flow))
     rows = rt.rows("SELECT * FROM pgflow.ensure_workers()")
     assert [r["function_name"] for r in rows] == ["prod-fn"]
     call = rt.one("SELECT * FROM net.calls")
