@@ -34,6 +34,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from pgflow_cli.db import first_line
 from pgflow_cli.worker.flow import Flow, TaskContext
 from pgflow_cli.worker.protocol import ClaimedTask, LATEST, WorkerStartupError
 
@@ -41,6 +42,28 @@ log = logging.getLogger("pgflow.worker")
 
 MAX_ERROR_MESSAGE = 2000
 """Characters of a handler's error kept in ``step_tasks.error_message``."""
+
+GENERIC_FAILURE = "the handler failed and its error message could not be stored"
+
+
+def error_text(exc: BaseException) -> str:
+    """The text stored for a failed handler: ``Type: message``, NUL escaped, at most 2000 characters."""
+    return f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")[:MAX_ERROR_MESSAGE]
+
+
+def unstorable(output: Any) -> str | None:
+    """Why PostgreSQL's jsonb could not hold ``output`` (``None`` when it can).
+
+    Rejects what Python's json accepts but jsonb does not: NaN and Infinity, and the NUL
+    character (``\\u0000``) in any string; and anything json cannot encode at all.
+    """
+    try:
+        text = json.dumps(output, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    if "\\u0000" in text:
+        return "it contains a NUL character (\\u0000), which PostgreSQL cannot store"
+    return None
 
 
 @dataclass
@@ -300,12 +323,14 @@ class Worker:
             handler_input = task.flow_input if (step.step_type == "single" and not step.dependencies) else task.input
             try:
                 output = step.handler(handler_input, context)
-                json.dumps(output)
             except Exception as exc:  # the handler's failure is the task's failure
-                message = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_MESSAGE]
-                self._report(task, ok=False, payload=message)
+                self._report(task, ok=False, payload=error_text(exc))
                 log.info("task failed: flow=%s step=%s run=%s task=%s msg=%s error=%s", task.flow_slug,
                          task.step_slug, task.run_id, task.task_index, task.message_id, type(exc).__name__)
+                return
+            problem = unstorable(output)
+            if problem:
+                self._report(task, ok=False, payload=f"handler output cannot be stored: {problem}")
                 return
             self._report(task, ok=True, payload=output)
         except KeyError:
@@ -316,7 +341,11 @@ class Worker:
             self._slots.release()
 
     def _report(self, task: ClaimedTask, *, ok: bool, payload: Any) -> None:
-        """Send complete/fail, retrying transient database errors a few times."""
+        """Send complete/fail; retry transient errors; never leave a refused report unreported.
+
+        A result the database refuses (a data error) turns into a failure of the task with the
+        database's reason, so the attempt always ends; only lost connections are retried.
+        """
         assert self._pool is not None
         for attempt in range(1, 6):
             try:
@@ -332,6 +361,13 @@ class Worker:
                 log.warning("could not report task %s/%s/%s (attempt %d): %s", task.run_id, task.step_slug,
                             task.task_index, attempt, type(exc).__name__)
                 time.sleep(min(0.2 * 2 ** attempt, 5))
+            except (psycopg.DataError, psycopg.ProgrammingError) as exc:
+                self.stats.add(report_errors=1)
+                reason = f"the database refused the task's {'output' if ok else 'error message'}: {first_line(exc)}"
+                log.warning("task %s/%s/%s: %s", task.run_id, task.step_slug, task.task_index, reason)
+                if not ok and payload == GENERIC_FAILURE:
+                    break
+                ok, payload = False, (reason if ok else GENERIC_FAILURE)
         log.error("giving up reporting task %s/%s/%s; stalled-task recovery will requeue it",
                   task.run_id, task.step_slug, task.task_index)
 

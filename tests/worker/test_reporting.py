@@ -20,15 +20,7 @@ def _run_one(env, slug: str, handler):
     return run_id, worker
 
 
-BUG_UNSTORABLE = (
-    "worker bug: Worker._report (pgflow_cli/worker/runner.py) catches only psycopg.OperationalError; a "
-    "psycopg.DataError from complete/fail (jsonb 22P02 for NaN/Infinity, 22P05 for \\u0000, client-side "
-    "'text fields cannot contain NUL' for the error message) escapes _execute into the discarded executor "
-    "future: nothing is reported, the task stays 'started' until stalled recovery re-runs it into the same error"
-)
 
-
-@pytest.mark.xfail(strict=True, reason=BUG_UNSTORABLE)
 @pytest.mark.parametrize(
     "value",
     [float("nan"), float("inf"), "nul\x00byte"],
@@ -41,7 +33,6 @@ def test_output_postgres_cannot_store_fails_the_task(env, value):
     assert (task["status"], env.run(run_id)["status"]) == ("failed", "failed")
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_UNSTORABLE)
 def test_error_message_with_nul_byte_still_fails_the_task(env):
     def explode(v, ctx):
         raise ValueError("bad\x00input")
