@@ -1,0 +1,135 @@
+"""Claim throughput: messages claimed per second through the worker's claim entry point (the
+latest protocol's ``read`` + ``claim``, exactly as the reference Worker calls them, no handlers),
+next to a bare PGMQ ``read`` + ``archive`` loop over the same number of messages.
+
+Claim sample: a fresh database with a 1-step flow compiled and one registered worker (the
+protocol's own ``check_version`` / ``compile`` / ``register``); N runs are started beforehand
+(N queued tasks, N messages) and the database is ANALYZEd (not timed). Timed: read 10 message
+ids (the Worker's default batch size), claim them, until N tasks are claimed. Checked after
+timing: N tasks started on their first attempt.
+
+Baseline sample: N messages sent to a plain queue beforehand, ANALYZE; timed: read 10, archive
+those 10 (one call), until N are archived.
+
+Also measured, each next to the same baseline:
+
+* the claim without the ANALYZE: the state right after a burst of runs on fresh tables, before
+  autovacuum has gathered statistics (the planner then expects almost empty tables);
+* when the latest protocol is newer than 1: protocol 1 (``start_tasks``) on a database at the
+  released baseline schema, to show what the newer claim costs.
+
+Samples are interleaved (baseline, claim, cold claim, protocol 1, baseline, ...), ``ctx.repeat``
+times each.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+
+from bench.core import Context, Result, timed
+from pgflow_cli import installer
+from pgflow_cli.worker import Flow
+from pgflow_cli.worker.protocol import LATEST, ProtocolV1
+
+FLOW = "benchClaim"
+BATCH = 10
+
+
+def _noop(value, ctx):
+    return None
+
+
+def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | None = None, analyze: bool = True) -> float:
+    protocol = protocol or LATEST()
+    flow = Flow(FLOW).step("only", _noop)
+    worker_id = str(uuid.uuid4())
+    queue = protocol.queue_name(FLOW, None)
+    with ctx.database(f"claim_v{protocol.version}", schema=schema) as conninfo, \
+            psycopg.connect(conninfo, autocommit=True) as conn:
+        protocol.check_version(conn)
+        protocol.compile(conn, FLOW, flow.shape(), None)
+        protocol.register(conn, worker_id=worker_id, function_name="bench-claim", queue_name=queue,
+                          flow_slug=FLOW, step_slug=None)
+        conn.execute("SELECT count(*) FROM generate_series(1, %s) AS i, "
+                     "LATERAL pgflow.start_flow(%s, jsonb_build_object('i', i))", (messages, FLOW))
+        if analyze:
+            conn.execute("ANALYZE")  # steady-state statistics, as a live database has them
+
+        def loop() -> int:
+            claimed = 0
+            while claimed < messages:
+                ids = protocol.read(conn, queue_name=queue, vt=30, qty=BATCH, max_poll_seconds=1, poll_interval_ms=10)
+                if not ids:
+                    raise RuntimeError(f"queue ran dry after {claimed} claims")
+                outcome = protocol.claim(conn, flow_slug=FLOW, step_slug=None, queue_name=queue,
+                                         message_ids=ids, worker_id=worker_id)
+                if outcome.fatal_reason:
+                    raise RuntimeError(f"claim refused the batch: {outcome.fatal_reason}")
+                claimed += len(outcome.claimed)
+            return claimed
+
+        seconds, claimed = timed(loop)
+        started = conn.execute(
+            "SELECT count(*) FROM pgflow.step_tasks WHERE status = 'started' AND attempts_count = 1").fetchone()[0]
+        if started != messages or claimed != messages:
+            raise RuntimeError(f"claimed {claimed}, {started} tasks started, expected {messages}")
+    return messages / seconds
+
+
+def bare_sample(ctx: Context, messages: int) -> float:
+    queue = "bench_bare"
+    with ctx.database("claim_bare") as conninfo, psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SELECT pgmq.create(%s)", (queue,))
+        conn.execute("SELECT pgmq.send_batch(%s, array_agg(jsonb_build_object('i', i))) FROM generate_series(1, %s) AS i",
+                     (queue, messages))
+        conn.execute("ANALYZE")
+
+        def loop() -> None:
+            done = 0
+            while done < messages:
+                ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read(%s, 30, %s)", (queue, BATCH)).fetchall()]
+                if not ids:
+                    raise RuntimeError(f"queue ran dry after {done} messages")
+                conn.execute("SELECT count(*) FROM pgmq.archive(%s, %s::bigint[])", (queue, ids))
+                done += len(ids)
+
+        seconds, _ = timed(loop)
+        left = conn.execute("SELECT count(*) FROM pgmq.q_bench_bare").fetchone()[0]
+        if left:
+            raise RuntimeError(f"{left} messages left in the bare queue")
+    return messages / seconds
+
+
+def run(ctx: Context) -> list[Result]:
+    messages = ctx.size(2000)
+    with_v1 = LATEST.version > ProtocolV1.version
+    bare: list[float] = []
+    claims: list[float] = []
+    cold: list[float] = []
+    v1: list[float] = []
+    for i in range(ctx.repeat):
+        bare.append(bare_sample(ctx, messages))
+        claims.append(claim_sample(ctx, messages))
+        cold.append(claim_sample(ctx, messages, analyze=False))
+        line = (f"claim {i + 1}/{ctx.repeat}: bare read+archive {bare[-1]:.0f} msg/s, protocol {LATEST.version} "
+                f"claim {claims[-1]:.0f} msg/s (before ANALYZE {cold[-1]:.0f})")
+        if with_v1:
+            v1.append(claim_sample(ctx, messages, protocol=ProtocolV1(), schema=installer.BASELINE_VERSION))
+            line += f", protocol 1 on the baseline schema {v1[-1]:.0f}"
+        ctx.log(line)
+    baseline = "bare PGMQ read + archive"
+    details = {"batch": BATCH, "connections": 1, "protocol": LATEST.version}
+    results = [
+        Result(baseline, "msg/s", bare, work=messages, details={"batch": BATCH, "connections": 1}),
+        Result(f"{LATEST.__name__} read + claim (no handlers)", "msg/s", claims, work=messages, baseline=baseline,
+               details=details),
+        Result(f"{LATEST.__name__} read + claim, before any ANALYZE", "msg/s", cold, work=messages, baseline=baseline,
+               details={**details, "analyze": False}),
+    ]
+    if with_v1:
+        results.append(Result(f"ProtocolV1 read + claim on schema {installer.BASELINE_VERSION:04d}", "msg/s", v1,
+                              work=messages, baseline=baseline,
+                              details={**details, "protocol": 1, "schema": installer.BASELINE_VERSION}))
+    return results

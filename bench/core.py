@@ -1,0 +1,119 @@
+"""What a benchmark module gets (:class:`Context`) and returns (:class:`Result`).
+
+A benchmark is a module ``bench/benchmarks/<name>.py`` with a function ``run(ctx) -> list[Result]``.
+It measures each quantity ``ctx.repeat`` times and reports the samples; the runner computes
+median, min, max and spread, and the ratio of every result to its ``baseline`` result (another
+result of the same module, measured in the same run on the same server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgflow_cli import installer
+from pgflow_cli.embedded import LocalServer
+
+
+@dataclass
+class Result:
+    """One measured quantity.
+
+    Attributes:
+        benchmark: module name (filled in by the runner when left empty).
+        name: what was measured, e.g. ``"reference worker, 3-step flow"``.
+        unit: e.g. ``"runs/s"``; higher is better for every rate.
+        samples: one value per repetition.
+        work: units of work per sample (e.g. runs or messages), for the table.
+        baseline: ``name`` of the result in the same benchmark this one is compared with.
+        details: free-form settings (batch sizes, concurrency...), saved in the JSON.
+    """
+
+    name: str
+    unit: str
+    samples: list[float]
+    work: int = 0
+    baseline: str | None = None
+    benchmark: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread_pct(self) -> float:
+        """(max - min) / median, in percent."""
+        return 100.0 * (max(self.samples) - min(self.samples)) / self.median if self.median else 0.0
+
+
+class Context:
+    """Handed to every benchmark's ``run(ctx)``.
+
+    Attributes:
+        server: the private :class:`LocalServer` of this bench run.
+        repeat: how many times to measure each quantity.
+        scale: multiply your default work sizes by this (``--scale``); see :meth:`size`.
+    """
+
+    def __init__(self, server: LocalServer, *, repeat: int, scale: float) -> None:
+        self.server = server
+        self.repeat = repeat
+        self.scale = scale
+        self._admin = psycopg.connect(server.conninfo("postgres"), autocommit=True)
+        self._templates: dict[int | None, str] = {}
+        self._counter = itertools.count(1)
+
+    def size(self, default: int, minimum: int = 10) -> int:
+        """A work size: ``default`` times ``--scale``, at least ``minimum``."""
+        return max(minimum, int(default * self.scale))
+
+    def log(self, message: str) -> None:
+        """Progress line on stderr (the results table goes to stdout)."""
+        print(f"  {message}", file=sys.stderr, flush=True)
+
+    def conninfo(self, dbname: str) -> str:
+        return self.server.conninfo(dbname)
+
+    def template(self, schema: int | None = None) -> str:
+        """Name of the template database with PGMQ and the migrations up to ``schema`` (all: ``None``)."""
+        if schema not in self._templates:
+            name = "bench_template" if schema is None else f"bench_template_{schema:04d}"
+            self._admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            self._admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            with psycopg.connect(self.conninfo(name), autocommit=True) as conn:
+                installer.install(conn, target=schema)
+            self._templates[schema] = name
+        return self._templates[schema]
+
+    @contextlib.contextmanager
+    def database(self, label: str, *, schema: int | None = None) -> Iterator[str]:
+        """A fresh database with PGMQ and the pgflow migrations up to ``schema`` (default: all),
+        dropped afterwards; yields its conninfo."""
+        template = self.template(schema)
+        name = f"b{next(self._counter)}_{label}"[:60]
+        self._admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+        try:
+            yield self.conninfo(name)
+        finally:
+            self._admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+    def close(self) -> None:
+        self._admin.close()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """``(seconds, fn())`` with a monotonic clock."""
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
