@@ -49,6 +49,14 @@ class FlowShapeMismatch(WorkerStartupError):
     """The database holds a different definition under this flow slug (production refuses)."""
 
 
+def _fenced(function_name: str) -> WorkerFenced:
+    return WorkerFenced(
+        f"worker function {function_name!r} is disabled (worker_functions.enabled = false): not starting",
+        hint="a rollout fence is active (restore it with `pgflow fence restore` when the rollout is done), or a "
+        "fatal claim paused the function (see worker_functions.paused_reason and docs/claim-protocol.md)",
+    )
+
+
 def protocol_mismatch(worker_version: int, database_version: int | None) -> ProtocolMismatch:
     """Build the refusal for a worker/database version mismatch (both directions)."""
     if database_version is None:
@@ -135,6 +143,17 @@ class ProtocolV1:
         if found != self.version:
             raise protocol_mismatch(self.version, found)
 
+    def check_enabled(self, conn: psycopg.Connection, function_name: str) -> None:
+        """Refuse a fenced function before anything is compiled (registration checks again, atomically).
+
+        Raises:
+            WorkerFenced: ``worker_functions.enabled`` is false for ``function_name``.
+        """
+        row = conn.execute(sqlfiles.statement(ProtocolV1.queries, "function_enabled"),
+                           {"function_name": function_name}).fetchone()
+        if row is not None and row[0] is False:
+            raise _fenced(function_name)
+
     def compile(self, conn: psycopg.Connection, flow_slug: str, shape: dict[str, Any], step_slug: str | None) -> dict[str, Any]:
         """Startup compilation; returns the database's JSON verdict.
 
@@ -164,10 +183,7 @@ class ProtocolV1:
             })
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) == SQLSTATE_FENCED:
-                raise WorkerFenced(
-                    f"worker function {function_name!r} is fenced (worker_functions.enabled = false): not registering",
-                    hint="a rollout fence is active; restore it with `pgflow fence restore` when the rollout is done",
-                ) from None
+                raise _fenced(function_name) from None
             raise
 
     def heartbeat(self, conn: psycopg.Connection, worker_id: str) -> bool:

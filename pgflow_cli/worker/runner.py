@@ -164,27 +164,33 @@ class Worker:
     def start(self) -> None:
         """Check protocol, compile, register, then start polling in a background thread.
 
+        Order: protocol version, fence (a disabled function is refused before its flow is
+        compiled, so a restarted old worker never recreates a dropped flow), compilation,
+        registration (which checks the fence again, atomically).
+
         Raises:
             WorkerStartupError: protocol mismatch, fenced function or shape mismatch;
                 nothing was registered or polled.
+            psycopg.Error: the database could not be reached; the worker is then stopped too.
         """
         if self.state != "created":
             raise RuntimeError(f"worker already {self.state}")
         self.state = "starting"
-        startup = psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name)
         try:
-            self.protocol.check_version(startup)
-            result = self.protocol.compile(startup, self.flow.slug, self.flow.shape(), self.step_slug)
-            self.protocol.register(
-                startup, worker_id=self.worker_id, function_name=self.function_name, queue_name=self.queue_name,
-                flow_slug=self.flow.slug, step_slug=self.step_slug,
-            )
-        except WorkerStartupError:
+            with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name) as startup:
+                self.protocol.check_version(startup)
+                self.protocol.check_enabled(startup, self.function_name)
+                result = self.protocol.compile(startup, self.flow.slug, self.flow.shape(), self.step_slug)
+                self.protocol.register(
+                    startup, worker_id=self.worker_id, function_name=self.function_name, queue_name=self.queue_name,
+                    flow_slug=self.flow.slug, step_slug=self.step_slug,
+                )
+        except BaseException:
+            # Nothing was registered; the worker is finished, not stuck in 'starting'.
             self.state = "stopped"
+            self.stop_reason = self.stop_reason or "startup failed"
             self._stopped.set()
             raise
-        finally:
-            startup.close()
         log.info(
             "worker %s started: flow=%s step=%s queue=%s function=%s compile=%s protocol=%s",
             self.worker_id, self.flow.slug, self.step_slug or "-", self.queue_name, self.function_name,

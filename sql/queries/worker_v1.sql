@@ -5,6 +5,10 @@
 SELECT CASE WHEN to_regprocedure('pgflow.protocol_version()') IS NULL THEN NULL
             ELSE pgflow.protocol_version() END AS version;
 
+--@name function_enabled
+-- NULL when the function was never registered (it will be created enabled).
+SELECT (SELECT wf.enabled FROM pgflow.worker_functions AS wf WHERE wf.function_name = %(function_name)s) AS enabled;
+
 --@name compile
 SELECT pgflow.ensure_flow_compiled(%(flow_slug)s, %(shape)s::jsonb) AS result;
 

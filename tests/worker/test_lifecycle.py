@@ -272,3 +272,26 @@ def test_protocol_mismatch_refuses_to_start(env):
     _assert_nothing_registered_or_read(env, worker, "proto-fn", queue, task)
     env.start_worker(flow, function_name="proto-fn")
     assert env.wait_runs_finished([run_id])[0]["status"] == "completed"
+
+
+def test_a_fenced_worker_refuses_before_compiling_its_flow(env):
+    """A supervisor restarting an old worker during a fence must not (re)create its flow."""
+    env.conn.execute("SELECT pgflow.track_worker_function('gone-fn')")
+    env.conn.execute("UPDATE pgflow.worker_functions SET enabled = false WHERE function_name = 'gone-fn'")
+    worker = env.worker(Flow("goneFlow").step("only", lambda v, ctx: v), function_name="gone-fn")
+    with pytest.raises(WorkerFenced):
+        worker.start()
+    assert env.val("SELECT count(*) FROM pgflow.flows WHERE flow_slug = 'goneFlow'") == 0
+    assert env.val("SELECT count(*) FROM pgmq.meta WHERE queue_name = 'goneflow'") == 0
+
+
+def test_a_worker_that_cannot_connect_ends_stopped_instead_of_hanging(env):
+    import psycopg
+
+    from pgflow_cli.worker import Worker
+
+    worker = Worker(Flow("nowhereFlow").step("only", lambda v, ctx: v),
+                    "host=127.0.0.1 port=1 dbname=none connect_timeout=2", function_name="nowhere-fn")
+    with pytest.raises(psycopg.OperationalError):
+        worker.start()
+    assert worker.state == "stopped" and worker.join(1)
