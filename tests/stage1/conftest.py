@@ -1,0 +1,44 @@
+"""Fixtures of the Stage 1 (migration 0003, queue identity) SQL tests.
+
+* ``rt``: a :class:`tests.runtime.driver.Runtime` speaking protocol 2 on ``db`` (PGMQ and
+  every migration); the runtime invariants are checked after each test, as in tests/runtime;
+* ``old_rt``: the same driver on ``baseline_db`` (0001-0002, protocol 1) for tests that build
+  data with the released runtime and then upgrade it with :func:`upgrade`.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from pgflow_cli import installer
+from tests.runtime.driver import Runtime
+from tests.support.invariants import assert_runtime_invariants
+
+
+@pytest.fixture
+def rt(db):
+    runtime = Runtime(db.connect(), level="upgraded")
+    yield runtime
+    assert_runtime_invariants(db.connect(), require_live_messages=runtime.require_live_messages)
+
+
+@pytest.fixture
+def old_rt(baseline_db):
+    runtime = Runtime(baseline_db.connect(), level="baseline")
+    yield runtime
+    assert_runtime_invariants(baseline_db.connect(), require_live_messages=runtime.require_live_messages)
+
+
+def upgrade(database, runtime: Runtime) -> list[installer.Applied]:
+    """Apply the pending migrations (0003) with the one installer, then let ``runtime`` speak protocol 2."""
+    applied = installer.apply(database.connect())
+    assert [a.migration.version for a in applied] == [3], applied
+    assert runtime.val("SELECT pgflow.protocol_version()") == 2
+    runtime.level = "upgraded"
+    return applied
+
+
+def primary(error: psycopg.Error) -> str:
+    """The primary message of a database error (no DETAIL/HINT lines)."""
+    return error.diag.message_primary or ""
