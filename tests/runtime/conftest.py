@@ -21,8 +21,7 @@ import re
 import psycopg
 import pytest
 
-from pgflow_cli import installer
-from tests.runtime.driver import LEVELS, Runtime
+from tests.runtime.driver import LEVELS, Runtime, install_all
 from tests.support.invariants import assert_runtime_invariants
 
 
@@ -42,11 +41,6 @@ def level(request) -> str:
     return request.param
 
 
-def _install_all(conninfo: str) -> None:
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        installer.install(conn, target=None)
-
-
 @pytest.fixture
 def db(level, harness, request):
     """The database of this level: the pre-upgrade one, or one with every migration.
@@ -57,7 +51,7 @@ def db(level, harness, request):
     if level == "baseline":
         yield request.getfixturevalue("baseline_db")
         return
-    template = harness.template("latest", _install_all)
+    template = harness.template("latest", install_all)
     database = harness.clone(template, re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40])
     try:
         yield database

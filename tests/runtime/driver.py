@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgflow_cli import naming
+from pgflow_cli import installer, naming
 
 LEVELS = ("baseline", "upgraded")
 """Schema levels the runtime suite runs on (pytest ids)."""
@@ -265,6 +265,12 @@ class Runtime:
                 else:
                     self.complete(task["run_id"], task["step_slug"], task["task_index"], output)
         raise AssertionError(f"flow {slug} still had work after {max_rounds} rounds")
+
+
+def install_all(conninfo: str) -> None:
+    """Build the upgraded schema level: PGMQ and every migration (the top-level ``db`` template)."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        installer.install(conn, target=None)
 
 
 def as_task(row: dict) -> dict:

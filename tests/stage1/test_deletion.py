@@ -96,6 +96,10 @@ def test_delete_drops_a_legacy_camelcase_queue_by_its_listed_spelling(old_rt, ba
     assert [m["msg_id"] for m in rt.archived("legacyflow")] == [claimed["msg_id"]]
     [t] = rt.poll("LegacyFlow")  # protocol 2: claim_tasks('legacyflow', ..., 'LegacyFlow')
     assert t["run_id"] == waiting
+    # a protocol-2 worker starting after the upgrade verifies the legacy definition and its route
+    doc = rt.val("SELECT pgflow._get_flow_shape('LegacyFlow')")
+    verified = rt.compile("LegacyFlow", doc)
+    assert (verified["status"], verified["routes"]) == ("verified", [{"stepSlug": "a", "queueName": "legacyflow"}])
 
     # what a drop by the generated spelling would do to such a queue: PGMQ keeps the listed row
     rt.conn.execute("SELECT pgmq.create('OtherCase')")

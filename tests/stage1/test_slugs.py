@@ -6,12 +6,14 @@ pgflow_cli.naming.SLUG_REASONS; a refused definition changes nothing.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgflow_cli import naming
-from tests.runtime.driver import raises_sqlstate
+from tests.runtime.driver import install_all, raises_sqlstate, wait_until_blocked
 from tests.stage1.conftest import primary
 from tests.test_naming_parity import names, valid_slug
 
@@ -132,6 +134,31 @@ def test_case_only_duplicate_flows_are_refused(rt):
     assert rt.one("SELECT * FROM pgflow.create_flow('MyFlow')")["flow_slug"] == "MyFlow"
 
 
+def test_concurrent_case_aliases_are_serialized_and_refused(rt, db):
+    """Two definitions differing only by case, at the same time: the second waits for the first's
+    normalized flow lock and then gets the case-only refusal (PF003), not a raw unique violation."""
+    first = db.connect(autocommit=False)
+    first.execute("SELECT pgflow.create_flow('RaceFlow')")
+    second = db.connect()
+    result: dict = {}
+
+    def create():
+        try:
+            second.execute("SELECT pgflow.create_flow('raceflow')")
+        except Exception as exc:  # the expected refusal
+            result["error"] = exc
+
+    thread = threading.Thread(target=create)
+    thread.start()
+    assert first.info.backend_pid in wait_until_blocked(rt.conn, second.info.backend_pid)
+    first.commit()
+    thread.join(30)
+    error = result.get("error")
+    assert getattr(error, "sqlstate", None) == "PF003", result
+    assert primary(error) == 'flow slug "raceflow" differs only by letter case from existing flow "RaceFlow"'
+    assert rt.val("SELECT array_agg(flow_slug) FROM pgflow.flows") == ["RaceFlow"]
+
+
 def test_case_only_duplicate_flows_are_refused_by_the_table_too(rt):
     rt.flow("MyFlow")
     with raises_sqlstate("23505", "idx_flows_normalized_slug"):
@@ -183,9 +210,7 @@ END $$;
 @pytest.fixture(scope="module")
 def parity_conn(harness):
     """One upgraded database for the generated names (read-only calls, no per-example clone)."""
-    from tests.runtime.conftest import _install_all
-
-    database = harness.clone(harness.template("latest", _install_all), "stage1_parity")
+    database = harness.clone(harness.template("latest", install_all), "stage1_parity")
     conn = database.connect()
     conn.execute(_TRY)
     yield conn
