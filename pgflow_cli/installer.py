@@ -42,6 +42,9 @@ BASELINE_VERSION = 2
 
 
 _PHASE = re.compile(r"^--@phase[ \t]+(?P<name>[a-z_]+)(?:[ \t]+(?P<mode>tx|batch|notx))?[ \t]*$", re.MULTILINE)
+MAX_BATCH_PAGES = 16384
+"""Upper bound of one backfill range, heap pages (128 MiB)."""
+
 _PREFLIGHT = re.compile(r"^--@preflight[ \t]+audit[ \t]*$", re.MULTILINE)
 _THRESHOLD = re.compile(r"^--@online-threshold[ \t]+(?P<table>[a-z_.]+)[ \t]+(?P<rows>\d+)[ \t]*$", re.MULTILINE)
 
@@ -397,7 +400,8 @@ def apply(
     before_commit: Callable[[psycopg.Connection, Migration], None] | None = None,
     dry_run: bool = False,
     online: str = "auto",
-    batch_pages: int = 2000,
+    batch_pages: int = 64,
+    batch_seconds: float = 0.2,
 ) -> list[Applied]:
     """Apply pending migrations in order, each atomically with its ledger row.
 
@@ -415,7 +419,8 @@ def apply(
         dry_run: run the next pending migration in one transaction and roll it back.
         online: ``auto`` (phased when a migration's threshold table is large), ``always``
             or ``never`` (see :class:`PhasedMigration`).
-        batch_pages: heap pages per backfill batch on the phased path.
+        batch_pages: heap pages of the first backfill batch (later ones adapt).
+        batch_seconds: time each backfill batch aims at, seconds: how long its rows stay locked.
 
     Returns:
         One :class:`Applied` per migration applied (or tried, in a dry run).
@@ -446,7 +451,7 @@ def apply(
             todo = todo[:1]
         results = []
         for migration in todo:
-            runner = _Runner(conn, migration, lock_timeout, attempts, emit, before_commit, batch_pages)
+            runner = _Runner(conn, migration, lock_timeout, attempts, emit, before_commit, batch_pages, batch_seconds)
             phased = migration.phased
             resume = in_progress.get(migration.version)
             use_online = bool(phased and phased.has_online_phases and not dry_run and (
@@ -467,7 +472,7 @@ class _Runner:
 
     def __init__(self, conn: psycopg.Connection, migration: Migration, lock_timeout: float, attempts: int,
                  emit: ProgressFn, before_commit: Callable[[psycopg.Connection, Migration], None] | None,
-                 batch_pages: int) -> None:
+                 batch_pages: int, batch_seconds: float) -> None:
         self.conn = conn
         self.migration = migration
         self.lock_timeout = lock_timeout
@@ -475,6 +480,7 @@ class _Runner:
         self.emit = emit
         self.before_commit = before_commit
         self.batch_pages = max(1, batch_pages)
+        self.batch_seconds = batch_seconds if batch_seconds > 0 else 0.2
         self.tries = 0
         self.notices: list[str] = []
 
@@ -510,17 +516,37 @@ class _Runner:
             "phases_done": phases_done,
         })
 
-    def _batches(self, phase: "Phase") -> None:
-        """Run a backfill phase's statement over the heap, ``batch_pages`` pages at a time."""
-        first_page = 0
+    def _backfill(self, phase: "Phase", *, own_transactions: bool) -> None:
+        """Run a ``batch`` phase over the whole heap, one range of pages per statement.
+
+        Each range is sized so that its statement takes about ``batch_seconds`` (the rows it
+        updates stay locked that long): the next range's page count is the last one's scaled by
+        budget / elapsed, at most doubled or quartered per step, between 1 and 16,384 pages.
+        On the phased path every range is its own transaction (retried on lock timeouts).
+        """
+        label = self.migration.label
+        first_page, pages = 0, self.batch_pages
         while True:
-            row = self.conn.execute(phase.sql, {"first_page": first_page, "pages": self.batch_pages}).fetchone()  # type: ignore[arg-type]
-            updated, relation_pages = (int(row[0]), int(row[1])) if row else (0, 0)
-            self.emit("batch", {"migration": self.migration.label, "phase": phase.name, "first_page": first_page,
-                                "pages": self.batch_pages, "relation_pages": relation_pages, "rows": updated})
-            first_page += self.batch_pages
+            def one(first_page: int = first_page, pages: int = pages) -> tuple[int, int]:
+                params = {"first_page": first_page, "pages": pages}
+                if own_transactions:
+                    with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                        row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
+                else:
+                    row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
+                return (int(row[0]), int(row[1])) if row else (0, 0)
+
+            started = time.monotonic()
+            updated, relation_pages = self._retrying(one) if own_transactions else one()
+            elapsed = time.monotonic() - started
+            self.emit("batch", {"migration": label, "phase": phase.name, "first_page": first_page, "pages": pages,
+                                "relation_pages": relation_pages, "rows": updated, "ms": int(elapsed * 1000)})
+            first_page += pages
             if first_page >= relation_pages:
                 return
+            wanted = pages * self.batch_seconds / elapsed if elapsed > 0 else pages * 2
+            pages = int(max(pages / 4, min(pages * 2, wanted)))
+            pages = max(1, min(MAX_BATCH_PAGES, pages))
 
     # one transaction ------------------------------------------------------------------
     def run_single(self, dry_run: bool) -> Applied:
@@ -537,7 +563,7 @@ class _Runner:
                     self.conn.execute(sqlfiles.statement(QUERIES, "ledger_bootstrap"))
                     for phase in self.migration.phases_for_single_transaction():
                         if phase.mode == "batch":
-                            self._batches(phase)
+                            self._backfill(phase, own_transactions=False)
                         else:
                             self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
                     self._record(state="applied", phases_done=[], duration_ms=int((time.monotonic() - t0) * 1000))
@@ -575,19 +601,7 @@ class _Runner:
                     self._record(state="in_progress", phases_done=done + [phase.name],
                                  duration_ms=int((time.monotonic() - t0) * 1000))
             elif phase.mode == "batch":
-                first_page = 0
-                while True:
-                    def one_batch(first_page: int = first_page) -> tuple[int, int]:
-                        with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
-                            row = self.conn.execute(phase.sql, {"first_page": first_page, "pages": self.batch_pages}).fetchone()  # type: ignore[arg-type]
-                        return (int(row[0]), int(row[1])) if row else (0, 0)
-
-                    updated, relation_pages = self._retrying(one_batch)
-                    self.emit("batch", {"migration": label, "phase": phase.name, "first_page": first_page,
-                                        "pages": self.batch_pages, "relation_pages": relation_pages, "rows": updated})
-                    first_page += self.batch_pages
-                    if first_page >= relation_pages:
-                        break
+                self._backfill(phase, own_transactions=True)
                 with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
                     self._record(state="in_progress", phases_done=done + [phase.name],
                                  duration_ms=int((time.monotonic() - t0) * 1000))

@@ -218,9 +218,10 @@ def apply(
         str, typer.Option("--online", help="Phased migrations: 'auto' commits phase by phase (short locks, batched "
                           "backfill) only when the task table is large; 'always' or 'never' force the choice.")
     ] = "auto",
-    batch_pages: Annotated[
-        int, typer.Option("--batch-pages", min=1, help="Heap pages per backfill batch on the phased path.")
-    ] = 2000,
+    batch_seconds: Annotated[
+        float, typer.Option("--batch-seconds", min=0.01, max=60, metavar="SECONDS",
+                            help="Phased path: how long each backfill batch may keep its rows locked (batches adapt to it).")
+    ] = 0.2,
 ) -> None:
     """Apply pending migrations in order; each one is atomic and recorded with its checksum.
 
@@ -274,14 +275,15 @@ def apply(
                 err.print(render.text(f"  phase {data['phase']} ({data['mode']})..."))
             elif event == "batch":
                 done = min(data["first_page"] + data["pages"], data["relation_pages"])
-                err.print(render.text(f"    backfill pages {done}/{data['relation_pages']}: {data['rows']} rows", "dim"))
+                err.print(render.text(f"    backfill pages {done}/{data['relation_pages']}: {data['rows']} rows "
+                                      f"in {data['ms']} ms", "dim"))
             elif event == "done":
                 verb = "rolled back (dry run)" if data["dry_run"] else "applied"
                 err.print(render.text(f"{verb} {data['migration']} in {data['duration_ms']} ms", "green"))
 
         result = migrate_op.apply(
             conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
-            dry_run=dry_run, progress=progress, online=online, batch_pages=batch_pages,
+            dry_run=dry_run, progress=progress, online=online, batch_seconds=batch_seconds,
         )
     if output_format == OutputFormat.json:
         render.write_json({"kind": "pgflow-cli/migrate-apply", "version": 1, "database": target.describe(), **result.to_dict()})

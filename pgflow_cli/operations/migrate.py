@@ -175,7 +175,7 @@ def apply(
     dry_run: bool = False,
     progress: Progress | None = None,
     online: str = "auto",
-    batch_pages: int = 2000,
+    batch_seconds: float = 0.2,
 ) -> MigrateResult:
     """Apply (or dry-run) pending migrations with a lock watcher; see the module docstring.
 
@@ -188,7 +188,7 @@ def apply(
         attempts: tries per migration (lock timeouts and deadlocks only).
         dry_run: roll back each migration after measuring it.
         online: phased-migration choice (``auto``, ``always``, ``never``).
-        batch_pages: heap pages per backfill batch on the phased path.
+        batch_seconds: time each backfill batch aims at (how long its rows stay locked), seconds.
         progress: ``progress(event, data)`` for stderr reporting.
 
     Returns:
@@ -247,7 +247,7 @@ def apply(
             before_commit=measure,
             dry_run=dry_run,
             online=online,
-            batch_pages=batch_pages,
+            batch_seconds=batch_seconds,
         )
     result.blockers_seen = [dict(b) for b in watcher.seen]
     return result

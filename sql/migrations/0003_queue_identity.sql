@@ -28,10 +28,11 @@
 -- Phases (pgflow_cli.installer.PhasedMigration). Below --@online-threshold task rows, all run
 -- in one transaction (notx phases skipped): all or nothing. Above it, each phase commits on its
 -- own so no lock that blocks workers is held for long:
---   prepare   recheck; add the nullable step_tasks.queue_name, NOT VALID checks and a
---             transitional fill trigger (old code keeps working unchanged);
+--   prepare   recheck (definitions frozen, tasks only read); add the nullable
+--             step_tasks.queue_name, a NOT VALID not-null check and a transitional fill
+--             trigger (old code keeps working unchanged);
 --   backfill  lower(flow_slug) into queue_name, a range of heap pages per transaction;
---   validate  VALIDATE the checks (SHARE UPDATE EXCLUSIVE: reads and claims go on);
+--   validate  VALIDATE the not-null check (SHARE UPDATE EXCLUSIVE: reads and claims go on);
 --   index     the unique (queue_name, message_id) index, built CONCURRENTLY;
 --   main      recheck again, SET NOT NULL (no scan: proven by the validated check), new
 --             constraints, functions and protocol 2, ledger row.
@@ -42,11 +43,15 @@
 
 --@phase prepare
 SET LOCAL jit = off;
--- Short on the phased path (DDL only); on the one-transaction path these are the locks of the
--- whole migration, taken up front in the documented order so nothing is upgraded later.
-LOCK TABLE pgflow.flows, pgflow.steps, pgflow.step_tasks, pgflow.worker_functions IN ACCESS EXCLUSIVE MODE;
+-- Definitions are frozen for the recheck (SHARE ROW EXCLUSIVE: no flow or step can be added or
+-- changed; reads, runs and claims go on). The recheck reads the task table (duplicate message
+-- ids) with ordinary read locks, so workers are not blocked while it scans; the task table is
+-- locked exclusively only for the DDL that follows, in the documented order.
+LOCK TABLE pgflow.flows, pgflow.steps IN SHARE ROW EXCLUSIVE MODE;
 
 --@include migrations/0003/recheck.sql
+
+LOCK TABLE pgflow.step_tasks, pgflow.worker_functions IN ACCESS EXCLUSIVE MODE;
 
 -- A queue name as persisted by pgflow: lowercase ASCII letters, digits and _, 1..47 characters
 -- (PGMQ's limit). Generated names always satisfy it.
@@ -64,9 +69,10 @@ $$;
 
 ALTER TABLE pgflow.step_tasks ADD COLUMN queue_name text;
 ALTER TABLE pgflow.step_tasks ADD CONSTRAINT step_tasks_queue_name_present CHECK (queue_name IS NOT NULL) NOT VALID;
-ALTER TABLE pgflow.step_tasks ADD CONSTRAINT queue_name_is_valid CHECK (pgflow.is_valid_queue_name(queue_name)) NOT VALID;
 COMMENT ON COLUMN pgflow.step_tasks.queue_name IS
   'immutable snapshot of the PGMQ queue holding this task''s message; with message_id it is the message identity';
+-- No per-row name check here: a task's queue is copied from steps.queue_name (checked by
+-- queue_name_is_valid there) when the task is created, and can never change afterwards.
 
 -- Transitional, dropped in main: while the phases run, the released runtime still inserts and
 -- updates tasks without knowing the column; a task of the released runtime lives in its flow's
@@ -103,7 +109,6 @@ SELECT (SELECT pg_catalog.count(*) FROM filled) AS rows_updated,
 --@phase validate
 -- SHARE UPDATE EXCLUSIVE: workers keep reading and claiming while the table is scanned.
 ALTER TABLE pgflow.step_tasks VALIDATE CONSTRAINT step_tasks_queue_name_present;
-ALTER TABLE pgflow.step_tasks VALIDATE CONSTRAINT queue_name_is_valid;
 
 --@phase index notx
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS idx_step_tasks_queue_message
@@ -220,7 +225,6 @@ COMMENT ON COLUMN pgflow.worker_functions.paused_reason IS
 DROP INDEX IF EXISTS pgflow.idx_step_tasks_queue_message;
 DROP TRIGGER IF EXISTS step_tasks_fill_queue_name ON pgflow.step_tasks;
 DROP FUNCTION IF EXISTS pgflow._fill_task_queue_name();
-ALTER TABLE pgflow.step_tasks DROP CONSTRAINT IF EXISTS queue_name_is_valid;
 ALTER TABLE pgflow.step_tasks DROP CONSTRAINT IF EXISTS step_tasks_queue_name_present;
 ALTER TABLE pgflow.step_tasks DROP COLUMN IF EXISTS queue_name;
 DROP FUNCTION IF EXISTS pgflow.is_valid_queue_name(text);
