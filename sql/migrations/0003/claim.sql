@@ -29,15 +29,19 @@ CREATE TYPE pgflow.claim_result AS (
 --   no task, body not pgflow-shaped   -> archived_foreign (WARNING with queue and ids)
 --   message already gone              -> missing (nothing to do)
 --   anything ambiguous: no task but a pgflow-shaped body, a body that does not match its
---   task, a task on another route, a task that cannot run, a queue the worker's route does
---   not own -> fatal: nothing claimed, no task changed, nothing archived; the whole batch
+--   task (a missing key or a NULL body is a mismatch), a task on another route, a task that
+--   cannot run, a queue the worker's route does not own (the route of the call, and the one
+--   the worker registered when it registered one; a queue without a table included)
+--   -> fatal: nothing claimed, no task changed, nothing archived; the whole batch
 --   is made visible again, the worker's function is paused (worker_functions.enabled =
 --   false, paused_reason) and the worker deprecated. These safety writes are RETURNED as an
 --   outcome, not raised, so they commit; the worker logs one error and stops.
 --
 -- Ordinary database errors still raise (and roll back): they are retryable. Notices carry
 -- queue names and message ids, never message bodies.
--- Lock order: runs (FOR SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows.
+-- Lock order: runs (FOR SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
+-- messages are read after the task locks, so a claim that waited for a concurrent claim of
+-- the same tasks sees that claim's result (duplicates), not the state before it.
 CREATE FUNCTION pgflow.claim_tasks(
   queue_name text,
   msg_ids bigint[],
@@ -53,7 +57,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
   v_ids bigint[];
-  v_function text;
+  v_worker pgflow.workers;
   v_mode text;
   v_route_reason text;
   v_qtable text;
@@ -85,7 +89,7 @@ BEGIN
     RETURN;
   END IF;
 
-  SELECT w.function_name INTO v_function FROM pgflow.workers AS w WHERE w.worker_id = claim_tasks.worker_id;
+  SELECT w.* INTO v_worker FROM pgflow.workers AS w WHERE w.worker_id = claim_tasks.worker_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'worker % is not registered; register it (pgflow.register_worker) before claiming', claim_tasks.worker_id
       USING ERRCODE = 'PF007';
@@ -105,14 +109,12 @@ BEGIN
           WHERE s.flow_slug = claim_tasks.flow_slug AND s.step_slug = claim_tasks.step_slug
             AND s.queue_name = claim_tasks.queue_name) THEN
     v_route_reason := 'queue_not_owned_by_route';
+  ELSIF v_worker.flow_slug IS NOT NULL
+        AND (v_worker.flow_slug, v_worker.queue_name, v_worker.step_slug)
+            IS DISTINCT FROM (claim_tasks.flow_slug, claim_tasks.queue_name, claim_tasks.step_slug) THEN
+    -- the route the worker registered is the one it may claim from (coverage trusts it)
+    v_route_reason := 'queue_not_owned_by_route';
   END IF;
-
-  v_qtable := pgmq.format_table_name(claim_tasks.queue_name, 'q');
-  EXECUTE pg_catalog.format(
-    'SELECT pg_catalog.array_agg(q.msg_id ORDER BY q.msg_id), pg_catalog.array_agg(q.message ORDER BY q.msg_id)
-       FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1)', v_qtable)
-  INTO v_found, v_bodies
-  USING v_ids;
 
   -- Lock what the classification reads, in the runtime's order.
   PERFORM 1 FROM pgflow.runs AS r
@@ -124,6 +126,17 @@ BEGIN
   WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids)
   ORDER BY t.run_id, t.step_slug, t.task_index
   FOR UPDATE;
+
+  -- The messages, read after the task locks (a concurrent claim of the same tasks has committed
+  -- by now). A queue without a table has no messages: every id is missing (or fatal by route).
+  v_qtable := pgmq.format_table_name(claim_tasks.queue_name, 'q');
+  IF pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', v_qtable)) IS NOT NULL THEN
+    EXECUTE pg_catalog.format(
+      'SELECT pg_catalog.array_agg(q.msg_id ORDER BY q.msg_id), pg_catalog.array_agg(q.message ORDER BY q.msg_id)
+         FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1)', v_qtable)
+    INTO v_found, v_bodies
+    USING v_ids;
+  END IF;
 
   WITH requested AS (
     SELECT m AS msg_id FROM pg_catalog.unnest(v_ids) AS m
@@ -152,11 +165,12 @@ BEGIN
              WHEN NOT j.present THEN ARRAY['missing', CASE WHEN j.run_id IS NULL THEN 'message_gone' ELSE 'message_gone_task_exists' END]
              WHEN j.run_id IS NOT NULL THEN
                CASE
-                 WHEN NOT (pg_catalog.jsonb_typeof(j.message) = 'object'
-                           AND j.message -> 'flow_slug' = pg_catalog.to_jsonb(j.task_flow)
-                           AND j.message -> 'run_id' = pg_catalog.to_jsonb(j.run_id::text)
-                           AND j.message -> 'step_slug' = pg_catalog.to_jsonb(j.task_step)
-                           AND j.message -> 'task_index' = pg_catalog.to_jsonb(j.task_index))
+                 -- IS NOT TRUE: a NULL body or a missing key is a mismatch, never "unknown"
+                 WHEN (pg_catalog.jsonb_typeof(j.message) = 'object'
+                       AND j.message -> 'flow_slug' = pg_catalog.to_jsonb(j.task_flow)
+                       AND j.message -> 'run_id' = pg_catalog.to_jsonb(j.run_id::text)
+                       AND j.message -> 'step_slug' = pg_catalog.to_jsonb(j.task_step)
+                       AND j.message -> 'task_index' = pg_catalog.to_jsonb(j.task_index)) IS NOT TRUE
                    THEN ARRAY['fatal', 'message_does_not_match_task']
                  WHEN j.task_flow <> claim_tasks.flow_slug
                       OR (claim_tasks.step_slug IS NOT NULL AND j.task_step <> claim_tasks.step_slug)
@@ -210,13 +224,23 @@ BEGIN
     FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason)) AS x (msg_id, verdict, reason)
     WHERE x.verdict = 'fatal';
     INSERT INTO pgflow.worker_functions AS wf (function_name, enabled, paused_at, paused_reason, updated_at)
-    VALUES (v_function, false, pg_catalog.clock_timestamp(), v_pause, pg_catalog.clock_timestamp())
+    VALUES (v_worker.function_name, false, pg_catalog.clock_timestamp(), v_pause, pg_catalog.clock_timestamp())
+    -- A function already paused by a fatal claim (another of its workers) keeps its first pause
+    -- time and collects every reason, so the operator sees every preserved message at once
+    -- (bounded: a reason that would grow past 8000 characters is not extended).
     ON CONFLICT (function_name) DO UPDATE
-      SET enabled = false, paused_at = EXCLUDED.paused_at, paused_reason = EXCLUDED.paused_reason,
+      SET enabled = false,
+          paused_at = CASE WHEN wf.enabled OR wf.paused_reason IS NULL THEN EXCLUDED.paused_at ELSE wf.paused_at END,
+          paused_reason = CASE
+                            WHEN wf.enabled OR wf.paused_reason IS NULL THEN EXCLUDED.paused_reason
+                            WHEN pg_catalog.length(wf.paused_reason) + pg_catalog.length(EXCLUDED.paused_reason) > 8000
+                              THEN wf.paused_reason
+                            ELSE wf.paused_reason || '; ' || EXCLUDED.paused_reason
+                          END,
           updated_at = EXCLUDED.updated_at;
     UPDATE pgflow.workers AS w SET deprecated_at = coalesce(w.deprecated_at, pg_catalog.now())
     WHERE w.worker_id = claim_tasks.worker_id;
-    RAISE WARNING 'pgflow: %; nothing was claimed, the batch is visible again and worker function "%" is paused', v_pause, v_function
+    RAISE WARNING 'pgflow: %; nothing was claimed, the batch is visible again and worker function "%" is paused', v_pause, v_worker.function_name
       USING HINT = 'inspect the messages by id (SELECT msg_id, read_ct, enqueued_at FROM pgmq.q_<queue> WHERE msg_id = ...), fix the cause, then enable the function again (docs/claim-protocol.md)';
 
     RETURN QUERY
