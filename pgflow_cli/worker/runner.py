@@ -278,8 +278,10 @@ class Worker:
                 max_poll_seconds=self.max_poll_seconds, poll_interval_ms=self.poll_interval_ms,
             )
             self.stats.add(polls=1, messages_read=len(message_ids))
-            if not message_ids or self._stop.is_set():
+            if not message_ids:
                 return
+            # Claim what was read even when a stop arrived meanwhile: the tasks then run during
+            # the drain instead of sitting invisible until the read's visibility timeout ends.
             outcome = self.protocol.claim(
                 conn, flow_slug=self.flow.slug, step_slug=self.step_slug, queue_name=self.queue_name,
                 message_ids=message_ids, worker_id=self.worker_id,
