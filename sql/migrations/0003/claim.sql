@@ -153,7 +153,12 @@ BEGIN
            coalesce(s.opt_timeout, f.opt_timeout) AS timeout
     FROM requested AS rq
     LEFT JOIN body AS b ON b.msg_id = rq.msg_id
-    LEFT JOIN pgflow.step_tasks AS t ON t.queue_name = claim_tasks.queue_name AND t.message_id = rq.msg_id
+    -- one unique-index probe per message, whatever the table size (a join here may hash a full scan)
+    LEFT JOIN LATERAL (
+      SELECT st.* FROM pgflow.step_tasks AS st
+      WHERE st.queue_name = claim_tasks.queue_name AND st.message_id = rq.msg_id
+      LIMIT 1  -- unique anyway; keeps the planner from flattening this into a hash join
+    ) AS t ON true
     LEFT JOIN pgflow.runs AS r ON r.run_id = t.run_id
     LEFT JOIN pgflow.step_states AS ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
     LEFT JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
@@ -314,9 +319,8 @@ BEGIN
   END IF;
 
   RETURN QUERY
-  SELECT 'claimed'::text, t.message_id, NULL::text, t.flow_slug, t.run_id, t.step_slug, t.task_index, i.input, i.flow_input
+  SELECT 'claimed'::text, i.message_id, NULL::text, i.flow_slug, i.run_id, i.step_slug, i.task_index, i.input, i.flow_input
   FROM pgflow._task_inputs(v_c_run, v_c_step, v_c_index) AS i
-  JOIN pgflow.step_tasks AS t ON t.run_id = i.run_id AND t.step_slug = i.step_slug AND t.task_index = i.task_index
   UNION ALL
   SELECT x.verdict, x.msg_id, x.reason, x.flow, x.run_id, x.step, x.task_index, NULL::jsonb, NULL::jsonb
   FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason),

@@ -195,8 +195,12 @@ BEGIN
     SELECT t.queue_name,
            pg_catalog.array_agg(DISTINCT t.message_id ORDER BY t.message_id)
     FROM ROWS FROM (pg_catalog.unnest(p_run_ids), pg_catalog.unnest(p_step_slugs), pg_catalog.unnest(p_task_indexes)) AS k (run_id, step_slug, task_index)
-    JOIN pgflow.step_tasks AS t
-      ON t.run_id = k.run_id AND t.step_slug = k.step_slug AND t.task_index = k.task_index
+    -- one primary-key probe per task, whatever the table size
+    JOIN LATERAL (
+      SELECT st.queue_name, st.message_id FROM pgflow.step_tasks AS st
+      WHERE st.run_id = k.run_id AND st.step_slug = k.step_slug AND st.task_index = k.task_index
+      LIMIT 1  -- the primary key; keeps the planner from flattening this into a hash join
+    ) AS t ON true
     WHERE t.message_id IS NOT NULL
     GROUP BY t.queue_name
     ORDER BY t.queue_name
@@ -250,8 +254,12 @@ BEGIN
            AS u (run_id, step_slug, task_index, vt_offset)
       ORDER BY u.run_id, u.step_slug, u.task_index
     ) AS k
-    JOIN pgflow.step_tasks AS t
-      ON t.run_id = k.run_id AND t.step_slug = k.step_slug AND t.task_index = k.task_index
+    -- one primary-key probe per task, whatever the table size
+    JOIN LATERAL (
+      SELECT st.queue_name, st.message_id FROM pgflow.step_tasks AS st
+      WHERE st.run_id = k.run_id AND st.step_slug = k.step_slug AND st.task_index = k.task_index
+      LIMIT 1  -- the primary key; keeps the planner from flattening this into a hash join
+    ) AS t ON true
     WHERE t.message_id IS NOT NULL
     GROUP BY t.queue_name
     ORDER BY t.queue_name
@@ -788,16 +796,22 @@ $$;
 -- Inputs of the given tasks, as handlers receive them: a map task gets its array element (run
 -- input for a root map, else the single dependency's output); a single step gets
 -- {dependency: output} of its completed dependencies ({} for a root step); flow_input is the run
--- input for root single steps only.
+-- input for root single steps only. PL/pgSQL on purpose: its plan is cached per session (a SQL
+-- function with SET search_path is never inlined and would be planned on every claim).
 CREATE FUNCTION pgflow._task_inputs(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[])
-RETURNS TABLE (run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb)
-LANGUAGE sql
+RETURNS TABLE (run_id uuid, step_slug text, task_index integer, message_id bigint, flow_slug text,
+               input jsonb, flow_input jsonb)
+LANGUAGE plpgsql
 STABLE
 SET search_path = ''
 AS $$
+BEGIN
+  RETURN QUERY
   SELECT t.run_id,
          t.step_slug,
          t.task_index,
+         t.message_id,
+         t.flow_slug,
          CASE
            WHEN s.step_type = 'map' AND s.deps_count = 0 THEN r.input -> t.task_index
            WHEN s.step_type = 'map' THEN (
@@ -818,7 +832,8 @@ AS $$
   FROM ROWS FROM (pg_catalog.unnest(p_run_ids), pg_catalog.unnest(p_step_slugs), pg_catalog.unnest(p_task_indexes)) AS k (run_id, step_slug, task_index)
   JOIN pgflow.step_tasks AS t ON t.run_id = k.run_id AND t.step_slug = k.step_slug AND t.task_index = k.task_index
   JOIN pgflow.runs AS r ON r.run_id = t.run_id
-  JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
+  JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug;
+END;
 $$;
 
 --@include migrations/0003/claim.sql
