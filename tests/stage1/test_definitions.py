@@ -93,12 +93,6 @@ def test_create_flow_refuses_an_existing_default_queue(rt):
     rt.conn.execute("SELECT pgmq.delete('taken', %s::bigint)", (msg,))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: create_flow checks for an existing queue before it calls pgmq.create, outside PGMQ's queue "
-    "lock; a queue of the same name committed meanwhile is silently adopted (CREATE TABLE IF NOT EXISTS, "
-    "meta ON CONFLICT DO NOTHING) instead of refused with PF004",
-)
 def test_create_flow_never_adopts_a_queue_that_appears_during_provisioning(rt, db):
     app = db.connect(autocommit=False)
     app.execute("SELECT pgmq.create('raced')")  # an application provisions its own queue, not committed yet
@@ -283,11 +277,6 @@ def test_every_problem_of_an_invalid_shape_is_listed_before_any_change(rt):
     assert rt.val("SELECT array_agg(step_slug) FROM pgflow.steps") == ["good"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ensure_flow_compiled (protocol 2) lists only slug and case problems in the DETAIL; structural "
-    "problems (unknown dependency, bad stepType, map with two dependencies) surface one at a time from add_step",
-)
 def test_structural_problems_of_a_shape_are_listed_with_the_slug_problems(rt):
     doc = shape(
         step("a"),
