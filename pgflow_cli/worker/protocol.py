@@ -214,6 +214,10 @@ class ProtocolV1:
             for r in rows
         ])
 
+    def release(self, conn: psycopg.Connection, queue_name: str, message_ids: list[int]) -> None:
+        """Make messages this worker read but will not claim visible again at once."""
+        conn.execute(self._sql("release"), {"queue_name": queue_name, "msg_ids": message_ids})
+
     def complete(self, conn: psycopg.Connection, task: ClaimedTask, output: Any) -> None:
         """Report success with the task output."""
         conn.execute(self._sql("complete"), {

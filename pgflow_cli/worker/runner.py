@@ -280,8 +280,11 @@ class Worker:
             self.stats.add(polls=1, messages_read=len(message_ids))
             if not message_ids:
                 return
-            # Claim what was read even when a stop arrived meanwhile: the tasks then run during
-            # the drain instead of sitting invisible until the read's visibility timeout ends.
+            if self._stop.is_set():
+                # Stopping: take no new work, but do not hide it either until the read's
+                # visibility timeout ends; another worker can claim it right away.
+                self.protocol.release(conn, self.queue_name, message_ids)
+                return
             outcome = self.protocol.claim(
                 conn, flow_slug=self.flow.slug, step_slug=self.step_slug, queue_name=self.queue_name,
                 message_ids=message_ids, worker_id=self.worker_id,

@@ -32,6 +32,10 @@ SELECT count(*) FROM pgflow.complete_task(%(run_id)s, %(step_slug)s, %(task_inde
 --@name fail
 SELECT count(*) FROM pgflow.fail_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(error_message)s);
 
+--@name release
+-- Messages read but not claimed (the worker is stopping): visible again at once.
+SELECT count(*) FROM pgmq.set_vt(%(queue_name)s, %(msg_ids)s::bigint[], 0);
+
 --@name stopped
 SELECT pgflow.mark_worker_stopped(%(worker_id)s);
 --@end

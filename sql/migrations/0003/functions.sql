@@ -537,7 +537,10 @@ AS $$
                   THEN pg_catalog.format('step %s (index %s): dependency %s is not a step slug', d.label, d.idx, d.dep)
                 WHEN (d.dep #>> '{}') = (SELECT s.slug FROM steps AS s WHERE s.idx = d.idx)
                   THEN pg_catalog.format('step %s (index %s) depends on itself', d.label, d.idx)
-                ELSE pg_catalog.format('step %s (index %s) depends on %s, which is not an earlier step',
+                WHEN EXISTS (SELECT 1 FROM steps AS s WHERE s.slug = (d.dep #>> '{}'))
+                  THEN pg_catalog.format('step %s (index %s) depends on %s, which is defined after it',
+                                         d.label, d.idx, pg_catalog.quote_literal(d.dep #>> '{}'))
+                ELSE pg_catalog.format('step %s (index %s) depends on unknown step %s',
                                        d.label, d.idx, pg_catalog.quote_literal(d.dep #>> '{}'))
            END
     FROM deps AS d
