@@ -79,6 +79,10 @@ DECLARE
   v_c_step text[];
   v_c_index integer[];
   v_c_offset integer[];
+  v_c_msg bigint[];
+  v_c_flow text[];
+  v_c_input jsonb[];
+  v_c_flow_input jsonb[];
   v_claimed integer;
   v_changed integer;
   v_foreign bigint[];
@@ -260,7 +264,11 @@ BEGIN
     RETURN;
   END IF;
 
-  -- Claim: a guarded update of exactly the eligible tasks (they are locked and queued).
+  -- Claim: a guarded update of exactly the eligible tasks (they are locked and queued). Each
+  -- task's handler input is built in the same statement: a map task gets its array element (the
+  -- run input for a root map, else its single dependency's output); a single step gets
+  -- {dependency: output} of its completed dependencies ({} for a root step); flow_input is the
+  -- run input for root single steps only.
   WITH candidates AS (
     SELECT x.run_id, x.step, x.task_index
     FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run), pg_catalog.unnest(v_step),
@@ -272,16 +280,38 @@ BEGIN
            attempts_count = t.attempts_count + 1,
            started_at = pg_catalog.now(),
            last_worker_id = claim_tasks.worker_id
-      FROM candidates AS c, pgflow.steps AS s, pgflow.flows AS f
+      FROM candidates AS c, pgflow.steps AS s, pgflow.flows AS f, pgflow.runs AS r
      WHERE t.run_id = c.run_id AND t.step_slug = c.step AND t.task_index = c.task_index
        AND t.status = 'queued'
        AND s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
        AND f.flow_slug = t.flow_slug
-    RETURNING t.run_id, t.step_slug, t.task_index, coalesce(s.opt_timeout, f.opt_timeout) + 2 AS vt_offset
+       AND r.run_id = t.run_id
+    RETURNING t.run_id, t.step_slug, t.task_index, t.message_id, t.flow_slug,
+              coalesce(s.opt_timeout, f.opt_timeout) + 2 AS vt_offset,
+              CASE
+                WHEN s.step_type = 'map' AND s.deps_count = 0 THEN r.input -> t.task_index
+                WHEN s.step_type = 'map' THEN (
+                  SELECT ds.output -> t.task_index
+                  FROM pgflow.deps AS d
+                  JOIN pgflow.step_states AS ds ON ds.run_id = t.run_id AND ds.step_slug = d.dep_slug
+                  WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug
+                  LIMIT 1)
+                WHEN s.deps_count = 0 THEN '{}'::jsonb
+                ELSE coalesce((
+                  SELECT pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
+                  FROM pgflow.deps AS d
+                  JOIN pgflow.step_states AS ds ON ds.run_id = t.run_id AND ds.step_slug = d.dep_slug
+                  WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug AND ds.status = 'completed'),
+                  '{}'::jsonb)
+              END AS input,
+              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END AS flow_input
   )
-  SELECT pg_catalog.array_agg(c.run_id), pg_catalog.array_agg(c.step_slug), pg_catalog.array_agg(c.task_index),
-         pg_catalog.array_agg(c.vt_offset), pg_catalog.count(*)::integer
-  INTO v_c_run, v_c_step, v_c_index, v_c_offset, v_claimed
+  SELECT pg_catalog.array_agg(c.run_id ORDER BY c.message_id), pg_catalog.array_agg(c.step_slug ORDER BY c.message_id),
+         pg_catalog.array_agg(c.task_index ORDER BY c.message_id), pg_catalog.array_agg(c.vt_offset ORDER BY c.message_id),
+         pg_catalog.array_agg(c.message_id ORDER BY c.message_id), pg_catalog.array_agg(c.flow_slug ORDER BY c.message_id),
+         pg_catalog.array_agg(c.input ORDER BY c.message_id), pg_catalog.array_agg(c.flow_input ORDER BY c.message_id),
+         pg_catalog.count(*)::integer
+  INTO v_c_run, v_c_step, v_c_index, v_c_offset, v_c_msg, v_c_flow, v_c_input, v_c_flow_input, v_claimed
   FROM claimed AS c;
 
   IF v_claimed > 0 THEN
@@ -295,17 +325,21 @@ BEGIN
   END IF;
 
   -- Duplicates: defer toward the existing recovery deadline (never a fresh full timeout).
-  PERFORM pgflow._set_task_messages_vt(
-    ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'duplicate'),
-    ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'duplicate'),
-    ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'duplicate'),
-    ARRAY(SELECT x.defer FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_defer)) AS x (verdict, defer) WHERE x.verdict = 'duplicate'));
+  IF 'duplicate' = ANY (v_verdict) THEN
+    PERFORM pgflow._set_task_messages_vt(
+      ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'duplicate'),
+      ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'duplicate'),
+      ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'duplicate'),
+      ARRAY(SELECT x.defer FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_defer)) AS x (verdict, defer) WHERE x.verdict = 'duplicate'));
+  END IF;
 
   -- Late messages of finished tasks: archive (idempotent).
-  PERFORM pgflow._archive_task_messages(
-    ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'archived_terminal'),
-    ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'archived_terminal'),
-    ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'archived_terminal'));
+  IF 'archived_terminal' = ANY (v_verdict) THEN
+    PERFORM pgflow._archive_task_messages(
+      ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'archived_terminal'),
+      ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'archived_terminal'),
+      ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'archived_terminal'));
+  END IF;
 
   -- Clearly foreign messages: archive, warn with ids only.
   SELECT pg_catalog.array_agg(x.msg_id ORDER BY x.msg_id) INTO v_foreign
@@ -319,8 +353,10 @@ BEGIN
   END IF;
 
   RETURN QUERY
-  SELECT 'claimed'::text, i.message_id, NULL::text, i.flow_slug, i.run_id, i.step_slug, i.task_index, i.input, i.flow_input
-  FROM pgflow._task_inputs(v_c_run, v_c_step, v_c_index) AS i
+  SELECT 'claimed'::text, c.message_id, NULL::text, c.flow_slug, c.run_id, c.step_slug, c.task_index, c.input, c.flow_input
+  FROM ROWS FROM (pg_catalog.unnest(v_c_msg), pg_catalog.unnest(v_c_flow), pg_catalog.unnest(v_c_run),
+                  pg_catalog.unnest(v_c_step), pg_catalog.unnest(v_c_index), pg_catalog.unnest(v_c_input),
+                  pg_catalog.unnest(v_c_flow_input)) AS c (message_id, flow_slug, run_id, step_slug, task_index, input, flow_input)
   UNION ALL
   SELECT x.verdict, x.msg_id, x.reason, x.flow, x.run_id, x.step, x.task_index, NULL::jsonb, NULL::jsonb
   FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason),

@@ -865,49 +865,6 @@ BEGIN
 END;
 $$;
 
--- Inputs of the given tasks, as handlers receive them: a map task gets its array element (run
--- input for a root map, else the single dependency's output); a single step gets
--- {dependency: output} of its completed dependencies ({} for a root step); flow_input is the run
--- input for root single steps only. PL/pgSQL on purpose: its plan is cached per session (a SQL
--- function with SET search_path is never inlined and would be planned on every claim).
-CREATE FUNCTION pgflow._task_inputs(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[])
-RETURNS TABLE (run_id uuid, step_slug text, task_index integer, message_id bigint, flow_slug text,
-               input jsonb, flow_input jsonb)
-LANGUAGE plpgsql
-STABLE
-SET search_path = ''
-AS $$
-BEGIN
-  RETURN QUERY
-  SELECT t.run_id,
-         t.step_slug,
-         t.task_index,
-         t.message_id,
-         t.flow_slug,
-         CASE
-           WHEN s.step_type = 'map' AND s.deps_count = 0 THEN r.input -> t.task_index
-           WHEN s.step_type = 'map' THEN (
-             SELECT ds.output -> t.task_index
-             FROM pgflow.deps AS d
-             JOIN pgflow.step_states AS ds ON ds.run_id = t.run_id AND ds.step_slug = d.dep_slug
-             WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug
-             LIMIT 1)
-           WHEN s.deps_count = 0 THEN '{}'::jsonb
-           ELSE coalesce((
-             SELECT pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
-             FROM pgflow.deps AS d
-             JOIN pgflow.step_states AS ds ON ds.run_id = t.run_id AND ds.step_slug = d.dep_slug
-             WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug AND ds.status = 'completed'),
-             '{}'::jsonb)
-         END,
-         CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END
-  FROM ROWS FROM (pg_catalog.unnest(p_run_ids), pg_catalog.unnest(p_step_slugs), pg_catalog.unnest(p_task_indexes)) AS k (run_id, step_slug, task_index)
-  JOIN pgflow.step_tasks AS t ON t.run_id = k.run_id AND t.step_slug = k.step_slug AND t.task_index = k.task_index
-  JOIN pgflow.runs AS r ON r.run_id = t.run_id
-  JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug;
-END;
-$$;
-
 --@include migrations/0003/claim.sql
 
 CREATE OR REPLACE FUNCTION pgflow.poll_for_tasks(
