@@ -18,6 +18,7 @@ with :func:`describe_target`, and libpq error text is passed through :func:`reda
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -45,6 +46,9 @@ DEFAULT_APPLICATION_NAME = "pgflow-cli"
 DEFAULT_CONNECT_TIMEOUT = 10
 """Seconds libpq waits for the server to answer before giving up."""
 
+MAX_TIMEOUT_SECONDS = 2_147_483
+"""Largest timeout PostgreSQL accepts (INT_MAX milliseconds), in seconds."""
+
 DSN_ENV_VARS = ("PGFLOW_DATABASE_URL", "DATABASE_URL")
 """Environment variables read for the connection string, in order."""
 
@@ -69,7 +73,7 @@ class Target:
 
     def describe(self) -> str:
         """Password-free description, e.g. ``postgres@/tmp:5432/pgflow (from --dsn)``."""
-        return f"{describe_target(self.conninfo)} (from {self.source})"
+        return redact(f"{describe_target(self.conninfo)} (from {self.source})", self.conninfo)
 
 
 def resolve_target(dsn: str | None, environ: Mapping[str, str] | None = None) -> Target:
@@ -101,21 +105,58 @@ def resolve_target(dsn: str | None, environ: Mapping[str, str] | None = None) ->
 
 
 def _parse_or_raise(target: Target) -> dict[str, str]:
+    _refuse_ambiguous_url(target)
     try:
         return conninfo_to_dict(target.conninfo)
     except psycopg.ProgrammingError as exc:
         raise UsageError(
-            f"the connection string from {target.source} cannot be parsed: {_strip_quoted(str(exc))}",
-            hint="use key=value pairs (host=... dbname=...) or a postgresql://user@host:port/dbname URL",
+            f"the connection string from {target.source} cannot be parsed: {_parse_problem(str(exc))}",
+            hint="use key=value pairs (host=... dbname=... password=...) or a postgresql://user@host:port/dbname URL; "
+            "the string itself is not shown because it may hold a password",
         ) from None
 
 
-_QUOTED = re.compile(r'"[^"]*"')
+_URL = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.-]*://(?P<rest>.*)$", re.S)
 
 
-def _strip_quoted(message: str) -> str:
-    """Remove quoted fragments libpq copies out of a malformed conninfo (they may be secrets)."""
-    return _QUOTED.sub('"…"', message).strip().rstrip(".")
+def _url_userinfo(conninfo: str) -> str | None:
+    """The ``user:password`` part of a URL conninfo, up to the LAST ``@`` (``None``: not a URL or none)."""
+    match = _URL.match(conninfo)
+    if not match or "@" not in match.group("rest"):
+        return None
+    return match.group("rest")[: match.group("rest").rfind("@")]
+
+
+def _refuse_ambiguous_url(target: Target) -> None:
+    """Refuse URLs whose user or password holds an unescaped ``/`` or ``@``.
+
+    libpq would read part of the password as host, port or database name, and every message
+    describing that target would then print it. Refused before anything is parsed or printed.
+    """
+    userinfo = _url_userinfo(target.conninfo)
+    if userinfo is not None and ("/" in userinfo or "@" in userinfo):
+        raise UsageError(
+            f"the connection URL from {target.source} has an unescaped '/' or '@' in its user or password part",
+            hint="percent-encode them in the URL (/ as %2F, @ as %40), or use key=value form with password='...'; "
+            "the URL is not shown because it holds a password",
+        )
+
+
+_PARSE_PROBLEMS = (
+    ('missing "="', 'a word has no "=" (every option is key=value)'),
+    ("unterminated quoted string", "a quoted value is not closed"),
+    ("invalid connection option", "an option name is not one libpq knows (host, port, dbname, user, password, sslmode, ...)"),
+    ("invalid URI", "the URL is malformed"),
+    ("invalid percent-encoded token", "the URL has a broken %-escape"),
+)
+
+
+def _parse_problem(message: str) -> str:
+    """A fixed description of a libpq parse error; never repeats the string (it may hold a secret)."""
+    for needle, words in _PARSE_PROBLEMS:
+        if needle in message:
+            return words
+    return "its syntax is invalid"
 
 
 def describe_target(conninfo: str) -> str:
@@ -127,26 +168,51 @@ def describe_target(conninfo: str) -> str:
         params = conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError:
         return "<unparsable connection string>"
-    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "local socket"
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "the default Unix socket"
     port = params.get("port") or os.environ.get("PGPORT") or "5432"
-    user = params.get("user") or os.environ.get("PGUSER") or "$USER"
+    user = params.get("user") or os.environ.get("PGUSER") or _login_name()
     dbname = params.get("dbname") or os.environ.get("PGDATABASE") or user
     service = params.get("service") or os.environ.get("PGSERVICE")
     text = f"{user}@{host}:{port}/{dbname}"
     return f"{text} (service {service})" if service else text
 
 
-def redact(text: str, conninfo: str) -> str:
-    """Remove the password of ``conninfo`` (and ``PGPASSWORD``) from ``text``."""
-    secrets = []
+def _login_name() -> str:
+    """The operating-system user libpq uses when no user is given."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry (containers)
+        return "the current OS user"
+
+
+_PASSWORD_OPTION = re.compile(r"""password\s*[=:]\s*(?:'((?:[^'\\]|\\.)*)'?|"([^"]*)"?|(\S+))""")
+
+
+def _secrets(conninfo: str) -> list[str]:
+    """Every string that may be a password in ``conninfo`` (parsed or not), and ``PGPASSWORD``."""
+    found: list[str] = []
     try:
         password = conninfo_to_dict(conninfo).get("password")
+        if password:
+            found.append(password)
     except psycopg.ProgrammingError:
-        password = None
-    for secret in (password, os.environ.get("PGPASSWORD")):
-        if secret:
-            secrets.append(secret)
-    for secret in secrets:
+        pass
+    userinfo = _url_userinfo(conninfo)
+    if userinfo and ":" in userinfo:
+        found.append(userinfo.split(":", 1)[1])
+    for match in _PASSWORD_OPTION.finditer(conninfo):
+        found.extend(group for group in match.groups() if group)
+    if os.environ.get("PGPASSWORD"):
+        found.append(os.environ["PGPASSWORD"])
+    pieces = [piece for secret in found for piece in re.split(r"[/@:]", secret) if len(piece) >= 4]
+    return sorted({s for s in found + pieces if s}, key=len, reverse=True)
+
+
+def redact(text: str, conninfo: str) -> str:
+    """Remove every possible password of ``conninfo`` (and ``PGPASSWORD``) from ``text``."""
+    for secret in _secrets(conninfo):
         text = text.replace(secret, "********")
     return text
 
@@ -181,9 +247,19 @@ def connect(
         raise _connect_error(target, exc) from None
 
 
-def _connect_error(target: Target, exc: psycopg.OperationalError) -> ConnectionFailed:
+_INVALID_VALUE = re.compile(r'invalid .*value.*?(?:for connection option "(?P<option>[a-z_]+)")?|invalid (?P<option2>[a-z_]+) value', re.I)
+
+
+def _connect_error(target: Target, exc: psycopg.OperationalError) -> PgflowError:
     raw = redact(str(exc).strip(), target.conninfo)
     lowered = raw.lower()
+    invalid = _INVALID_VALUE.search(raw)
+    if invalid and "authentication" not in lowered:
+        option = invalid.group("option") or invalid.group("option2") or "an option"
+        return UsageError(
+            f"the connection string from {target.source} has an invalid value for {option}",
+            hint="check the value's type and spelling in --dsn / PGFLOW_DATABASE_URL / DATABASE_URL / PG* variables",
+        )
     if "password authentication failed" in lowered or "no password supplied" in lowered or getattr(exc, "sqlstate", None) in ("28P01", "28000"):
         hint = "check the user name and password (PGPASSWORD, .pgpass or the connection string); pgflow never prints them"
         what = "authentication failed"
@@ -196,8 +272,8 @@ def _connect_error(target: Target, exc: psycopg.OperationalError) -> ConnectionF
     else:
         hint = "check that the server runs and that host/port are right (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, PGHOST/PGPORT); try `pgflow sandbox up` for a local database"
         what = "cannot connect"
-    last_line = raw.splitlines()[-1] if raw else "no detail from libpq"
-    return ConnectionFailed(f"{what} to {target.describe()}: {last_line}", hint=hint)
+    reason = "; ".join(line.strip() for line in raw.splitlines() if line.strip()) or "no detail from libpq"
+    return ConnectionFailed(f"{what} to {target.describe()}: {reason}", hint=hint)
 
 
 @contextmanager
@@ -238,9 +314,12 @@ def transaction(
 
 
 def _ms(seconds: float | None) -> str:
+    """A timeout in PostgreSQL's terms: ``0`` (no limit) only for ``None``/0; at least ``1ms`` otherwise."""
     if not seconds:
         return "0"
-    return f"{int(round(seconds * 1000))}ms"
+    if seconds != seconds or seconds == float("inf") or seconds > MAX_TIMEOUT_SECONDS:
+        raise UsageError(f"a timeout of {seconds} seconds is out of range (at most {MAX_TIMEOUT_SECONDS:,} s; 0 for none)")
+    return f"{max(1, math.ceil(seconds * 1000))}ms"
 
 
 def retry_on_lock(

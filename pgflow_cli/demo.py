@@ -24,7 +24,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import sqlfiles
-from pgflow_cli.worker import Flow, Worker
+from pgflow_cli.worker import Flow, Worker, WorkerStartupError
 from pgflow_cli.worker.protocol import for_version
 
 QUERIES = "queries/demo.sql"
@@ -189,19 +189,32 @@ def run_workers(conninfo: str, flow_slugs: list[str] | None = None, *, max_concu
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    started: list[Worker] = []
     try:
+        refusals = []
         for worker in workers:
-            worker.start()
-        started = time.monotonic()
+            try:
+                worker.start()
+                started.append(worker)
+            except WorkerStartupError as exc:
+                refusals.append(exc)
+        if refusals:
+            first = refusals[0]
+            raise type(first)(
+                f"{len(refusals)} of {len(workers)} demo worker(s) refused to start",
+                hint=first.hint,
+                detail=[exc.message for exc in refusals],
+            )
+        began = time.monotonic()
         with psycopg.connect(conninfo, autocommit=True) as conn:
             while not stop.wait(maintenance_interval if stop_after is None else min(maintenance_interval, 0.5)):
                 conn.execute(sqlfiles.statement(QUERIES, "requeue_stalled"))
-                if stop_after is not None and time.monotonic() - started >= stop_after:
+                if stop_after is not None and time.monotonic() - began >= stop_after:
                     break
     finally:
-        for worker in workers:
+        for worker in started:
             worker.stop("demo stopped")
-        for worker in workers:
+        for worker in started:
             worker.join(60)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

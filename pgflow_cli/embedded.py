@@ -205,9 +205,14 @@ class LocalServer:
         return result.returncode == 0
 
     def conninfo(self, dbname: str = "postgres", *, tcp: bool = False) -> str:
-        """libpq conninfo for a database on this server (socket by default; no password included)."""
+        """libpq conninfo for a database on this server (socket by default; no password included).
+
+        Values are quoted by psycopg, so a directory with spaces or quotes works.
+        """
+        from psycopg.conninfo import make_conninfo
+
         host = "127.0.0.1" if tcp else str(self.socket_dir)
-        return f"host={host} port={self.port} user={self.config.superuser} dbname={dbname}"
+        return make_conninfo(host=host, port=str(self.port), user=self.config.superuser, dbname=dbname)
 
     # actions ---------------------------------------------------------------
     def init(self) -> None:
@@ -215,8 +220,14 @@ class LocalServer:
         if self.exists():
             return
         account = _service_account()
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.socket_dir.mkdir(exist_ok=True)
+        try:
+            self.base_dir.mkdir(parents=True, exist_ok=True)
+            self.socket_dir.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot create the server directory {self.base_dir}: {exc.strerror}",
+                hint="choose a directory you can write to (PGFLOW_SANDBOX_DIR for the sandbox)",
+            ) from None
         if not self.config.port:
             self.config.port = free_port()
         self.config.bindir = str(find_bindir())
@@ -335,6 +346,6 @@ def validate_base_dir(path: Path) -> Path:
     if len(str(socket_path)) > 100:
         raise UsageError(
             f"the directory {path} is too deep for a Unix socket path ({len(str(socket_path))} > 100 bytes)",
-            hint="choose a shorter path with --dir or PGFLOW_SANDBOX_DIR",
+            hint="choose a shorter path with PGFLOW_SANDBOX_DIR",
         )
     return Path(path)

@@ -45,6 +45,7 @@ _PHASE = re.compile(r"^--@phase[ \t]+(?P<name>[a-z_]+)(?:[ \t]+(?P<mode>tx|batch
 MAX_BATCH_PAGES = 16384
 """Upper bound of one backfill range, heap pages (128 MiB)."""
 
+_WORKER_PROTOCOL = re.compile(r"^--@worker-protocol[ \t]+(\d+)[ \t]*$", re.MULTILINE)
 _PREFLIGHT = re.compile(r"^--@preflight[ \t]+audit[ \t]*$", re.MULTILINE)
 _THRESHOLD = re.compile(r"^--@online-threshold[ \t]+(?P<table>[a-z_.]+)[ \t]+(?P<rows>\d+)[ \t]*$", re.MULTILINE)
 
@@ -96,12 +97,28 @@ class PhasedMigration:
     def has_online_phases(self) -> bool:
         return any(p.mode in ("batch", "notx") for p in self.apply_phases)
 
+    def estimated_rows(self, conn: psycopg.Connection) -> int | None:
+        """Planner estimate of the threshold table's rows (``None``: no threshold table or never analysed)."""
+        if not self.threshold_table:
+            return None
+        row = conn.execute(sqlfiles.statement(QUERIES, "estimated_rows"), {"table": self.threshold_table}).fetchone()
+        return None if row is None or row[0] is None or int(row[0]) < 0 else int(row[0])
+
     def large(self, conn: psycopg.Connection) -> bool:
         """True when the threshold table's row estimate exceeds the threshold."""
-        if not self.threshold_table:
-            return False
-        row = conn.execute(sqlfiles.statement(QUERIES, "estimated_rows"), {"table": self.threshold_table}).fetchone()
-        return bool(row and row[0] is not None and int(row[0]) > self.threshold_rows)
+        estimate = self.estimated_rows(conn)
+        return estimate is not None and estimate > self.threshold_rows
+
+    def path(self, conn: psycopg.Connection, online: str = "auto") -> str:
+        """Which path ``apply`` takes on this database, in words (for ``migrate plan``)."""
+        if not self.has_online_phases or online == "never":
+            return "one transaction"
+        if online == "always":
+            return "phased (forced)"
+        estimate = self.estimated_rows(conn)
+        size = "size unknown (never analysed)" if estimate is None else f"~{estimate:,} rows"
+        kind = "phased" if self.large(conn) else "one transaction"
+        return f"{kind} ({self.threshold_table} {size}; phased above {self.threshold_rows:,})"
 
 
 def parse_phases(text: str) -> PhasedMigration | None:
@@ -162,6 +179,12 @@ class Migration:
     @property
     def phased(self) -> PhasedMigration | None:
         return parse_phases(self.sql)
+
+    @property
+    def worker_protocol(self) -> int | None:
+        """The worker protocol this migration switches the database to (``--@worker-protocol N``)."""
+        match = _WORKER_PROTOCOL.search(self.sql)
+        return int(match.group(1)) if match else None
 
     @property
     def preflight_audit(self) -> bool:

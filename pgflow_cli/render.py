@@ -54,8 +54,17 @@ def text(value: Any, style: str | None = None) -> Text:
 
 
 def stdout_console() -> Console:
-    """Console for data (stdout). Colour only on a terminal; never wraps data into markup."""
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    """Console for data (stdout). Colour only on a terminal; never wraps data into markup.
+
+    Off a terminal (pipes, CI logs) tables get ``$COLUMNS`` or 160 columns instead of rich's 80,
+    so they are not squeezed into unreadable cells.
+    """
+    width = None
+    if not sys.stdout.isatty():
+        import os
+
+        width = int(os.environ.get("COLUMNS", "0") or 0) or 160
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
 
 
 def stderr_console() -> Console:

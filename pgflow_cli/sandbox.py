@@ -13,7 +13,10 @@ Location of the sandbox directory, first match wins:
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +26,7 @@ from psycopg import sql as pgsql
 
 from pgflow_cli import installer, sqlfiles
 from pgflow_cli.embedded import LocalServer, validate_base_dir
-from pgflow_cli.errors import ConnectionFailed, StateConflict
+from pgflow_cli.errors import ConnectionFailed, StateConflict, UsageError
 
 DATABASE = "pgflow"
 QUERIES = "queries/sandbox.sql"
@@ -101,24 +104,47 @@ class Sandbox:
         Returns:
             The migrations applied by this call (empty for an existing database).
         """
-        self.server.init()
-        self.server.start()
-        self.server.wait_ready()
-        with psycopg.connect(self.server.conninfo("postgres"), autocommit=True) as admin:
-            exists = admin.execute(sqlfiles.statement(QUERIES, "database_exists"), {"name": DATABASE}).fetchone()
-            if exists:
-                return []
-            admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(DATABASE)))
-        with psycopg.connect(self.conninfo(), autocommit=True) as conn:
-            installer.ensure_pgmq(conn)
-            return installer.apply(conn, target=target)
+        with self._exclusive():
+            self.server = LocalServer(self.directory)  # another `up` may have created it while we waited
+            self.server.init()
+            self.server.start()
+            self.server.wait_ready()
+            with psycopg.connect(self.server.conninfo("postgres"), autocommit=True) as admin:
+                exists = admin.execute(sqlfiles.statement(QUERIES, "database_exists"), {"name": DATABASE}).fetchone()
+                if exists:
+                    return []
+                admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(DATABASE)))
+            with psycopg.connect(self.conninfo(), autocommit=True) as conn:
+                installer.ensure_pgmq(conn)
+                return installer.apply(conn, target=target)
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One ``up``/``reset`` at a time per sandbox: a file lock beside the sandbox directory."""
+        lock_path = self.directory.parent / f".{self.directory.name}.lock"
+        try:
+            self.directory.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(lock_path, "a+")
+        except OSError as exc:
+            raise UsageError(
+                f"cannot use the sandbox directory {self.directory}: {exc.strerror}",
+                hint="choose a directory you can write to with PGFLOW_SANDBOX_DIR",
+            ) from None
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def reset(self) -> None:
-        """Drop and recreate the sandbox database (the server keeps running)."""
-        if not self.server.is_running():
-            self.server.start()
-        with psycopg.connect(self.server.conninfo("postgres"), autocommit=True) as admin:
-            admin.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(DATABASE)))
+        """Drop the sandbox database (the server keeps running); ``up`` creates it again."""
+        with self._exclusive():
+            self.server = LocalServer(self.directory)
+            if not self.server.is_running():
+                self.server.start()
+            with psycopg.connect(self.server.conninfo("postgres"), autocommit=True) as admin:
+                admin.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(DATABASE)))
 
     def down(self) -> bool:
         """Stop the server, keeping its data. Returns whether it was running."""

@@ -202,6 +202,9 @@ def _print_findings(findings: Sequence[audit_op.Finding], console: Console) -> N
             headline.append_text(render.text("  [" + ", ".join(f.reasons) + "]", "dim"))
         console.print(headline)
         console.print(Padding(render.text(f.message), (0, 0, 0, 6)))
+        suggested = f.evidence.get("suggested_slug") if isinstance(f.evidence, dict) else None
+        if suggested:
+            console.print(Padding(Text.assemble(("suggested slug: ", "bold"), render.text(suggested)), (0, 0, 0, 6)))
         console.print(Padding(Text.assemble(("fix: ", "bold"), render.text(f.fix)), (0, 0, 0, 6)))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any, Optional
 
 import typer
@@ -28,19 +29,36 @@ app = typer.Typer(
 )
 
 
+class OnlineMode(str, enum.Enum):
+    """Choice of path for phased migrations."""
+
+    auto = "auto"
+    always = "always"
+    never = "never"
+
+
 def register(root: typer.Typer) -> None:
     """Attach ``migrate`` to the root command."""
     root.add_typer(app, name="migrate")
 
 
 def _summary(migration: installer.Migration) -> str:
-    """First comment line of a migration file, without its '-- NNNN ' prefix."""
+    """The header sentence of a migration file (its first comment paragraph, up to the first period
+    at the end of a line), without the '-- NNNN ' prefix."""
+    parts: list[str] = []
     for line in migration.sql.splitlines():
-        if line.startswith("--"):
-            text = line.lstrip("- ").strip()
-            prefix = f"{migration.version:04d} "
-            return text[len(prefix):] if text.startswith(prefix) else text
-    return migration.name.replace("_", " ")
+        if not line.startswith("--") or line.startswith("--@"):
+            break
+        text = line[2:].strip()
+        if not text:
+            break
+        parts.append(text)
+        if text.endswith("."):
+            break
+    summary = " ".join(parts)
+    prefix = f"{migration.version:04d} "
+    summary = summary[len(prefix):] if summary.startswith(prefix) else summary
+    return summary or migration.name.replace("_", " ")
 
 
 def _status_rows(plan: installer.Plan) -> list[dict[str, Any]]:
@@ -136,9 +154,10 @@ def plan(
     connect_timeout: ConnectTimeoutOption = 10,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
-    """List what `migrate apply` would do, in order. Read-only; nothing is locked.
+    """List what `migrate apply` would do, in order, and which path each migration takes here. Read-only.
 
-    Exit 0 when apply may proceed, 6 when it would be refused for a state conflict.
+    Runs the preflight audit of migrations that ask for one. Exit 0 when apply may proceed, 1 when the
+    preflight audit would refuse it (blocking findings), 6 for a state conflict (changed files, newer database).
     """
     STATE.output_format = output_format
     conn, target = open_connection(dsn, sandbox, connect_timeout)
@@ -151,9 +170,11 @@ def plan(
                 migrate_op.preflight(conn, the_plan.pending)
             except Refused as exc:
                 refused = exc
+        paths = {m.version: (m.phased.path(conn) if m.phased else "one transaction") for m in the_plan.pending}
     pending = [{"version": m.version, "name": m.name, "summary": _summary(m), "checksum": m.checksum,
                 "state": next(s.state for s in the_plan.statuses if s.version == m.version),
-                "phased": bool(m.phased and m.phased.has_online_phases), "preflight_audit": m.preflight_audit}
+                "path": paths[m.version], "preflight_audit": m.preflight_audit,
+                "worker_protocol": m.worker_protocol}
                for m in the_plan.pending]
     if output_format == OutputFormat.json:
         render.write_json({
@@ -172,10 +193,11 @@ def plan(
             notes = []
             if item["state"] == "in_progress":
                 notes.append("in progress: apply resumes it")
-            if item["phased"]:
-                notes.append("phased on large task tables")
+            notes.append(f"path: {item['path']}")
             if item["preflight_audit"]:
                 notes.append("preflight audit")
+            if item["worker_protocol"]:
+                notes.append(f"switches workers to protocol {item['worker_protocol']}: fence and drain them first")
             suffix = f" [{'; '.join(notes)}]" if notes else ""
             console.print(render.text(f"{item['version']:04d}_{item['name']}: {item['summary']}{suffix}"))
         if pending and not conflict and not refused:
@@ -197,7 +219,7 @@ def apply(
     connect_timeout: ConnectTimeoutOption = 10,
     output_format: FormatOption = OutputFormat.table,
     target_version: Annotated[
-        Optional[int], typer.Option("--target", min=1, help="Apply up to and including this migration number.")
+        Optional[int], typer.Option("--target", min=1, metavar="N", help="Apply up to and including this migration number.")
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Run the next pending migration and roll it back: rows touched, locks held, time.")
@@ -209,14 +231,15 @@ def apply(
         float, typer.Option("--lock-timeout", min=0.1, help="Seconds a statement may wait for a lock before the migration is rolled back and retried.", metavar="SECONDS")
     ] = 5.0,
     retries: Annotated[
-        int, typer.Option("--retries", min=1, max=50, help="Attempts per migration, on lock timeouts and deadlocks only.")
+        int, typer.Option("--retries", min=1, max=50, metavar="N", help="Attempts per transaction, on lock timeouts and deadlocks only.")
     ] = 5,
     install_pgmq: Annotated[
         bool, typer.Option("--install-pgmq", help="Install the PGMQ SQL bundled with pgflow-cli when the database has no PGMQ.")
     ] = False,
     online: Annotated[
-        str, typer.Option("--online", help="Phased migrations: 'auto' commits phase by phase (short locks, batched "
-                          "backfill) only when the task table is large; 'always' or 'never' force the choice.")
+        OnlineMode, typer.Option("--online", case_sensitive=False,
+                                 help="Phased migrations: auto commits phase by phase (short locks, batched backfill) "
+                                 "only when the task table is large; always or never force the choice.")
     ] = "auto",
     batch_seconds: Annotated[
         float, typer.Option("--batch-seconds", min=0.01, max=60, metavar="SECONDS",
@@ -225,13 +248,19 @@ def apply(
 ) -> None:
     """Apply pending migrations in order; each one is atomic and recorded with its checksum.
 
-    A lock that cannot be taken within --lock-timeout rolls the migration back; it is retried with backoff
-    up to --retries times, naming the sessions that block it (never their queries). Exit 4 if it never gets
-    the lock; the database is then exactly as before that migration.
+    A lock that cannot be taken within --lock-timeout rolls the transaction back; it is retried with backoff
+    up to --retries times, naming the sessions that block it (never their queries).
+
+    Exit 0 applied (or nothing pending); 1 refused by the preflight audit or the recheck under the locks
+    (nothing changed); 3 cannot connect or no PGMQ; 4 a lock never became free (the database is as before
+    that transaction); 6 changed migration files, a newer database, or a pgflow this tool did not install.
+    Read docs/upgrade.md first: workers must be fenced and drained for an upgrade that changes their protocol.
     """
     STATE.output_format = output_format
-    if online not in ("auto", "always", "never"):
-        raise UsageError(f"--online must be auto, always or never, not {online!r}")
+    online = OnlineMode(online).value
+    if dry_run and install_pgmq:
+        raise UsageError("--dry-run cannot be combined with --install-pgmq: installing PGMQ is not rolled back",
+                         hint="install PGMQ first (migrate apply --install-pgmq --target 1), or drop --install-pgmq")
     conn, target = open_connection(dsn, sandbox, connect_timeout)
     err = render.stderr_console()
     with conn:
@@ -253,10 +282,17 @@ def apply(
                 err.print(render.text(f"installed PGMQ {installed} (SQL bundled with pgflow-cli)"))
 
         def progress(event: str, data: dict[str, Any]) -> None:
-            if output_format != OutputFormat.table and event not in ("blocked", "retry"):
+            # json/csv: stderr carries one JSON error document at most (blockers go into its detail)
+            if output_format != OutputFormat.table:
                 return
             if event == "lock_wait":
                 err.print(render.text("waiting for another migrator to finish...", "yellow"))
+            elif event == "workers_alive":
+                err.print(render.text(
+                    f"warning: {data['alive']} worker(s) have a recent heartbeat and {data['enabled_functions']} worker "
+                    f"function(s) are enabled. After this upgrade only workers speaking protocol {data['protocol']} may "
+                    "start; running ones will fail their next claim. Fence and drain them first (docs/upgrade.md step 2).",
+                    "yellow"))
             elif event == "preflight":
                 err.print(render.text(f"preflight audit: {data['findings']} finding(s), none blocking", "green"))
             elif event == "start":
@@ -304,6 +340,10 @@ def apply(
                 console.print(render.text(f"  lock {lock['relation']}: {lock['modes']} for {lock['held_ms']} ms"))
     if dry_run and result.phases:
         console.print(render.text("dry run: everything was rolled back", "dim"))
+    elif result.applied and result.protocol_change:
+        console.print(render.text(
+            f"next: deploy workers speaking protocol {result.protocol_change['protocol']}, check that every route has a "
+            "live worker, then lift the fence (docs/upgrade.md steps 6-7)", "dim"))
 
 
 

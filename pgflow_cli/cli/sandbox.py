@@ -75,11 +75,11 @@ def up(
 @app.command()
 def worker(
     flow: Annotated[
-        Optional[list[str]], typer.Option("--flow", help="Demo flow to serve (repeatable); default: every runnable demo flow.")
+        Optional[list[str]], typer.Option("--flow", metavar="SLUG", help="Demo flow to serve (repeatable); default: every runnable demo flow.")
     ] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=64, help="Handlers in flight per flow.")] = 4,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=64, metavar="N", help="Handlers in flight per flow.")] = 4,
     seconds: Annotated[
-        Optional[float], typer.Option("--seconds", min=0.5, help="Stop after this many seconds (default: run until Ctrl-C).")
+        Optional[float], typer.Option("--seconds", min=0.5, metavar="SECONDS", help="Stop after this many seconds (default: run until Ctrl-C).")
     ] = None,
 ) -> None:
     """Run the demo workers (reference Python worker) against the sandbox until Ctrl-C.
@@ -172,7 +172,8 @@ def _show(sandbox: Sandbox, output_format: OutputFormat, headline: str | None) -
         ("runs in flight", info.runs_in_flight),
     ]
     for key, value in rows:
-        console.print(render.text(f"{key:>20}: {render.display(value) if value is not None else '-'}"))
+        # soft_wrap: a connection string must stay on one line to be copied
+        console.print(render.text(f"{key:>20}: {render.display(value) if value is not None else '-'}"), soft_wrap=True)
     if info.running:
         console.print(render.text("next: pgflow audit --sandbox", "dim"))
     else:

@@ -382,13 +382,24 @@ class AuditReport:
         return 1 if self.failing(fail_on) else 0
 
     def next_step(self) -> str:
-        """The next thing the operator should do, one sentence."""
-        if self.summary.blocking:
-            return (
-                f"fix the {self.summary.blocking} blocking finding(s) first (a rejected name means a new concrete "
-                "flow under a compliant slug; see docs/audit.md), then run `pgflow audit` again; "
-                "`pgflow migrate` refuses until they are gone"
-            )
+        """The next thing the operator should do, one sentence, from what was actually found."""
+        blocking = {f.check_id for f in self.blocking}
+        if blocking:
+            todo = []
+            if blocking & {"flow_slug_rejected", "step_slug_rejected", "flow_slug_case_conflict", "step_slug_case_conflict"}:
+                todo.append("replace each rejected or case-conflicting definition by a new concrete flow under a "
+                            "compliant slug and delete the old one once its runs finished")
+            if "queue_alias_conflict" in blocking:
+                todo.append("remove the surplus pgmq.meta spelling named in each queue_alias_conflict finding")
+            if "task_message_id_duplicate" in blocking:
+                todo.append("delete the finished runs that hold duplicated message ids")
+            if "flow_queue_name_too_long" in blocking:
+                todo.append("replace each flow whose queue name is too long by one with a shorter slug")
+            return (f"fix the {self.summary.blocking} blocking finding(s): " + "; ".join(todo)
+                    + " (docs/audit.md, docs/upgrade.md step 1); then run `pgflow audit` again. "
+                    "`pgflow migrate` refuses until they are gone")
+        if self.schema.queue_identity:
+            return "this database already has queue identity: nothing blocks, nothing to upgrade for this release"
         if self.summary.errors or self.summary.warnings:
             return (
                 "nothing blocks the upgrade: review the errors and warnings above (docs/audit.md), "

@@ -28,7 +28,7 @@ from psycopg.rows import dict_row
 
 from pgflow_cli import installer, sqlfiles
 from pgflow_cli.db import Target, connect
-from pgflow_cli.errors import Refused
+from pgflow_cli.errors import LockTimeout, Refused, StateConflict
 
 QUERIES = "queries/migrate.sql"
 Progress = Callable[[str, dict[str, Any]], None]
@@ -60,6 +60,7 @@ class MigrateResult:
     applied: list[str] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
     blockers_seen: list[dict[str, Any]] = field(default_factory=list)
+    protocol_change: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +68,7 @@ class MigrateResult:
             "applied": self.applied,
             "phases": [p.to_dict() for p in self.phases],
             "blockers_seen": self.blockers_seen,
+            "protocol_change": self.protocol_change,
         }
 
 
@@ -135,6 +137,17 @@ def describe_blocker(blocker: dict[str, Any]) -> str:
             f"{blocker['state'] or 'unknown state'} for {blocker['seconds']}s{modes}")
 
 
+def live_workers(conn: psycopg.Connection, pending: list[installer.Migration]) -> dict[str, int] | None:
+    """Workers a pending protocol change would strand: ``{"alive", "functions", "enabled_functions",
+    "protocol"}``, or ``None`` when no pending migration changes the worker protocol or no worker table exists."""
+    protocols = [m.worker_protocol for m in pending if m.worker_protocol]
+    if not protocols or not installer.read_state(conn).has_flows_table:
+        return None
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(sqlfiles.statement(QUERIES, "live_workers")).fetchone()
+    return {**(row or {}), "protocol": max(protocols)}
+
+
 def preflight(conn: psycopg.Connection, pending: list[installer.Migration]) -> Phase | None:
     """Run the audit's blocking rules before any lock when a pending migration asks for it.
 
@@ -147,6 +160,8 @@ def preflight(conn: psycopg.Connection, pending: list[installer.Migration]) -> P
     """
     if not any(m.preflight_audit for m in pending):
         return None
+    if not installer.read_state(conn).has_flows_table:
+        return None  # a fresh install: no definition exists yet, nothing to audit
     from pgflow_cli.operations.audit import run_audit
 
     started = time.monotonic()
@@ -233,21 +248,37 @@ def apply(
     if conflict:
         raise conflict
     pending = [m for m in plan.pending if target_version is None or m.version <= target_version]
+    in_progress = [s for s in plan.statuses if s.state == "in_progress"]
+    if dry_run and in_progress:
+        raise StateConflict(
+            f"migration {in_progress[0].version:04d} is in progress (phased); a dry run replays a migration from its "
+            "start, which cannot work on a partly applied one",
+            hint=f"resume it with `pgflow migrate apply`, or undo it with `pgflow migrate abort {in_progress[0].version}`",
+        )
     checked = preflight(conn, pending)
     if checked is not None:
         result.phases.append(checked)
         emit("preflight", checked.detail)
+    workers = live_workers(conn, pending)
+    if workers is not None:
+        result.protocol_change = workers
+        if workers["alive"] or workers["enabled_functions"]:
+            emit("workers_alive", workers)
     with LockWatcher(target, pid, on_blockers) as watcher:
-        installer.apply(
-            conn,
-            target=target_version,
-            lock_timeout=lock_timeout,
-            attempts=attempts,
-            progress=on_event,
-            before_commit=measure,
-            dry_run=dry_run,
-            online=online,
-            batch_seconds=batch_seconds,
-        )
+        try:
+            installer.apply(
+                conn,
+                target=target_version,
+                lock_timeout=lock_timeout,
+                attempts=attempts,
+                progress=on_event,
+                before_commit=measure,
+                dry_run=dry_run,
+                online=online,
+                batch_seconds=batch_seconds,
+            )
+        except LockTimeout as exc:
+            exc.detail.extend(f"blocked by {describe_blocker(b)}" for b in watcher.seen)
+            raise
     result.blockers_seen = [dict(b) for b in watcher.seen]
     return result

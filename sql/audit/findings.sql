@@ -273,9 +273,28 @@ findings AS (
                 (SELECT string_agg(format('"%s"', m), ', ' ORDER BY m COLLATE "C")
                    FROM unnest(q.spellings) AS m WHERE m <> mr.spelling),
                 q.q_table, q.a_table),
-         'Resolve the flows behind the other spellings first (see flow_slug_case_conflict). Then remove only '
-         || 'the surplus pgmq.meta row (DELETE FROM pgmq.meta WHERE queue_name = <exact spelling>); never '
-         || 'pgmq.drop_queue() one spelling, because that drops the tables the other spelling still uses.'
+         CASE
+           -- this spelling is the one a flow uses, and no other spelling of the group is used
+           WHEN coalesce(om.matches_owner, false) AND NOT EXISTS (
+                  SELECT 1 FROM owned_meta AS o2
+                  WHERE o2.q_table = mr.q_table AND o2.spelling <> mr.spelling AND o2.matches_owner)
+             THEN format('Keep this row: flow "%s" uses this spelling. Remove the surplus row(s) with DELETE FROM '
+                         || 'pgmq.meta WHERE queue_name IN (%s); never pgmq.drop_queue() a spelling, because that '
+                         || 'drops the tables this flow still uses.',
+                         om.flow_slug,
+                         (SELECT string_agg(quote_literal(m), ', ' ORDER BY m COLLATE "C")
+                            FROM unnest(q.spellings) AS m WHERE m <> mr.spelling))
+           -- no flow uses this spelling, another spelling of the group is in use: this row is surplus
+           WHEN NOT coalesce(om.matches_owner, false) AND EXISTS (
+                  SELECT 1 FROM owned_meta AS o2
+                  WHERE o2.q_table = mr.q_table AND o2.spelling <> mr.spelling AND o2.matches_owner)
+             THEN format('This row is surplus: no flow uses the spelling "%s". Remove it with DELETE FROM pgmq.meta '
+                         || 'WHERE queue_name = %L; never pgmq.drop_queue() it, because that drops the tables the '
+                         || 'other spelling still uses.', mr.spelling, mr.spelling)
+           ELSE 'Resolve the flows behind the other spellings first (see flow_slug_case_conflict). Then remove only '
+                || 'the surplus pgmq.meta row (DELETE FROM pgmq.meta WHERE queue_name = <exact spelling>); never '
+                || 'pgmq.drop_queue() one spelling, because that drops the tables the other spelling still uses.'
+         END
   FROM meta_rows AS mr
   JOIN queues AS q ON q.q_table = mr.q_table
   LEFT JOIN owned_meta AS om ON om.spelling = mr.spelling

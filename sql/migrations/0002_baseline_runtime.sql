@@ -1744,7 +1744,7 @@ BEGIN
     RAISE EXCEPTION 'worker function "%" is fenced (pgflow.worker_functions.enabled = false): worker % may not register',
       register_worker.function_name, register_worker.worker_id
       USING ERRCODE = 'PF001',
-            HINT = 'a rollout disabled this function; finish the rollout and run `pgflow fence restore` to enable it again';
+            HINT = 'a rollout disabled this function; finish the rollout and enable it again (UPDATE pgflow.worker_functions SET enabled = true WHERE function_name = ...)';
   END IF;
 
   INSERT INTO pgflow.workers (worker_id, queue_name, function_name, flow_slug, step_slug, started_at, last_heartbeat_at)

@@ -40,6 +40,7 @@
 -- resumes an interrupted run; `pgflow migrate abort 3` undoes the committed phases.
 --@online-threshold pgflow.step_tasks 100000
 --@preflight audit
+--@worker-protocol 2
 
 --@phase prepare
 SET LOCAL jit = off;

@@ -1,5 +1,5 @@
 -- Optional pruning, queue-aware (schema 0003 and later). Not a migration: install it on request
--- (`pgflow migrate optional prune`, or psql -f sql/optional/prune.sql) and schedule it yourself
+-- (psql -f sql/optional/prune.sql, as the schema owner) and schedule it yourself
 -- (weekly is plenty; a 90-day retention is a sensible start):
 --
 --   SELECT pgflow.prune_data_older_than(interval '90 days');
@@ -21,9 +21,19 @@
 -- writing to is left for the next prune) -> step_tasks -> queue rows -> row deletion ->
 -- archive tables.
 
-DROP FUNCTION IF EXISTS pgflow.prune_data_older_than(interval);
+-- CREATE OR REPLACE keeps the grants an installed version has (a schedule running as a granted
+-- role keeps working); only a version with another return type has to be dropped first.
+DO $replace$
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+             WHERE p.oid = pg_catalog.to_regprocedure('pgflow.prune_data_older_than(interval)')
+               AND p.prorettype <> 'jsonb'::regtype) THEN
+    DROP FUNCTION pgflow.prune_data_older_than(interval);
+  END IF;
+END
+$replace$;
 
-CREATE FUNCTION pgflow.prune_data_older_than(retention_interval interval)
+CREATE OR REPLACE FUNCTION pgflow.prune_data_older_than(retention_interval interval)
 RETURNS jsonb
 LANGUAGE plpgsql
 VOLATILE

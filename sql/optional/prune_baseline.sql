@@ -22,9 +22,19 @@
 -- The queue-identity migration (0003) ships its own version of this file; reinstalling this one
 -- over it would bring back the flow-slug archive lookup of step 3.
 
-DROP FUNCTION IF EXISTS pgflow.prune_data_older_than(interval);
+-- CREATE OR REPLACE keeps the grants an installed version has (a schedule running as a granted
+-- role keeps working); only a version with another return type has to be dropped first.
+DO $replace$
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+             WHERE p.oid = pg_catalog.to_regprocedure('pgflow.prune_data_older_than(interval)')
+               AND p.prorettype <> 'jsonb'::regtype) THEN
+    DROP FUNCTION pgflow.prune_data_older_than(interval);
+  END IF;
+END
+$replace$;
 
-CREATE FUNCTION pgflow.prune_data_older_than(retention_interval interval)
+CREATE OR REPLACE FUNCTION pgflow.prune_data_older_than(retention_interval interval)
 RETURNS jsonb
 LANGUAGE plpgsql
 VOLATILE

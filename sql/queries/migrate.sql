@@ -30,12 +30,22 @@ WHERE n_tup_ins + n_tup_upd + n_tup_del > 0
 ORDER BY 1;
 
 --@name transaction_locks
--- Relation locks this transaction holds (for --dry-run): what workers would wait on.
-SELECT l.relation::regclass::text AS relation, string_agg(l.mode, ', ' ORDER BY l.mode) AS modes
+-- Relation locks this transaction holds (for --dry-run): what workers would wait on. A relation
+-- this transaction dropped (an index it replaced) has no name any more.
+SELECT coalesce(n.nspname || '.' || c.relname, 'a relation dropped by this migration (oid ' || l.relation || ')') AS relation,
+       string_agg(l.mode, ', ' ORDER BY l.mode) AS modes
 FROM pg_locks AS l
-WHERE l.pid = pg_backend_pid() AND l.granted AND l.relation IS NOT NULL
-  AND l.relation::regclass::text NOT LIKE 'pg\_%'
-  AND l.relation::regclass::text NOT LIKE 'information\_schema.%'
-GROUP BY l.relation
+LEFT JOIN pg_class AS c ON c.oid = l.relation
+LEFT JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE l.pid = pg_backend_pid() AND l.granted AND l.relation IS NOT NULL AND l.locktype = 'relation'
+  AND coalesce(n.nspname, '') NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+GROUP BY 1
 ORDER BY 1;
+--@name live_workers
+-- Workers that would be refused after a protocol change: alive (recent heartbeat), not stopped.
+SELECT count(*) AS alive,
+       count(DISTINCT function_name) AS functions,
+       (SELECT count(*) FROM pgflow.worker_functions WHERE enabled) AS enabled_functions
+FROM pgflow.workers
+WHERE stopped_at IS NULL AND last_heartbeat_at > now() - interval '30 seconds';
 --@end

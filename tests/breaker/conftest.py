@@ -1,4 +1,4 @@
-"""Fixtures of the breaker tests (adversarial checks; every known defect is a strict xfail)."""
+"""Fixtures of the breaker tests: adversarial checks found by a review; each guards a fixed defect or a property that held."""
 
 from __future__ import annotations
 

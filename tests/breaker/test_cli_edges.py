@@ -16,9 +16,6 @@ from tests.breaker.conftest import popen_cli
 from tests.support.cli import run_cli
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (low): --statement-timeout accepts 'inf' and 1e308 (typer only checks >= 0); db._ms() then does "
-    "int(round(inf*1000)) -> OverflowError, reported as exit 70 'internal error' instead of a usage error (2)"))
 @pytest.mark.parametrize("value", ["inf", "1e308"])
 def test_infinite_statement_timeout_is_not_an_internal_error(db, value):
     result = run_cli("audit", "--dsn", db.conninfo, "--statement-timeout", value)
@@ -26,9 +23,6 @@ def test_infinite_statement_timeout_is_not_an_internal_error(db, value):
     assert "internal error" not in result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (low): a positive timeout below 0.5 ms (e.g. --statement-timeout 0.0004) is rounded to '0ms', "
-    "which PostgreSQL reads as 'no limit': the smallest limits silently become unlimited"))
 def test_a_tiny_positive_statement_timeout_is_not_unlimited(db):
     conn = psycopg.connect(db.conninfo, autocommit=True)
     try:
@@ -39,19 +33,12 @@ def test_a_tiny_positive_statement_timeout_is_not_unlimited(db):
     assert effective != "0"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (low): an invalid value in --dsn (port=abc, sslmode=bogus) is a configuration error (exit 2 per "
-    "docs/exit-codes.md 'bad value, unparsable --dsn') but ends as exit 3 'cannot connect'"))
 @pytest.mark.parametrize("dsn", ["host=127.0.0.1 port=abc dbname=x", "host=127.0.0.1 sslmode=bogus dbname=x"])
 def test_invalid_values_in_the_dsn_are_usage_errors(dsn):
     result = run_cli("audit", "--dsn", dsn, "--connect-timeout", "2")
     assert result.code == ExitCode.USAGE, result.output
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (low): with --format json, `migrate apply` still prints its 'rolled back, retrying' and "
-    "'waiting for ... blocked by:' progress as text on stderr before the JSON error, so stderr is not one JSON "
-    "object (docs/exit-codes.md); the blocking sessions are not in the JSON error either"))
 def test_json_mode_stderr_is_one_json_document_when_locks_time_out(baseline_db):
     blocker = psycopg.connect(baseline_db.conninfo, application_name="brk-blocker")
     try:

@@ -22,20 +22,12 @@ def _ledger(conn) -> list[int]:
     return [r[0] for r in conn.execute("SELECT version FROM pgflow.schema_migrations WHERE state = 'applied' ORDER BY 1")]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (high): `pgflow migrate apply` cannot install pgflow on a database that has none: 0003's "
-    "preflight audit runs before 0001 is applied and fails with exit 3 \"database ... has no pgflow schema: "
-    "there is nothing to audit\" (DESIGN: 'a fresh install is the same files from the start'; workaround "
-    "--target 2, then apply)"))
 def test_migrate_apply_installs_a_fresh_database(empty_db):
     result = run_cli("migrate", "apply", "--install-pgmq", "--dsn", empty_db.conninfo)
     assert result.code == ExitCode.OK, result.output
     assert _ledger(empty_db.connect()) == [1, 2, 3]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (medium): `pgflow migrate plan` on a database with PGMQ but no pgflow yet exits 3 ('no pgflow "
-    "schema: there is nothing to audit') instead of listing the three pending migrations"))
 def test_migrate_plan_lists_a_fresh_install(empty_db):
     assert run_cli("migrate", "apply", "--target", "1", "--install-pgmq", "--dsn", empty_db.conninfo).code == 0
     empty_db.connect().execute("DROP SCHEMA pgflow CASCADE")  # PGMQ stays: a database ready for pgflow
@@ -44,9 +36,6 @@ def test_migrate_plan_lists_a_fresh_install(empty_db):
     assert [m["version"] for m in json.loads(result.stdout)["pending"]] == [1, 2, 3]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (medium): `migrate apply --dry-run --install-pgmq` installs PGMQ for real (schema pgmq, ~76 "
-    "functions, committed) before the dry run, so the 'dry run' leaves a changed database behind"))
 def test_dry_run_with_install_pgmq_changes_nothing(empty_db):
     conn = empty_db.connect()
     count = "SELECT count(*) FROM pg_namespace WHERE nspname IN ('pgmq', 'pgflow')"
@@ -55,11 +44,6 @@ def test_dry_run_with_install_pgmq_changes_nothing(empty_db):
     assert conn.execute(count).fetchone()[0] == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (medium): `migrate apply --dry-run` on a phased migration left in_progress (the runbook's "
-    "'plan and try' step before resuming) replays every phase in one transaction, hits \"function "
-    "is_valid_queue_name already exists\" and ends as exit 70 'database error' instead of a dry run of the "
-    "remaining phases (or a clear exit 6)"))
 def test_dry_run_of_an_in_progress_phased_migration(pre_upgrade_db):
     conn, blocker = _interrupt_main(pre_upgrade_db)
     blocker.rollback()
@@ -71,10 +55,6 @@ def test_dry_run_of_an_in_progress_phased_migration(pre_upgrade_db):
     assert "database error" not in result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (medium): 0003 re-installs an installed pgflow.prune_data_older_than with DROP FUNCTION + "
-    "CREATE FUNCTION, so every GRANT EXECUTE operators gave (the maintenance role of docs/permissions.md, a "
-    "pg_cron job's role) is silently lost; docs/upgrade.md promises 'your schedule keeps working'"))
 def test_upgrade_keeps_grants_on_the_installed_pruning_function(baseline_db):
     admin = baseline_db.connect()
     admin.execute(sqlfiles.load("optional/prune_baseline.sql"))
@@ -91,11 +71,6 @@ def test_upgrade_keeps_grants_on_the_installed_pruning_function(baseline_db):
         admin.execute(f'DROP ROLE "{role}"')
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (medium): a worker role set up with docs/permissions.md's recipe before the upgrade ('GRANT "
-    "EXECUTE ON ALL FUNCTIONS IN SCHEMA pgflow') has no EXECUTE on the functions 0003 adds "
-    "(claim_tasks, the protocol-2 ensure_flow_compiled, ...): the new workers of step 6 fail with permission "
-    "denied; neither the migration nor docs/upgrade.md re-grants"))
 def test_pre_upgrade_worker_grants_cover_the_protocol_2_entry_points(baseline_db):
     admin = baseline_db.connect()
     role = f"brk_worker_{baseline_db.name}"[:60]

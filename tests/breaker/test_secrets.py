@@ -15,10 +15,6 @@ from pgflow_cli.errors import ExitCode
 from tests.support.cli import run_cli
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (high): a URL password containing an unescaped '/' is split by libpq into host/port/dbname; "
-    "describe_target() prints 'user@host:port/dbname', so the whole password appears in the error "
-    "('cannot connect to $USER@postgres:Top/Secret...@127.0.0.1:PORT/postgres'), in text and JSON mode"))
 @pytest.mark.parametrize("fmt", ["table", "json"])
 def test_url_password_with_unescaped_slash_is_never_printed(harness, fmt):
     secret_tail = "Slash-Leak-4471"
@@ -29,9 +25,6 @@ def test_url_password_with_unescaped_slash_is_never_printed(harness, fmt):
     assert secret_tail not in result.output
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (high): a URL password containing an unescaped '@' leaks its tail through the host name: "
-    "'cannot connect to postgres@Leak...@127.0.0.1:PORT/postgres: failed to resolve host 'Leak...@127.0.0.1''"))
 def test_url_password_with_unescaped_at_sign_is_never_printed(harness):
     secret_tail = "AtSign-Leak-9020"
     dsn = f"postgresql://postgres:Hx9@{secret_tail}@127.0.0.1:{harness.server.port}/postgres"
@@ -40,10 +33,6 @@ def test_url_password_with_unescaped_at_sign_is_never_printed(harness):
     assert secret_tail not in result.output
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT (medium): _strip_quoted() removes \"...\" pairs from libpq's parse error, but a token that itself "
-    "contains a double quote (password:\"...\" typed instead of password=...) unbalances the pairs and the "
-    "secret is printed: 'missing \"…\" after \"…\"Pa55-Leaky-31\"…\"'"))
 def test_malformed_key_value_dsn_never_echoes_the_secret():
     secret = "Pa55-Leaky-31"
     result = run_cli("audit", "--dsn", f'host=127.0.0.1 password:"{secret}"', "--format", "json")

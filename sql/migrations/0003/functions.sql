@@ -952,7 +952,7 @@ BEGIN
     RAISE EXCEPTION 'worker function "%" is disabled (pgflow.worker_functions.enabled = false): worker % may not register',
       register_worker.function_name, register_worker.worker_id
       USING ERRCODE = 'PF001',
-            HINT = 'a rollout fence or a fatal claim paused this function (see worker_functions.paused_reason); enable it again with `pgflow fence restore` or once the cause is fixed';
+            HINT = 'a rollout fence or a fatal claim paused this function (see worker_functions.paused_reason); enable it again when the rollout is done (docs/upgrade.md step 7) or once the cause is fixed (docs/claim-protocol.md)';
   END IF;
 
   INSERT INTO pgflow.workers (worker_id, queue_name, function_name, flow_slug, step_slug, started_at, last_heartbeat_at)
@@ -992,6 +992,32 @@ $prune_sql$;
   END IF;
 END
 $upgrade_prune$;
+
+-- Roles that could run the protocol-1 entry points get the protocol-2 ones and the new functions
+-- they call, so the upgrade takes no right away from an existing worker role (docs/permissions.md).
+-- Nobody else gets anything.
+DO $grants$
+DECLARE
+  v_role text;
+BEGIN
+  FOR v_role IN
+    SELECT r.rolname FROM pg_catalog.pg_roles AS r
+    WHERE NOT r.rolsuper AND r.rolname <> current_user AND r.rolname !~ '^pg_'
+      AND (pg_catalog.has_function_privilege(r.oid, 'pgflow.start_tasks(text, bigint[], uuid)', 'EXECUTE')
+           OR pg_catalog.has_function_privilege(r.oid, 'pgflow.ensure_flow_compiled(text, jsonb)', 'EXECUTE'))
+    ORDER BY r.rolname
+  LOOP
+    EXECUTE pg_catalog.format(
+      'GRANT EXECUTE ON FUNCTION pgflow.claim_tasks(text, bigint[], uuid, text, text),
+                                 pgflow.ensure_flow_compiled(text, jsonb, integer, text, jsonb),
+                                 pgflow.is_valid_queue_name(text), pgflow.slug_violations(text),
+                                 pgflow.default_queue_name(text), pgflow.step_queue_name(text, text, integer),
+                                 pgflow._listed_queue_name(text), pgflow._queue_exists(text),
+                                 pgflow._assert_queue_unclaimed(text, text), pgflow._shape_problems(text, jsonb)
+       TO %I', v_role);
+  END LOOP;
+END
+$grants$;
 
 -- Nothing in pgflow is reachable by PUBLIC (docs/permissions.md).
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgflow FROM PUBLIC;
