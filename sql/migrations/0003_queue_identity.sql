@@ -94,13 +94,14 @@ CREATE TRIGGER step_tasks_fill_queue_name
   EXECUTE FUNCTION pgflow._fill_task_queue_name();
 
 --@phase backfill batch
--- One range of heap pages per call: %(first_page)s .. %(first_page)s + %(pages)s - 1.
+-- One range of heap pages per call: %(first_page)s .. %(first_page)s + %(pages)s - 1 (bigint: the
+-- client may send small numbers as smallint, which would overflow past page 32767).
 -- Returns (rows updated, current heap size in pages) so the installer knows when to stop.
 WITH filled AS (
   UPDATE pgflow.step_tasks AS t
      SET queue_name = pg_catalog.lower(t.flow_slug COLLATE "C")
-   WHERE t.ctid >= ('(' || %(first_page)s || ',0)')::tid
-     AND t.ctid < ('(' || (%(first_page)s + %(pages)s) || ',0)')::tid
+   WHERE t.ctid >= ('(' || %(first_page)s::bigint || ',0)')::tid
+     AND t.ctid < ('(' || (%(first_page)s::bigint + %(pages)s::bigint) || ',0)')::tid
      AND t.queue_name IS NULL
   RETURNING 1
 )

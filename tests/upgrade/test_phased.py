@@ -135,3 +135,14 @@ def test_ledger_conflicts_refuse_with_exit_6(pre_upgrade, published_db):
     assert newer.code == ExitCode.CONFLICT and "newer than this tool" in newer.stderr and "9.9.9" in newer.stderr
     foreign = run_cli("migrate", "apply", "--dsn", published_db.conninfo)
     assert foreign.code == ExitCode.CONFLICT and "did not install" in foreign.stderr
+
+
+def test_backfill_page_numbers_beyond_smallint(pre_upgrade):
+    """Page ranges past 32,767 must not overflow (the client sends small ints as smallint)."""
+    database, _state = pre_upgrade
+    conn = database.connect()
+    migration = next(m for m in installer.available_migrations() if m.version == 3)
+    backfill = next(p for p in migration.phased.phases if p.name == "backfill")
+    conn.execute("ALTER TABLE pgflow.step_tasks ADD COLUMN queue_name text")  # what prepare adds
+    row = conn.execute(backfill.sql, {"first_page": 32760, "pages": 100}).fetchone()
+    assert row[0] == 0 and row[1] >= 1
