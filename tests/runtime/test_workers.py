@@ -35,7 +35,7 @@ def test_fenced_function_refuses_registration_with_pf001(rt):
     state = "disabled" if rt.upgraded else "fenced"
     with raises_sqlstate("PF001", rf'worker function "fenced-fn" is {state}') as caught:
         rt.conn.execute("SELECT pgflow.register_worker(%s, 'fenced-fn', %s, %s)", (wid, queue, flow))
-    assert "pgflow fence restore" in (caught.error.diag.message_hint or "")
+    assert "enable" in (caught.error.diag.message_hint or "")  # how to lift the fence
     assert rt.val("SELECT count(*) FROM pgflow.workers") == 0
     # tracking never lifts the fence
     rt.conn.execute("SELECT pgflow.track_worker_function('fenced-fn')")
