@@ -22,6 +22,9 @@ def sandbox_env(tmp_path_factory):
     env = {"PGFLOW_SANDBOX_DIR": os.path.join(base, "sandbox")}
     yield env
     run_cli("sandbox", "reset", "--destroy", "--yes", env=env)
+    import shutil
+
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def test_seeded_sandbox_audit_has_the_demo_findings(sandbox_env):
