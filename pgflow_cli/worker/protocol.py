@@ -57,6 +57,27 @@ def _fenced(function_name: str) -> WorkerFenced:
     )
 
 
+def _compile_verdict(row: Any, flow_slug: str) -> dict[str, Any]:
+    """The database's startup-compilation verdict as a dict (any protocol).
+
+    Raises:
+        FlowShapeMismatch: the verdict is ``mismatch`` (``mismatchKind`` names shape or routing;
+            protocol 1 reports no kind, which means shape).
+    """
+    result = row[0] if row else {}
+    if isinstance(result, str):
+        result = json.loads(result)
+    if result.get("status") == "mismatch":
+        kind = result.get("mismatchKind") or "shape"
+        raise FlowShapeMismatch(
+            f"flow {flow_slug!r} exists in the database with a different {kind}; this worker's definition was refused",
+            hint="deploy the changed definition under a new concrete flow slug (e.g. a V2 suffix); "
+            "production never recompiles a flow that may hold runs",
+            detail=[str(d) for d in result.get("differences", [])],
+        )
+    return result
+
+
 def protocol_mismatch(worker_version: int, database_version: int | None) -> ProtocolMismatch:
     """Build the refusal for a worker/database version mismatch (both directions)."""
     if database_version is None:
@@ -161,17 +182,7 @@ class ProtocolV1:
             FlowShapeMismatch: the stored definition differs (production).
         """
         row = conn.execute(self._sql("compile"), {"flow_slug": flow_slug, "shape": Jsonb(shape)}).fetchone()
-        result = row[0] if row else {}
-        if isinstance(result, str):
-            result = json.loads(result)
-        if result.get("status") == "mismatch":
-            raise FlowShapeMismatch(
-                f"flow {flow_slug!r} exists in the database with a different shape; this worker's definition was refused",
-                hint="deploy the changed definition under a new concrete flow slug (e.g. a V2 suffix); "
-                "production never recompiles a flow that may hold runs",
-                detail=[str(d) for d in result.get("differences", [])],
-            )
-        return result
+        return _compile_verdict(row, flow_slug)
 
     def register(self, conn: psycopg.Connection, *, worker_id: str, function_name: str, queue_name: str,
                  flow_slug: str, step_slug: str | None) -> None:
@@ -261,18 +272,7 @@ class ProtocolV2(ProtocolV1):
         row = conn.execute(sqlfiles.statement(self.v2_queries, "compile"), {
             "flow_slug": flow_slug, "shape": Jsonb(shape), "queue_mode": "flow", "route_map": Jsonb(route_map),
         }).fetchone()
-        result = row[0] if row else {}
-        if isinstance(result, str):
-            result = json.loads(result)
-        if result.get("status") == "mismatch":
-            kind = result.get("mismatchKind") or "shape"
-            raise FlowShapeMismatch(
-                f"flow {flow_slug!r} exists in the database with a different {kind}; this worker's definition was refused",
-                hint="deploy the changed definition under a new concrete flow slug (e.g. a V2 suffix); "
-                "production never recompiles a flow that may hold runs",
-                detail=[str(d) for d in result.get("differences", [])],
-            )
-        return result
+        return _compile_verdict(row, flow_slug)
 
     def claim(self, conn: psycopg.Connection, *, flow_slug: str, step_slug: str | None, queue_name: str,
               message_ids: list[int], worker_id: str) -> ClaimOutcome:
