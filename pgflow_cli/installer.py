@@ -528,6 +528,7 @@ class _Runner:
             self.conn.remove_notice_handler(collect)
 
     def _record(self, *, state: str, phases_done: list[str], duration_ms: int) -> None:
+        """Create the ledger if needed and record this migration's state (inside the caller's transaction)."""
         self.conn.execute(sqlfiles.statement(QUERIES, "ledger_bootstrap"))
         self.conn.execute(sqlfiles.statement(QUERIES, "ledger_record"), {
             "version": self.migration.version,
@@ -583,7 +584,6 @@ class _Runner:
             t0 = time.monotonic()
             try:
                 with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
-                    self.conn.execute(sqlfiles.statement(QUERIES, "ledger_bootstrap"))
                     for phase in self.migration.phases_for_single_transaction():
                         if phase.mode == "batch":
                             self._backfill(phase, own_transactions=False)
@@ -631,7 +631,6 @@ class _Runner:
             else:
                 def run_tx(phase: Phase = phase, final: bool = final) -> None:
                     with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
-                        self.conn.execute(sqlfiles.statement(QUERIES, "ledger_bootstrap"))
                         self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
                         self._record(state="applied" if final else "in_progress",
                                      phases_done=[] if final else done + [phase.name],
