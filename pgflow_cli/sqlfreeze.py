@@ -234,8 +234,8 @@ def freeze(rev: str = "HEAD", out: Callable[[str], None] = print) -> bool:
                 (root / own).write_text(rewritten, encoding="utf-8")
     for path in sorted(str(p.relative_to(root)) for r in RECIPE_ROOTS for p in (root / r).rglob("*.sql")):
         with _reading(old):
-            then = _expansion(path, f"--@include {path}")
-        if then is None or _expansion(path, f"--@include {path}") == then:
+            then = _expansion("(freeze)", f"--@include {path}")
+        if then is None or _expansion("(freeze)", f"--@include {path}") == then:
             continue
         note = "\n".join(line[len("--@note"):].strip() for line in old(path).split("\n") if line.startswith("--@note"))
         (root / path).write_text(recipe(then, _sources_for(path), note), encoding="utf-8")
@@ -251,8 +251,20 @@ def freeze(rev: str = "HEAD", out: Callable[[str], None] = print) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pgflow_cli.sqlfreeze", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rev", default="HEAD", help="git revision holding the released text (default HEAD)")
+    parser.add_argument("--pin", nargs="+", metavar="PATH",
+                        help="only print the --@apply line of each function file (e.g. functions/claim/claim_tasks.sql)")
     args = parser.parse_args(argv)
+    if args.pin:
+        for path in args.pin:
+            print(apply_line(path))
+        return 0
     return 0 if freeze(args.rev) else 1
+
+
+def apply_line(path: str) -> str:
+    """The ``--@apply`` line that runs ``path`` (below ``sql/``) with its current text pinned."""
+    path = path.removeprefix("sql/")
+    return f"--@apply {path} sha256={sqlfiles.checksum(sqlfiles.load(path))}"
 
 
 if __name__ == "__main__":
