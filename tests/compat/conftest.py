@@ -62,8 +62,3 @@ CREATE SCHEMA cron;
 CREATE TABLE cron.job_run_details (runid bigserial PRIMARY KEY, end_time timestamptz);
 """
 """The one pg_cron table cleanup_ensure_workers_logs reads (pg_cron is not installed on test servers)."""
-
-NEEDS_0006 = pytest.mark.xfail(
-    strict=True, reason="the fix is SQL in migration 0006 (issue 17 phase 2); until then the current level behaves like the baseline"
-)
-"""Marks an item test whose decided behaviour needs migration 0006."""

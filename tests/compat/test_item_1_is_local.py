@@ -8,7 +8,7 @@ not local; unset or empty -> the released detection.
 
 from __future__ import annotations
 
-from tests.compat.conftest import NEEDS_0006
+from tests.runtime.test_workers import _fake_pg_net
 
 SUPABASE_LOCAL_JWT_SECRET = "super-secret-jwt-token-with-at-least-32-characters-long"
 """The JWT secret every Supabase CLI local stack uses (``supabase status`` prints it); public, not a credential."""
@@ -26,7 +26,6 @@ def _shape(*slugs: str) -> dict:
     return {"steps": [{"slug": s} for s in slugs]}
 
 
-@NEEDS_0006
 def test_item_1_is_local_detects_supabase_local_stack(old, new):
     # baseline: only pgflow.environment counts; a Supabase local stack looks like production
     _set(old, "app.settings.jwt_secret", SUPABASE_LOCAL_JWT_SECRET)
@@ -48,9 +47,14 @@ def test_item_1_is_local_detects_supabase_local_stack(old, new):
     _set(new, "pgflow.environment", "local")
     assert _local(new) is True
 
-    # the symptom of the issue: on a Supabase local stack a changed shape is recompiled
+    # the symptoms of the issue: on a Supabase local stack ensure_workers() pings the local
+    # functions endpoint, and a changed shape is recompiled
+    _fake_pg_net(new)
+    new.conn.execute("SELECT pgflow.track_worker_function('local-fn')")
     _set(new, "pgflow.environment", "")
     _set(new, "app.settings.jwt_secret", SUPABASE_LOCAL_JWT_SECRET)
+    assert [r["function_name"] for r in new.rows("SELECT * FROM pgflow.ensure_workers()")] == ["local-fn"]
+    assert new.val("SELECT url FROM net.calls") == "http://kong:8000/functions/v1/local-fn"
     assert new.compile("localFlow", _shape("a"))["status"] == "compiled"
     assert new.compile("localFlow", _shape("a", "b"))["status"] == "recompiled"
     _set(new, "app.settings.jwt_secret", "")

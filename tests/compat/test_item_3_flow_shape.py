@@ -5,12 +5,10 @@ docs/compatibility.md item 3.
 
 from __future__ import annotations
 
-from tests.compat.conftest import NEEDS_0006
 
 QUERY = "SELECT pgflow._get_flow_shape(%s)"
 
 
-@NEEDS_0006
 def test_item_3_get_flow_shape_of_unknown_flow(old, new):
     assert old.val(QUERY, ("missing",)) is None
 

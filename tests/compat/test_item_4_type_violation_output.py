@@ -6,7 +6,6 @@ one: constraint item 8); the task row keeps what the handler returned, for diagn
 
 from __future__ import annotations
 
-from tests.compat.conftest import NEEDS_0006
 
 BAD_OUTPUT = {"not": "an array", "rows": [1, 2]}
 
@@ -27,7 +26,6 @@ def _violate(rt):
     return failed
 
 
-@NEEDS_0006
 def test_item_4_type_violation_stores_the_offending_output(old, new):
     assert _violate(old)["output"] is None
     assert _violate(new)["output"] == BAD_OUTPUT

@@ -8,7 +8,6 @@ condition is pinned here, and a violation reports the released name.
 
 from __future__ import annotations
 
-from tests.compat.conftest import NEEDS_0006
 from tests.runtime.driver import raises_sqlstate
 
 # table -> {ours before 0006: released name}
@@ -37,7 +36,6 @@ def _checks(rt, table: str) -> dict[str, str]:
     return {r["conname"]: r["def"] for r in rt.rows(CHECKS, (table,))}
 
 
-@NEEDS_0006
 def test_item_8_constraint_names_match_released(old, new):
     for table, names in RENAMED.items():
         before, after = _checks(old, table), _checks(new, table)
