@@ -14,8 +14,8 @@ from pgflow_cli.operations import migrate as migrate_op
 from pgflow_cli.worker import Flow, ProtocolV1
 from tests.support.cli import run_cli
 from tests.support.fingerprint import fingerprint
-from tests.upgrade.conftest import build_pre_upgrade
 from tests.support.levels import versions_after
+from tests.upgrade.conftest import build_pre_upgrade
 
 
 def _legacy_flows(conn: psycopg.Connection) -> None:
