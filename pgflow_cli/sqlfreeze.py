@@ -10,7 +10,7 @@ holds no second copy of the shared lines, and the pinned checksums prove the res
 Run ``python -m pgflow_cli.sqlfreeze`` after editing function files (before committing):
 
 1. for every released migration whose expansion no longer matches its pinned checksum, every
-   ``--@include`` of its own files (``migrations/``, ``optional/``) whose expansion changed is
+   ``--@include`` in its own files (below ``migrations/``) whose expansion changed is
    pointed at a new recipe ``released/NNNN/<path>`` holding the text of ``--rev`` (default
    ``HEAD``, read with ``git show``);
 2. recipe files (``baseline/``, ``released/``) whose expansion changed are rewritten against the
@@ -150,23 +150,28 @@ def _reading(read: Callable[[str], str]) -> Iterator[None]:
 
 
 def _own_files(relative: str) -> list[str]:
-    """``relative`` and the files it includes, recursively, that belong to released migrations."""
+    """``relative`` and the files below ``migrations/`` it includes, recursively: the files that are
+    part of a released migration (``optional/`` files install the current text and are not)."""
     found = [relative]
     for match in sqlfiles._INCLUDE.finditer(sqlfiles._read(relative)):
         target = match.group("path")
-        if target.startswith(("migrations/", "optional/")) and target not in found:
+        if target.startswith("migrations/") and target not in found:
             found.extend(f for f in _own_files(target) if f not in found)
     return found
 
 
 def _sources_for(path: str) -> list[str]:
-    """Current files a recipe for ``path`` reuses: the function file of the same name first, then its area."""
+    """Current files a recipe for ``path`` reuses: the file itself (or the function file of the same
+    name, for a recipe under ``baseline/``), then the files of its area."""
     root = sqlfiles.sql_root()
     name = Path(path).name
-    same = sorted(str(p.relative_to(root)) for p in (root / "functions").rglob(name))
+    itself = [path] if (root / path).is_file() and not path.startswith(RECIPE_ROOTS) else []
+    same = itself + sorted(str(p.relative_to(root)) for p in (root / "functions").rglob(name)
+                           if str(p.relative_to(root)) not in itself)
+    included = [m.group("path") for m in sqlfiles._INCLUDE.finditer(sqlfiles._read(path))] if itself else []
     area = root / "functions" / Path(path).parent.name
     nearby = sorted(str(p.relative_to(root)) for p in area.rglob("*.sql")) if area.is_dir() else []
-    return same + [p for p in nearby if p not in same]
+    return list(dict.fromkeys(same + included + nearby))
 
 
 def _expansion(own: str, line: str) -> str | None:
@@ -198,7 +203,7 @@ def freeze(rev: str = "HEAD", out: Callable[[str], None] = print) -> bool:
             rewritten = text
             for match in reversed(list(sqlfiles._INCLUDE.finditer(text))):
                 target = match.group("path")
-                if target.startswith(RECIPE_ROOTS + ("migrations/", "optional/")):
+                if target.startswith(RECIPE_ROOTS + ("migrations/",)):
                     continue  # recipes are rewritten in place below; own files are walked themselves
                 line = match.group(0).strip()
                 with _reading(old):
