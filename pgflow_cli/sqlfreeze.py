@@ -21,12 +21,11 @@ Run ``python -m pgflow_cli.sqlfreeze`` after editing function files (before comm
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pgflow_cli import sqlfiles
@@ -57,13 +56,13 @@ def recipe(target: str, sources: Sequence[str], note: str) -> str:
     # pieces: (first, last, directive or None); literal until a source claims the stretch
     pieces: list[tuple[int, int, str | None]] = [(0, len(wanted), None)]
     for source in sources:
-        written = sqlfiles._read(source).split("\n")
+        written = sqlfiles.read_file(source).split("\n")
         expanded: list[str] = []
         starts: list[int] = []  # expanded index where each written line begins
         for index, line in enumerate(written):
             starts.append(len(expanded))
-            text = sqlfiles._expand_text(source, line, (source,))
-            if text == "" and sqlfiles._NOTE.match(line):
+            text = sqlfiles.expand(line, origin=source)
+            if text == "" and sqlfiles.NOTE.match(line):
                 continue
             expanded.extend(text.split("\n"))
         starts.append(len(expanded))
@@ -97,7 +96,7 @@ def recipe(target: str, sources: Sequence[str], note: str) -> str:
     for first, last, directive in _merged(pieces, wanted):
         out.extend(wanted[first:last] if directive is None else [directive])
     text = "\n".join(out) + "\n"
-    if sqlfiles._expand_text("(recipe)", text, ("(recipe)",)).rstrip("\n") != "\n".join(wanted):
+    if sqlfiles.expand(text, origin="(recipe)").rstrip("\n") != "\n".join(wanted):
         raise ValueError("the recipe does not reproduce its target")
     return text
 
@@ -121,9 +120,9 @@ def _merged(pieces: list[tuple[int, int, str | None]], wanted: list[str]) -> lis
             one, two = _RANGE.match(left[2] or ""), _RANGE.match(right[2] or "")
             if not one or not two or one["path"] != two["path"] or int(two["first"]) <= int(one["last"]):
                 break
-            between = sqlfiles._read(one["path"]).split("\n")[int(one["last"]):int(two["first"]) - 1]
-            if between != (wanted[gap[0]:gap[1]] if gap else []) or any(sqlfiles._INCLUDE.match(x) or
-                                                                          sqlfiles._NOTE.match(x) for x in between):
+            between = sqlfiles.read_file(one["path"]).split("\n")[int(one["last"]):int(two["first"]) - 1]
+            if between != (wanted[gap[0]:gap[1]] if gap else []) or any(sqlfiles.INCLUDE.match(x) or
+                                                                          sqlfiles.NOTE.match(x) for x in between):
                 break
             joined = (left[0], right[1], f"--@include {one['path']} lines={one['first']}-{two['last']}")
             del merged[-3 if gap else -2:]
@@ -138,22 +137,11 @@ def _git_reader(rev: str) -> Callable[[str], str]:
     return read
 
 
-@contextlib.contextmanager
-def _reading(read: Callable[[str], str]) -> Iterator[None]:
-    """Expand with every file read through ``read`` (e.g. from a git revision) instead of the tree."""
-    original = sqlfiles._read
-    sqlfiles._read = read  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        sqlfiles._read = original  # type: ignore[assignment]
-
-
 def _own_files(relative: str) -> list[str]:
     """``relative`` and the files below ``migrations/`` it includes, recursively: the files that are
     part of a released migration (``optional/`` files install the current text and are not)."""
     found = [relative]
-    for match in sqlfiles._INCLUDE.finditer(sqlfiles._read(relative)):
+    for match in sqlfiles.INCLUDE.finditer(sqlfiles.read_file(relative)):
         target = match.group("path")
         if target.startswith("migrations/") and target not in found:
             found.extend(f for f in _own_files(target) if f not in found)
@@ -168,15 +156,15 @@ def _sources_for(path: str) -> list[str]:
     itself = [path] if (root / path).is_file() and not path.startswith(RECIPE_ROOTS) else []
     same = itself + sorted(str(p.relative_to(root)) for p in (root / "functions").rglob(name)
                            if str(p.relative_to(root)) not in itself)
-    included = [m.group("path") for m in sqlfiles._INCLUDE.finditer(sqlfiles._read(path))] if itself else []
+    included = [m.group("path") for m in sqlfiles.INCLUDE.finditer(sqlfiles.read_file(path))] if itself else []
     area = root / "functions" / Path(path).parent.name
     nearby = sorted(str(p.relative_to(root)) for p in area.rglob("*.sql")) if area.is_dir() else []
     return list(dict.fromkeys(same + included + nearby))
 
 
-def _expansion(own: str, line: str) -> str | None:
+def _expansion(own: str, line: str, read: sqlfiles.Reader | None = None) -> str | None:
     try:
-        return sqlfiles._expand_text(own, line, (own,))
+        return sqlfiles.expand(line, origin=own, read=read)
     except (OSError, ValueError, subprocess.CalledProcessError):
         return None
 
@@ -195,25 +183,23 @@ def freeze(rev: str = "HEAD", out: Callable[[str], None] = print) -> bool:
     old = _git_reader(rev)
     sqlfiles.load.cache_clear()
     for migration, pinned in RELEASED_CHECKSUMS.items():
-        if sqlfiles.checksum(sqlfiles._expand(migration, ())) == pinned:
+        if sqlfiles.checksum(sqlfiles.expand(sqlfiles.read_file(migration), origin=migration)) == pinned:
             continue
         version = Path(migration).name[:4]
         for own in _own_files(migration):
-            text = sqlfiles._read(own)
+            text = sqlfiles.read_file(own)
             rewritten = text
-            for match in reversed(list(sqlfiles._INCLUDE.finditer(text))):
+            for match in reversed(list(sqlfiles.INCLUDE.finditer(text))):
                 target = match.group("path")
                 if target.startswith(RECIPE_ROOTS + ("migrations/",)):
                     continue  # recipes are rewritten in place below; own files are walked themselves
                 line = match.group(0).strip()
-                with _reading(old):
-                    then = _expansion(own, line)
+                then = _expansion(own, line, old)
                 if then is None or _expansion(own, line) == then:
                     continue
                 options = match.group("options").split()
-                with _reading(old):
-                    frozen_text = _expansion(own, " ".join([f"--@include {target}"] +
-                                                            [o for o in options if o != "as-create"]))
+                frozen_text = _expansion(own, " ".join([f"--@include {target}"] +
+                                                        [o for o in options if o != "as-create"]), old)
                 assert frozen_text is not None
                 frozen = f"released/{version}/{target}"
                 (root / frozen).parent.mkdir(parents=True, exist_ok=True)
@@ -229,8 +215,7 @@ def freeze(rev: str = "HEAD", out: Callable[[str], None] = print) -> bool:
             if rewritten != text:
                 (root / own).write_text(rewritten, encoding="utf-8")
     for path in sorted(str(p.relative_to(root)) for r in RECIPE_ROOTS for p in (root / r).rglob("*.sql")):
-        with _reading(old):
-            then = _expansion("(freeze)", f"--@include {path}")
+        then = _expansion("(freeze)", f"--@include {path}", old)
         if then is None or _expansion("(freeze)", f"--@include {path}") == then:
             continue
         note = "\n".join(line[len("--@note"):].strip() for line in old(path).split("\n") if line.startswith("--@note"))
