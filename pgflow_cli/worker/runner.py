@@ -35,7 +35,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from pgflow_cli.db import first_line
-from pgflow_cli.worker.flow import Flow, TaskContext
+from pgflow_cli.worker.flow import FlowDefinition, TaskContext
 from pgflow_cli.worker.protocol import ClaimedTask, LATEST, WorkerStartupError
 
 log = logging.getLogger("pgflow.worker")
@@ -114,7 +114,7 @@ class Worker:
 
     def __init__(
         self,
-        flow: Flow,
+        flow: FlowDefinition,
         conninfo: str,
         *,
         function_name: str,
@@ -146,7 +146,7 @@ class Worker:
         self.drain_timeout = drain_timeout
         self.worker_id = worker_id or str(uuid.uuid4())
         self.application_name = application_name
-        self.queue_name = self.protocol.queue_name(flow.slug, step_slug)
+        self.queue_name = self.protocol.queue_for(flow, step_slug)
         self.stats = WorkerStats()
         self.state = "created"
         self.stop_reason: str | None = None
@@ -180,7 +180,7 @@ class Worker:
             with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name) as startup:
                 self.protocol.check_version(startup)
                 self.protocol.check_enabled(startup, self.function_name)
-                result = self.protocol.compile(startup, self.flow.slug, self.flow.shape(), self.step_slug)
+                result = self.protocol.compile_flow(startup, self.flow, self.step_slug)
                 self.protocol.register(
                     startup, worker_id=self.worker_id, function_name=self.function_name, queue_name=self.queue_name,
                     flow_slug=self.flow.slug, step_slug=self.step_slug,
