@@ -64,6 +64,9 @@ def _register() -> None:
                 raise
             continue
         module.register(app)
+    from pgflow_cli.cli import worker as worker_cli
+
+    worker_cli.register(app)
 
 
 _register()

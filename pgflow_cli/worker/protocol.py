@@ -199,13 +199,21 @@ class ProtocolV1:
         return _compile_verdict(row, flow_slug)
 
     def register(self, conn: psycopg.Connection, *, worker_id: str, function_name: str, queue_name: str,
-                 flow_slug: str, step_slug: str | None) -> None:
-        """Insert the worker row (refused with PF001 when the function is fenced)."""
+                 flow_slug: str, step_slug: str | None, worker_version: str | None = None) -> None:
+        """Insert the worker row (refused with PF001 when the function is fenced).
+
+        ``worker_version`` is recorded where the database has ``workers.worker_version``
+        (schema 0005 and later); older databases register the worker without it.
+        """
+        params = {"worker_id": worker_id, "function_name": function_name, "queue_name": queue_name,
+                  "flow_slug": flow_slug, "step_slug": step_slug, "worker_version": worker_version}
+        query = self._sql("register")
+        if worker_version is not None and self.version >= 2:
+            supported = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "records_worker_version")).fetchone()
+            if supported and supported[0]:
+                query = sqlfiles.statement("queries/worker_v2.sql", "register_with_version")
         try:
-            conn.execute(self._sql("register"), {
-                "worker_id": worker_id, "function_name": function_name, "queue_name": queue_name,
-                "flow_slug": flow_slug, "step_slug": step_slug,
-            })
+            conn.execute(query, params)
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) == SQLSTATE_FENCED:
                 raise _fenced(function_name) from None

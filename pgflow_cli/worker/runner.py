@@ -110,6 +110,8 @@ class Worker:
         drain_timeout: seconds to wait for in-flight handlers when stopping.
         worker_id: UUID of the worker row (random by default).
         application_name: ``application_name`` of its connections.
+        worker_version: free text reported at registration (``workers.worker_version``, shown
+            by ``pgflow coverage``); ignored by databases that do not record it.
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class Worker:
         drain_timeout: float = 60.0,
         worker_id: str | None = None,
         application_name: str = "pgflow-worker",
+        worker_version: str | None = None,
     ) -> None:
         if max_concurrent < 1 or batch_size < 1:
             raise ValueError("max_concurrent and batch_size must be at least 1")
@@ -146,6 +149,7 @@ class Worker:
         self.drain_timeout = drain_timeout
         self.worker_id = worker_id or str(uuid.uuid4())
         self.application_name = application_name
+        self.worker_version = worker_version
         self.queue_name = self.protocol.queue_for(flow, step_slug)
         self.stats = WorkerStats()
         self.state = "created"
@@ -183,7 +187,7 @@ class Worker:
                 result = self.protocol.compile_flow(startup, self.flow, self.step_slug)
                 self.protocol.register(
                     startup, worker_id=self.worker_id, function_name=self.function_name, queue_name=self.queue_name,
-                    flow_slug=self.flow.slug, step_slug=self.step_slug,
+                    flow_slug=self.flow.slug, step_slug=self.step_slug, worker_version=self.worker_version,
                 )
         except BaseException:
             # Nothing was registered; the worker is finished, not stuck in 'starting'.
