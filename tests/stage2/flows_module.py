@@ -24,3 +24,20 @@ def build(slug: str) -> Flow[Literal["first", "second"]]:
 plain = build("cliPlain")
 queued = with_step_queues(build("cliQueued"))
 not_a_flow = {"slug": "nope"}
+
+
+def hold(run_input, ctx):
+    """Blocks until the file named by $PGFLOW_TEST_RELEASE exists (a task that keeps its worker busy)."""
+    import os
+    import time
+    from pathlib import Path
+
+    print(f"HOLDING {ctx.run_id}", flush=True)
+    release = Path(os.environ["PGFLOW_TEST_RELEASE"])
+    deadline = time.monotonic() + 300
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {"held": True}
+
+
+blocking = Flow("cliBlocking").step("hold", hold)
