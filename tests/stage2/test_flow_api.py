@@ -61,6 +61,7 @@ def test_a_flow_that_cannot_get_names_is_rejected_whole_naming_steps_and_lengths
     text = caught.value.message + "\n" + "\n".join(caught.value.detail)
     assert "'ok' (index 0)" in text and "'bbbbb' (index 1)" in text
     assert "47" in text and "nothing was changed" in caught.value.hint
+    assert f"{'f' * 45}__ok has 49 characters and {'f' * 45}__0 has 48" in text
 
 
 def test_opting_in_needs_steps_and_current_slug_rules():
