@@ -53,8 +53,7 @@ def test_covered_then_uncovered_with_work_waiting(db, workers):
     code, found = routes(db, "--flow", "cliPlain")
     route = found[("cliPlain", None)]
     assert code == 0
-    assert (route["state"], route["live_workers"], route["live_versions"]) == ("covered", 1, ["release-7"]) or \
-        (route["state"], route["live_workers"]) == ("covered", 1)  # versions need schema 0005
+    assert (route["state"], route["live_workers"], route["live_versions"]) == ("covered", 1, ["release-7"])
     assert (route["queue_name"], route["queue_mode"], route["functions"]) == ("cliplain", "flow", ["cliPlain-worker"])
 
     proc.signal(signal.SIGTERM)
@@ -70,6 +69,23 @@ def test_covered_then_uncovered_with_work_waiting(db, workers):
     table = run_cli("coverage", "--dsn", db.conninfo, "--flow", "cliPlain")
     assert table.code == 1
     assert "uncovered  work waiting" in table.stdout and "cliplain" in table.stdout
+
+
+def test_step_routes_each_need_their_own_worker(db, workers):
+    first = start(workers, db, "queued", "--step", "first", "--worker-version", "v2")
+    assert "flow=cliQueued step=first queue=cliqueued__first" in first.wait_for_line(" started: flow=", which="stderr")
+    conn = db.connect()
+    conn.execute("SELECT pgflow.start_flow('cliQueued', '{}')")
+    wait_until(lambda: conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE step_slug = 'second'").fetchone()[0],
+               "the first step to complete and release the second")
+    code, found = routes(db, "--flow", "cliQueued")
+    assert code == 1
+    assert [(k[1], v["state"], v["queue_name"], v["live_versions"], v["work_waiting"]) for k, v in found.items()
+            if k != "_doc"] == [("first", "covered", "cliqueued__first", ["v2"], False),
+                                ("second", "uncovered", "cliqueued__second", [], True)]
+    start(workers, db, "queued", "--step", "second")
+    wait_until(lambda: routes(db, "--flow", "cliQueued")[0] == 0, "both step routes to be covered")
+    wait_until(lambda: conn.execute("SELECT status FROM pgflow.runs").fetchone()[0] == "completed", "the run")
 
 
 def test_killed_worker_is_stale(db, workers):
