@@ -198,3 +198,26 @@ def test_registration_names_the_route_of_a_step_queued_flow(db):
     with pytest.raises(psycopg.Error) as caught:
         conn.execute("SELECT pgflow.register_worker(gen_random_uuid(), 'fn', %s, 'regRoute', 'b')", (queued.routes["a"],))
     assert caught.value.sqlstate == "PF004" and "route" in str(caught.value)
+
+
+def test_a_skipped_step_archives_its_siblings_in_its_own_queue_only(db):
+    conn = db.connect()
+
+    def noop(value, ctx):
+        return value
+
+    flow = Flow("skipSpread", max_attempts=1).map("m", noop, when_exhausted="skip").step("b", noop)
+    queued = compile_queued(conn, flow)
+    run_id = conn.execute("SELECT run_id FROM pgflow.start_flow('skipSpread', '[1, 2, 3]')").fetchone()[0]
+    worker = register(conn, queued, "m")
+    queue = queued.routes["m"]
+    ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read(%s, 30, 1)", (queue,)).fetchall()]
+    [(outcome, index)] = conn.execute("SELECT outcome, task_index FROM pgflow.claim_tasks(%s, %s, %s, 'skipSpread', 'm')",
+                                      (queue, ids, worker)).fetchall()
+    assert outcome == "claimed"
+    conn.execute("SELECT pgflow.fail_task(%s, 'm', %s, 'boom')", (run_id, index))
+    assert conn.execute("SELECT status FROM pgflow.step_states WHERE run_id = %s AND step_slug = 'm'",
+                        (run_id,)).fetchone()[0] == "skipped"
+    assert live_and_archived(conn, queue) == (0, 3)  # the failed task and both siblings, in m's queue
+    assert live_and_archived(conn, queued.routes["b"]) == (1, 0)  # b's message untouched in its queue
+    assert_runtime_invariants(db.connect(), require_live_messages=True)
