@@ -35,7 +35,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from pgflow_cli.db import first_line
-from pgflow_cli.worker.flow import Flow, TaskContext
+from pgflow_cli.worker.flow import FlowDefinition, TaskContext
 from pgflow_cli.worker.protocol import ClaimedTask, LATEST, WorkerStartupError
 
 log = logging.getLogger("pgflow.worker")
@@ -110,11 +110,13 @@ class Worker:
         drain_timeout: seconds to wait for in-flight handlers when stopping.
         worker_id: UUID of the worker row (random by default).
         application_name: ``application_name`` of its connections.
+        worker_version: free text reported at registration (``workers.worker_version``, shown
+            by ``pgflow coverage``); ignored by databases that do not record it.
     """
 
     def __init__(
         self,
-        flow: Flow,
+        flow: FlowDefinition,
         conninfo: str,
         *,
         function_name: str,
@@ -129,6 +131,7 @@ class Worker:
         drain_timeout: float = 60.0,
         worker_id: str | None = None,
         application_name: str = "pgflow-worker",
+        worker_version: str | None = None,
     ) -> None:
         if max_concurrent < 1 or batch_size < 1:
             raise ValueError("max_concurrent and batch_size must be at least 1")
@@ -146,7 +149,8 @@ class Worker:
         self.drain_timeout = drain_timeout
         self.worker_id = worker_id or str(uuid.uuid4())
         self.application_name = application_name
-        self.queue_name = self.protocol.queue_name(flow.slug, step_slug)
+        self.worker_version = worker_version
+        self.queue_name = self.protocol.queue_for(flow, step_slug)
         self.stats = WorkerStats()
         self.state = "created"
         self.stop_reason: str | None = None
@@ -180,10 +184,10 @@ class Worker:
             with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name) as startup:
                 self.protocol.check_version(startup)
                 self.protocol.check_enabled(startup, self.function_name)
-                result = self.protocol.compile(startup, self.flow.slug, self.flow.shape(), self.step_slug)
+                result = self.protocol.compile_flow(startup, self.flow, self.step_slug)
                 self.protocol.register(
                     startup, worker_id=self.worker_id, function_name=self.function_name, queue_name=self.queue_name,
-                    flow_slug=self.flow.slug, step_slug=self.step_slug,
+                    flow_slug=self.flow.slug, step_slug=self.step_slug, worker_version=self.worker_version,
                 )
         except BaseException:
             # Nothing was registered; the worker is finished, not stuck in 'starting'.

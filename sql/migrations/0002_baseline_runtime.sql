@@ -65,7 +65,7 @@
 
 --@include functions/definitions/_compare_flow_shapes.sql as-create
 
---@include functions/definitions/_create_flow_from_shape.sql as-create
+--@include released/0002/functions/definitions/_create_flow_from_shape.sql as-create
 
 --@include baseline/definitions/delete_flow_and_data.sql as-create
 
