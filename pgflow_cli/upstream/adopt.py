@@ -1,0 +1,286 @@
+"""Adopt a schema that a published pgflow release installed: bring it to pgflow-cli's baseline in place.
+
+The adoption is one transaction of three parts, all shipped SQL:
+
+1. ``sql/adoption/schema.sql``: locks the tables, drops the functions pgflow-cli's baseline
+   replaces (remembering their grants), adds the missing columns, constraints and index with
+   the baseline's names, types and defaults, and backfills step outputs where the release did
+   not store them (what 0.13.0 did);
+2. pgflow-cli's baseline functions, from the very files the baseline migrations run
+   (:func:`baseline_function_sql`): no second copy of any function exists;
+3. ``sql/adoption/finish.sql``: the slug checks again, the remembered grants on the new
+   functions (nothing else granted), PUBLIC revoked, and the adoption record;
+
+then the ledger rows of migrations 0001 and 0002, so the installer continues with 0003 as on
+any baseline database. Every row of every table is kept. A lock timeout or deadlock rolls the
+whole transaction back and it is retried; a killed client leaves the database as it was.
+
+Spec: issue 8 "Adoption"; fact sheet ``upstream-releases.md`` §4.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import ClientCursor
+from psycopg.types.json import Jsonb
+
+from pgflow_cli import __version__, sqlfiles
+from pgflow_cli.db import first_line, retry_on_lock, transaction
+from pgflow_cli.errors import StateConflict
+from pgflow_cli.upstream import recognise as rec
+from pgflow_cli.upstream.releases import REPLACED_BY
+
+QUERIES = "queries/adopt.sql"
+INSTALLER_QUERIES = "queries/installer.sql"
+SCHEMA_FILE = "adoption/schema.sql"
+FINISH_FILE = "adoption/finish.sql"
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+
+_FUNCTION_STATEMENT = re.compile(r"^CREATE FUNCTION pgflow\.[\s\S]*?\bAS \$\$[\s\S]*?\$\$;", re.MULTILINE)
+_FUNCTION_NAME = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION pgflow\.([a-z_][a-z0-9_]*)\(", re.MULTILINE)
+
+
+def _baseline_migrations() -> list[Any]:
+    from pgflow_cli import installer
+
+    return [m for m in installer.available_migrations() if m.version <= installer.BASELINE_VERSION]
+
+
+def baseline_function_sql() -> str:
+    """pgflow-cli's baseline function definitions, exactly as the baseline migrations create them.
+
+    Every ``CREATE FUNCTION`` statement of the schema migration (0001 holds the tables and
+    two functions) followed by the whole runtime migration (0002 creates functions only).
+
+    Returns:
+        SQL text (several statements).
+    """
+    schema, runtime = _baseline_migrations()
+    return "\n\n".join(_FUNCTION_STATEMENT.findall(schema.sql)) + "\n\n" + runtime.sql
+
+
+def baseline_function_names() -> tuple[str, ...]:
+    """Names of the functions :func:`baseline_function_sql` creates, sorted."""
+    return tuple(sorted(set(_FUNCTION_NAME.findall(baseline_function_sql()))))
+
+
+def replaced_functions() -> dict[str, str | None]:
+    """``{function name: replacing name or None}``: what part 1 drops (any signature).
+
+    Every function named like one of the baseline's (``None``: replaced by its namesake), plus
+    the upstream functions the baseline replaces under another name (:data:`REPLACED_BY`).
+    """
+    names: dict[str, str | None] = {name: None for name in baseline_function_names()}
+    names.update(REPLACED_BY)
+    return names
+
+
+@dataclass(frozen=True)
+class AdoptionPart:
+    """One part of the adoption transaction, for ``--sql`` and progress.
+
+    Attributes:
+        label: ``adoption/schema.sql``, ``baseline functions`` ...
+        sql: the text executed.
+    """
+
+    label: str
+    sql: str
+
+
+def adoption_parts(conn: psycopg.Connection) -> list[AdoptionPart]:
+    """The statements of the adoption, in order, as they are executed (``--sql`` prints them).
+
+    ``conn`` is used only to quote the list of replaced functions (no query is sent).
+    """
+    replaced = replaced_functions()
+    cursor = ClientCursor(conn)
+    rows = cursor.mogrify(sqlfiles.statement(QUERIES, "replaced_rows"),
+                          {"names": list(replaced), "replaced_by": list(replaced.values())})
+    return [
+        AdoptionPart("replaced functions", sqlfiles.statement(QUERIES, "replaced_table") + ";\n" + rows + ";"),
+        AdoptionPart(SCHEMA_FILE, sqlfiles.load(SCHEMA_FILE)),
+        AdoptionPart("baseline functions (migrations 0001 and 0002)", baseline_function_sql()),
+        AdoptionPart(FINISH_FILE, sqlfiles.load(FINISH_FILE)),
+    ]
+
+
+def adoption_checksum(parts: list[AdoptionPart]) -> str:
+    """SHA-256 of the adoption text as executed (recorded with the adoption)."""
+    return sqlfiles.checksum("\n".join(p.sql for p in parts))
+
+
+@dataclass
+class Adopted:
+    """Outcome of :func:`adopt`.
+
+    Attributes:
+        release: the release recorded (the newest member of the recognised group, or the one
+            the operator asserted).
+        releases: the recognised group.
+        assumed: the operator asserted the release (the schema was not recognised).
+        differences: what differed from that release (empty when recognised).
+        duration_ms: time of the successful attempt's transaction.
+        attempts: tries (lock timeouts and deadlocks are retried).
+        dry_run: the transaction was rolled back.
+        notices: server notices raised while it ran.
+    """
+
+    release: str
+    releases: tuple[str, ...]
+    assumed: bool
+    differences: list[dict[str, Any]]
+    duration_ms: int
+    attempts: int
+    dry_run: bool
+    notices: list[str] = field(default_factory=list)
+
+
+class _DryRun(Exception):
+    pass
+
+
+def check_adoptable(recognition: rec.Recognition) -> None:
+    """Refuse what adoption must not touch.
+
+    Raises:
+        StateConflict: the schema is unrecognised and no release was asserted (exit 6), with
+            every difference from the nearest release in ``detail``; or it is not an upstream
+            schema at all.
+    """
+    if recognition.adoptable:
+        return
+    if recognition.status == rec.UNRECOGNISED:
+        raise StateConflict(
+            f"this pgflow schema matches no published release: it differs from the nearest, pgflow "
+            f"{recognition.label}, in {len(recognition.differences)} place(s)",
+            hint="nothing was changed. If you know which release installed it and the differences are yours, "
+                 f"rerun with --assume-release {recognition.release} (recorded with the adoption); docs/upgrade.md",
+            detail=[d.describe() for d in recognition.differences],
+        )
+    raise StateConflict(f"nothing to adopt: {recognition.summary()}",
+                        hint="`pgflow migrate status` shows what is installed")
+
+
+def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeout: float = 5.0,
+          attempts: int = 5, dry_run: bool = False, progress: ProgressFn | None = None,
+          before_commit: Callable[[psycopg.Connection], None] | None = None,
+          assume_release: str | None = None) -> Adopted:
+    """Adopt the upstream schema of ``conn``'s database in one transaction (see the module docstring).
+
+    Args:
+        conn: an autocommit connection (the caller holds the migrator lock).
+        recognition: what :func:`~pgflow_cli.upstream.recognise.recognise` found; it is checked
+            again inside the transaction and a change refuses the adoption.
+        lock_timeout: seconds each lock may be waited for, per attempt.
+        attempts: tries on lock timeouts and deadlocks.
+        dry_run: run everything, then roll back.
+        progress: ``progress(event, data)``: ``start``, ``retry``, ``done``.
+        before_commit: hook run inside the transaction just before it commits (or rolls back,
+            in a dry run); ``--dry-run`` reporting uses it.
+        assume_release: the release the operator asserted (``--assume-release``), passed to the
+            recheck.
+
+    Returns:
+        :class:`Adopted`.
+
+    Raises:
+        StateConflict: not adoptable (:func:`check_adoptable`), or the schema changed between
+            the plan and the locked recheck (exit 6).
+        LockTimeout: a lock could not be taken within the retries (exit 4).
+    """
+    check_adoptable(recognition)
+    emit = progress or (lambda event, data: None)
+    parts = adoption_parts(conn)
+    checksum = adoption_checksum(parts)
+    release = recognition.release
+    assert release is not None
+    tries = 0
+    notices: list[str] = []
+    result: dict[str, Any] = {}
+
+    def collect(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.message_primary:
+            notices.append(diag.message_primary)
+
+    def attempt() -> None:
+        nonlocal tries
+        tries += 1
+        notices.clear()
+        emit("start", {"migration": "adopt", "release": release, "attempt": tries})
+        started = time.monotonic()
+        try:
+            with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+                _recheck(conn, recognition, assume_release)
+                for part in parts:
+                    conn.execute(part.sql)  # type: ignore[arg-type]  # shipped SQL (and quoted literals)
+                _record(conn, recognition, checksum, int((time.monotonic() - started) * 1000))
+                result["ms"] = int((time.monotonic() - started) * 1000)
+                if before_commit:
+                    before_commit(conn)
+                if dry_run:
+                    raise _DryRun()
+        except _DryRun:
+            pass
+
+    def on_retry(number: int, exc: BaseException, delay: float) -> None:
+        emit("retry", {"migration": "adopt", "attempt": number, "error": first_line(exc), "sleep": round(delay, 2)})
+
+    conn.add_notice_handler(collect)
+    try:
+        retry_on_lock(attempt, attempts=attempts, on_retry=on_retry)
+    finally:
+        conn.remove_notice_handler(collect)
+    emit("done", {"migration": "adopt", "release": release, "duration_ms": result["ms"], "attempts": tries,
+                  "dry_run": dry_run})
+    return Adopted(release, recognition.releases, recognition.assumed, [d.to_dict() for d in recognition.differences],
+                   result["ms"], tries, dry_run, list(notices))
+
+
+def _recheck(conn: psycopg.Connection, planned: rec.Recognition, assume_release: str | None) -> None:
+    now = rec.recognise(conn, assume_release=assume_release)
+    if (now.status, now.releases, now.differences) != (planned.status, planned.releases, planned.differences):
+        raise StateConflict(
+            "the pgflow schema changed since it was recognised; nothing was adopted",
+            hint="run `pgflow migrate plan` again",
+            detail=[f"planned: {planned.summary()}", f"now: {now.summary()}"],
+        )
+
+
+def _record(conn: psycopg.Connection, recognition: rec.Recognition, checksum: str, duration_ms: int) -> None:
+    """The adoption record and the ledger rows of the baseline migrations (same transaction)."""
+    conn.execute(sqlfiles.statement(QUERIES, "adoption_insert"), {
+        "release": recognition.release,
+        "releases": list(recognition.releases),
+        "assumed": recognition.assumed,
+        "differences": Jsonb([d.to_dict() for d in recognition.differences]),
+        "cron_jobs": Jsonb([j.to_dict() for j in recognition.cron_jobs]),
+        "supabase_history": Jsonb(recognition.supabase.to_dict()) if recognition.supabase else None,
+        "checksum": checksum,
+        "tool_version": __version__,
+    })
+    conn.execute(sqlfiles.statement(INSTALLER_QUERIES, "ledger_bootstrap"))
+    for migration in _baseline_migrations():
+        conn.execute(sqlfiles.statement(INSTALLER_QUERIES, "ledger_record"), {
+            "version": migration.version, "name": migration.name, "checksum": migration.checksum,
+            "tool_version": __version__, "duration_ms": duration_ms, "state": "applied", "phases_done": [],
+        })
+
+
+def describe(parts: list[AdoptionPart]) -> str:
+    """The adoption as one SQL script (``--sql``): the statements in order, inside BEGIN/COMMIT."""
+    body = "\n\n".join(f"-- ==== {p.label}\n{p.sql.strip()}" for p in parts)
+    return "BEGIN;\n\n" + body + "\n\n-- the ledger rows of 0001/0002 and the adoption record are written here\nCOMMIT;\n"
+
+
+def record_json(adopted: Adopted) -> str:
+    """The adoption outcome as JSON (for ``--json`` output)."""
+    return json.dumps(adopted.__dict__, default=str)
