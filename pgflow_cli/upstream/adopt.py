@@ -72,14 +72,20 @@ def baseline_function_names() -> tuple[str, ...]:
     return tuple(sorted(set(_FUNCTION_NAME.findall(baseline_function_sql()))))
 
 
-def replaced_functions() -> dict[str, str | None]:
+OPTIONAL_FILES = {"prune_data_older_than": "optional/prune_baseline.sql"}
+"""pgflow-cli's version of each optional function pgflow's docs ship (installed only where one was)."""
+
+
+def replaced_functions(optional: tuple[str, ...] = ()) -> dict[str, str | None]:
     """``{function name: replacing name or None}``: what part 1 drops (any signature).
 
-    Every function named like one of the baseline's (``None``: replaced by its namesake), plus
-    the upstream functions the baseline replaces under another name (:data:`REPLACED_BY`).
+    Every function named like one of the baseline's (``None``: replaced by its namesake), the
+    upstream functions the baseline replaces under another name (:data:`REPLACED_BY`), and the
+    installed optional functions (``optional``, replaced by :data:`OPTIONAL_FILES`).
     """
     names: dict[str, str | None] = {name: None for name in baseline_function_names()}
     names.update(REPLACED_BY)
+    names.update({name: None for name in optional})
     return names
 
 
@@ -96,12 +102,12 @@ class AdoptionPart:
     sql: str
 
 
-def adoption_parts(conn: psycopg.Connection) -> list[AdoptionPart]:
+def adoption_parts(conn: psycopg.Connection, recognition: rec.Recognition) -> list[AdoptionPart]:
     """The statements of the adoption, in order, as they are executed (``--sql`` prints them).
 
     ``conn`` is used only to quote the list of replaced functions (no query is sent).
     """
-    replaced = replaced_functions()
+    replaced = replaced_functions(recognition.optional)
     cursor = ClientCursor(conn)
     rows = cursor.mogrify(sqlfiles.statement(QUERIES, "replaced_rows"),
                           {"names": list(replaced), "replaced_by": list(replaced.values())})
@@ -109,6 +115,7 @@ def adoption_parts(conn: psycopg.Connection) -> list[AdoptionPart]:
         AdoptionPart("replaced functions", sqlfiles.statement(QUERIES, "replaced_table") + ";\n" + rows + ";"),
         AdoptionPart(SCHEMA_FILE, sqlfiles.load(SCHEMA_FILE)),
         AdoptionPart("baseline functions (migrations 0001 and 0002)", baseline_function_sql()),
+        *[AdoptionPart(OPTIONAL_FILES[name], sqlfiles.load(OPTIONAL_FILES[name])) for name in recognition.optional],
         AdoptionPart(FINISH_FILE, sqlfiles.load(FINISH_FILE)),
     ]
 
@@ -199,7 +206,7 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
     """
     check_adoptable(recognition)
     emit = progress or (lambda event, data: None)
-    parts = adoption_parts(conn)
+    parts = adoption_parts(conn, recognition)
     checksum = adoption_checksum(parts)
     release = recognition.release
     assert release is not None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Mapping
 
 import psycopg
@@ -33,7 +32,6 @@ UPSTREAM = "upstream"
 UNRECOGNISED = "unrecognised"
 
 _CALL = re.compile(r"pgflow\.([a-z_][a-z0-9_]*)\s*\(", re.IGNORECASE)
-_OURS = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION pgflow\.([a-z_][a-z0-9_]*)\(", re.MULTILINE)
 _HISTORY_NAME = re.compile(r"(?:^|_)(?P<ts>\d{14})_pgflow_")
 
 
@@ -141,6 +139,7 @@ class Recognition:
         adoption: the adoption record (``status == "adopted"``).
         notes: other observations, one sentence each.
         pgmq_version: the pgmq extension version, ``None`` for a SQL-only PGMQ or none.
+        optional: functions of :data:`releases.OPTIONAL_FUNCTIONS` that are installed (names).
         assumed: the schema is unrecognised and the operator asserted a release; the
             differences are against that release.
         asserted_release: that release (``--assume-release``).
@@ -155,6 +154,7 @@ class Recognition:
     adoption: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
     pgmq_version: str | None = None
+    optional: tuple[str, ...] = ()
     assumed: bool = False
     asserted_release: str | None = None
 
@@ -211,6 +211,7 @@ class Recognition:
             "supabase": self.supabase.to_dict() if self.supabase else None,
             "adoption": self.adoption,
             "notes": list(self.notes),
+            "optional": list(self.optional),
             "assumed": self.assumed,
         }
 
@@ -265,31 +266,29 @@ def body_differences(group_index: int, bodies: Mapping[str, str]) -> list[str]:
                   if key in bodies and bodies[key] != md5)
 
 
-@lru_cache(maxsize=1)
-def runtime_function_names() -> frozenset[str]:
-    """Names of every function pgflow-cli's shipped migrations create in schema pgflow."""
-    from pgflow_cli import installer
+def match(facts: CatalogFacts) -> tuple[list[int], list[Difference], list[str]]:
+    """The release groups nearest to ``facts``: ``(indexes, shape differences, body differences)``.
 
-    return frozenset(name for m in installer.available_migrations() for name in _OURS.findall(m.sql))
-
-
-def match(facts: CatalogFacts) -> tuple[int, list[Difference], list[str]]:
-    """The release group nearest to ``facts``: ``(index, shape differences, body differences)``.
-
-    The group with the fewest shape differences wins; among equals (0.13.2 and 0.13.3 share a
-    shape) the fewest body differences, then the newer group.
+    The groups with the fewest shape differences win; among them (0.13.2 and 0.13.3 share a
+    shape) those with the fewest body differences. When that still leaves several (function
+    bodies edited, so they tell nothing), all of them are returned, oldest first: the range of
+    releases the facts cannot tell apart. The differences are those of the newest of them.
     """
     scored = []
     for index in range(len(GROUPS)):
         diffs = compare(releases.shape(index), facts.objects)
         bodies = body_differences(index, facts.bodies)
-        scored.append((len(diffs), len(bodies), -index, index, diffs, bodies))
-    best = min(scored)
-    return best[3], best[4], best[5]
+        scored.append((len(diffs), len(bodies), index, diffs, bodies))
+    best = min(s[:2] for s in scored)
+    tied = [s for s in scored if s[:2] == best]
+    return [s[2] for s in tied], tied[-1][3], tied[-1][4]
 
 
-def _cron_jobs(conn: psycopg.Connection) -> tuple[CronJob, ...]:
-    ours = runtime_function_names()
+def _cron_jobs(conn: psycopg.Connection, facts: CatalogFacts) -> tuple[CronJob, ...]:
+    from pgflow_cli.upstream.adopt import baseline_function_names
+
+    kept = {key.split("(", 1)[0] for key in facts.objects["function"]} - set(releases.REPLACED_BY)
+    ours = set(baseline_function_names()) | kept
     jobs = []
     with conn.cursor(row_factory=dict_row) as cur:
         for row in cur.execute(sqlfiles.statement(QUERIES, "cron_jobs")).fetchall():
@@ -343,25 +342,37 @@ def recognise(conn: psycopg.Connection, *, assume_release: str | None = None) ->
         return Recognition(PGFLOW_CLI, pgmq_version=pgmq_version)
     if not facts.present("schema") or not (facts.objects["table"] or facts.objects["function"]):
         return Recognition(NONE, pgmq_version=pgmq_version)
+    optional = tuple(sorted(key.split("(", 1)[0] for key in releases.OPTIONAL_FUNCTIONS
+                            if facts.objects["function"].get(key) == releases.OPTIONAL_FUNCTIONS[key]))
+    for key in releases.OPTIONAL_FUNCTIONS:
+        if key.split("(", 1)[0] in optional:
+            del facts.objects["function"][key]
     if "protocol_version()" in facts.objects["function"]:
         return Recognition(PGFLOW_CLI, notes=("its pgflow.schema_migrations ledger is missing",),
                            pgmq_version=pgmq_version)
 
-    index, diffs, bodies = match(facts)
+    indexes, diffs, bodies = match(facts)
     assumed = bool(diffs and assume_release)
     if assumed:
-        index = releases.group_of(assume_release)  # type: ignore[arg-type]
-        diffs = compare(releases.shape(index), facts.objects)
-        bodies = body_differences(index, facts.bodies)
-    group = GROUPS[index]
-    cron = _cron_jobs(conn) if facts.present("cron_jobs") else ()
+        indexes = [releases.group_of(assume_release)]  # type: ignore[arg-type]
+        diffs = compare(releases.shape(indexes[0]), facts.objects)
+        bodies = body_differences(indexes[0], facts.bodies)
+    group = GROUPS[indexes[-1]]
+    members = tuple(r for i in indexes for r in GROUPS[i].releases)
+    cron = _cron_jobs(conn, facts) if facts.present("cron_jobs") else ()
     supabase = _supabase_history(conn) if facts.present("supabase_history") else None
     notes = list(group.notes) if not diffs else []
-    if supabase and supabase.releases and supabase.releases != group.releases:
+    if supabase and supabase.releases and not set(supabase.releases) & set(members):
         notes.append(f"the Supabase migration history names pgflow {'/'.join(supabase.releases)}, "
-                     f"the catalog matches {group.label}")
+                     f"the catalog matches {'/'.join(members)}")
+    if optional:
+        notes.append(f"pgflow's optional {', '.join(optional)} is installed: adoption replaces it by pgflow-cli's "
+                     "version (sql/optional), keeping its grants")
+    if bodies:
+        notes.append(f"{len(bodies)} function bod(ies) differ from the release's (edited by hand?); "
+                     "adoption replaces them all")
     return Recognition(
-        UPSTREAM if not diffs else UNRECOGNISED, group.releases, tuple(diffs), tuple(bodies), cron, supabase,
-        notes=tuple(notes), pgmq_version=pgmq_version, assumed=assumed,
+        UPSTREAM if not diffs else UNRECOGNISED, members, tuple(diffs), tuple(bodies), cron, supabase,
+        notes=tuple(notes), pgmq_version=pgmq_version, optional=optional, assumed=assumed,
         asserted_release=assume_release if assumed else None,
     )

@@ -354,3 +354,10 @@ HISTORY_MARKERS: Mapping[str, int] = MappingProxyType({
 REPLACED_BY: Mapping[str, str] = MappingProxyType({"_archive_task_message": "_archive_task_messages"})
 """Upstream functions pgflow-cli's baseline replaces under another name (adoption drops them and
 carries their grants over to the replacement)."""
+
+OPTIONAL_FUNCTIONS: Mapping[str, str] = MappingProxyType({
+    "prune_data_older_than(retention_interval interval)": "void",
+})
+"""Functions pgflow's documentation ships for installing by hand (fact sheet §7, pruning). Not part
+of any release's shape: present or not, the schema is the release; adoption replaces them by
+pgflow-cli's optional versions (``sql/optional``)."""

@@ -79,7 +79,8 @@ ORDER BY h.version;
 
 --@name adoption_record
 -- What pgflow-cli found and adopted (only run when pgflow.schema_adoption exists).
-SELECT release, releases, assumed, differences, adopted_by, adopted_at, tool_version
+SELECT release, releases, assumed, differences, cron_jobs, supabase_history, checksum, adopted_by, adopted_at,
+       tool_version
 FROM pgflow.schema_adoption
 ORDER BY adopted_at DESC
 LIMIT 1;
