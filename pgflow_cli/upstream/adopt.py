@@ -20,15 +20,17 @@ Spec: issue 8 "Adoption"; fact sheet ``upstream-releases.md`` §4.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import ClientCursor
+from psycopg import sql as pgsql
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import __version__, sqlfiles
@@ -138,6 +140,7 @@ class Adopted:
         duration_ms: time of the successful attempt's transaction.
         attempts: tries (lock timeouts and deadlocks are retried).
         dry_run: the transaction was rolled back.
+        online: the completion ran after the commit (:func:`complete`).
         notices: server notices raised while it ran.
     """
 
@@ -148,7 +151,8 @@ class Adopted:
     duration_ms: int
     attempts: int
     dry_run: bool
-    notices: list[str] = field(default_factory=list)
+    online: bool = False
+    notices: list[str] = dataclasses.field(default_factory=list)
 
 
 class _DryRun(Exception):
@@ -177,11 +181,30 @@ def check_adoptable(recognition: rec.Recognition) -> None:
                         hint="`pgflow migrate status` shows what is installed")
 
 
+ONLINE_THRESHOLD = 100_000
+"""Task rows above which adoption finishes online (like migration 0003's phased path)."""
+
+MAX_BATCH_PAGES = 16384
+
+
+def large(conn: psycopg.Connection) -> bool:
+    """True when the planner estimates more than :data:`ONLINE_THRESHOLD` task rows."""
+    row = conn.execute(sqlfiles.statement(INSTALLER_QUERIES, "estimated_rows"), {"table": "pgflow.step_tasks"}).fetchone()
+    return bool(row and row[0] is not None and int(row[0]) > ONLINE_THRESHOLD)
+
+
 def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeout: float = 5.0,
           attempts: int = 5, dry_run: bool = False, progress: ProgressFn | None = None,
           before_commit: Callable[[psycopg.Connection], None] | None = None,
-          assume_release: str | None = None) -> Adopted:
-    """Adopt the upstream schema of ``conn``'s database in one transaction (see the module docstring).
+          assume_release: str | None = None, online: str = "auto", batch_seconds: float = 0.2) -> Adopted:
+    """Adopt the upstream schema of ``conn``'s database (see the module docstring).
+
+    The adoption itself is one transaction: before it commits the database is the release, after
+    it the baseline runtime runs it. On a small database that transaction also checks every
+    existing row against the new constraints, builds the new index and backfills every step
+    output. On a large one (``online``), it leaves those three for after the commit, where they
+    run without blocking workers (:func:`complete`): constraints are NOT VALID until validated,
+    and only the outputs of runs in flight are backfilled inside the transaction.
 
     Args:
         conn: an autocommit connection (the caller holds the migrator lock).
@@ -189,12 +212,13 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
             again inside the transaction and a change refuses the adoption.
         lock_timeout: seconds each lock may be waited for, per attempt.
         attempts: tries on lock timeouts and deadlocks.
-        dry_run: run everything, then roll back.
-        progress: ``progress(event, data)``: ``start``, ``retry``, ``done``.
+        dry_run: run the transaction (everything in it, as on a small database), then roll back.
+        progress: ``progress(event, data)``: ``start``, ``retry``, ``done``, ``batch``, ``phase``.
         before_commit: hook run inside the transaction just before it commits (or rolls back,
             in a dry run); ``--dry-run`` reporting uses it.
-        assume_release: the release the operator asserted (``--assume-release``), passed to the
-            recheck.
+        assume_release: the release the operator asserted (``--assume-release``), for the recheck.
+        online: ``auto`` (online above :data:`ONLINE_THRESHOLD` task rows), ``always`` or ``never``.
+        batch_seconds: time each backfill batch of the online completion aims at, seconds.
 
     Returns:
         :class:`Adopted`.
@@ -204,12 +228,15 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
             the plan and the locked recheck (exit 6).
         LockTimeout: a lock could not be taken within the retries (exit 4).
     """
+    if online not in ("auto", "always", "never"):
+        raise ValueError(f"online must be auto, always or never, not {online!r}")
     check_adoptable(recognition)
     emit = progress or (lambda event, data: None)
     parts = adoption_parts(conn, recognition)
     checksum = adoption_checksum(parts)
     release = recognition.release
     assert release is not None
+    use_online = not dry_run and (online == "always" or (online == "auto" and large(conn)))
     tries = 0
     notices: list[str] = []
     result: dict[str, Any] = {}
@@ -222,14 +249,27 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
         nonlocal tries
         tries += 1
         notices.clear()
-        emit("start", {"migration": "adopt", "release": release, "attempt": tries})
+        emit("start", {"migration": "adopt", "release": release, "attempt": tries, "online": use_online})
         started = time.monotonic()
         try:
             with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
                 _recheck(conn, recognition, assume_release)
+                had_output = bool(conn.execute(sqlfiles.statement(QUERIES, "has_output_column")).fetchone()[0])
+                before = set(_unvalidated(conn))
                 for part in parts:
                     conn.execute(part.sql)  # type: ignore[arg-type]  # shipped SQL (and quoted literals)
-                _record(conn, recognition, checksum, int((time.monotonic() - started) * 1000))
+                if not had_output:
+                    _backfill_batch(conn, 0, 2 ** 31, in_flight_only=use_online)  # every page
+                added = [c for c in _unvalidated(conn) if c not in before]
+                pending: list[dict[str, str]] = []
+                if use_online:
+                    pending = ([] if had_output else [{"step": "backfill"}]) + [{"step": "index"}] + [
+                        {"step": "validate", "table": t, "constraint": c} for t, c in added]
+                else:
+                    for table, constraint in added:
+                        conn.execute(_validate_statement(table, constraint))
+                    conn.execute(sqlfiles.statement(QUERIES, "skipped_index"))
+                _record(conn, recognition, checksum, pending, int((time.monotonic() - started) * 1000))
                 result["ms"] = int((time.monotonic() - started) * 1000)
                 if before_commit:
                     before_commit(conn)
@@ -247,9 +287,116 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
     finally:
         conn.remove_notice_handler(collect)
     emit("done", {"migration": "adopt", "release": release, "duration_ms": result["ms"], "attempts": tries,
-                  "dry_run": dry_run})
+                  "dry_run": dry_run, "online": use_online})
+    if use_online:
+        complete(conn, lock_timeout=lock_timeout, attempts=attempts, progress=progress, batch_seconds=batch_seconds)
     return Adopted(release, recognition.releases, recognition.assumed, [d.to_dict() for d in recognition.differences],
-                   result["ms"], tries, dry_run, list(notices))
+                   result["ms"], tries, dry_run, use_online, list(notices))
+
+
+def pending_completion(conn: psycopg.Connection) -> list[dict[str, str]]:
+    """What an online adoption still has to do after its commit (empty: nothing, or no adoption)."""
+    if rec.read_facts(conn).context.get("adoption_record") != "present":
+        return []
+    row = conn.execute(sqlfiles.statement(QUERIES, "adoption_pending")).fetchone()
+    return list(row[0]) if row else []
+
+
+def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: int = 5,
+             progress: ProgressFn | None = None, batch_seconds: float = 0.2) -> int:
+    """Finish an online adoption after its commit; resumable (each step is recorded when done).
+
+    Steps, in order, none of which blocks workers for longer than one short batch:
+
+    * ``backfill``: the step output backfill for finished runs, a range of step_states heap pages
+      per transaction, sized so a batch takes about ``batch_seconds`` (its rows stay locked that
+      long; they belong to finished runs, which no worker touches);
+    * ``index``: ``CREATE INDEX CONCURRENTLY`` of the baseline's skipped-steps index;
+    * ``validate``: ``VALIDATE CONSTRAINT`` of each constraint adoption added NOT VALID, each in
+      its own transaction (SHARE UPDATE EXCLUSIVE: reads and writes go on).
+
+    Returns:
+        How many steps were done (0 when nothing was pending).
+
+    Raises:
+        LockTimeout: a lock could not be taken within the retries (exit 4); rerun to resume.
+        psycopg.errors.CheckViolation: an existing row breaks a baseline constraint (the
+            constraint stays NOT VALID; rerun after fixing the row).
+    """
+    emit = progress or (lambda event, data: None)
+    pending = pending_completion(conn)
+    done = 0
+    while pending:
+        step = pending[0]
+        emit("phase", {"migration": "adopt", "phase": step["step"], "mode": "online", **step})
+        started = time.monotonic()
+        if step["step"] == "backfill":
+            _online_backfill(conn, lock_timeout, attempts, emit, batch_seconds)
+        elif step["step"] == "index":
+            _online_index(conn, lock_timeout)
+        else:
+            def validate(step: dict[str, str] = step) -> None:
+                with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+                    conn.execute(_validate_statement(step["table"], step["constraint"]))
+            retry_on_lock(validate, attempts=attempts)
+        pending = pending[1:]
+
+        def record(left: list[dict[str, str]] = pending) -> None:
+            with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+                conn.execute(sqlfiles.statement(QUERIES, "adoption_progress"), {"pending": Jsonb(left)})
+        retry_on_lock(record, attempts=attempts)
+        done += 1
+        emit("phase_done", {"migration": "adopt", "phase": step["step"],
+                            "duration_ms": int((time.monotonic() - started) * 1000)})
+    return done
+
+
+def _unvalidated(conn: psycopg.Connection) -> list[tuple[str, str]]:
+    return [(t, c) for t, c in conn.execute(sqlfiles.statement(QUERIES, "unvalidated_constraints")).fetchall()]
+
+
+def _validate_statement(table: str, constraint: str) -> pgsql.Composed:
+    return pgsql.SQL(sqlfiles.statement(QUERIES, "validate_constraint")).format(  # type: ignore[arg-type]
+        table=pgsql.Identifier(table), constraint=pgsql.Identifier(constraint))
+
+
+def _backfill_batch(conn: psycopg.Connection, first_page: int, pages: int, *, in_flight_only: bool) -> tuple[int, int]:
+    row = conn.execute(sqlfiles.statement(QUERIES, "step_output_backfill"),
+                       {"first_page": first_page, "pages": pages, "in_flight_only": in_flight_only}).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def _online_backfill(conn: psycopg.Connection, lock_timeout: float, attempts: int, emit: ProgressFn,
+                     batch_seconds: float) -> None:
+    first_page, pages = 0, 256
+    budget = batch_seconds if batch_seconds > 0 else 0.2
+    while True:
+        def one(first_page: int = first_page, pages: int = pages) -> tuple[int, int]:
+            with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+                return _backfill_batch(conn, first_page, pages, in_flight_only=False)
+
+        started = time.monotonic()
+        updated, relation_pages = retry_on_lock(one, attempts=attempts)
+        elapsed = time.monotonic() - started
+        emit("batch", {"migration": "adopt", "phase": "backfill", "first_page": first_page, "pages": pages,
+                       "relation_pages": relation_pages, "rows": updated, "ms": int(elapsed * 1000)})
+        first_page += pages
+        if first_page >= relation_pages:
+            return
+        wanted = pages * budget / elapsed if elapsed > 0 else pages * 2
+        pages = max(1, min(MAX_BATCH_PAGES, int(max(pages / 4, min(pages * 2, wanted)))))
+
+
+def _online_index(conn: psycopg.Connection, lock_timeout: float) -> None:
+    # Outside any transaction (CONCURRENTLY); a session lock_timeout still applies.
+    timeout = sqlfiles.statement(INSTALLER_QUERIES, "session_lock_timeout")
+    conn.execute(timeout, {"value": f"{int(lock_timeout * 1000)}ms"})
+    try:
+        if conn.execute(sqlfiles.statement(QUERIES, "skipped_index_invalid")).fetchone()[0]:
+            conn.execute(sqlfiles.statement(QUERIES, "skipped_index_drop"))
+        conn.execute(sqlfiles.statement(QUERIES, "skipped_index_concurrently"))
+    finally:
+        conn.execute(timeout, {"value": "0"})
 
 
 def _recheck(conn: psycopg.Connection, planned: rec.Recognition, assume_release: str | None) -> None:
@@ -262,7 +409,8 @@ def _recheck(conn: psycopg.Connection, planned: rec.Recognition, assume_release:
         )
 
 
-def _record(conn: psycopg.Connection, recognition: rec.Recognition, checksum: str, duration_ms: int) -> None:
+def _record(conn: psycopg.Connection, recognition: rec.Recognition, checksum: str, pending: list[dict[str, str]],
+            duration_ms: int) -> None:
     """The adoption record and the ledger rows of the baseline migrations (same transaction)."""
     conn.execute(sqlfiles.statement(QUERIES, "adoption_insert"), {
         "release": recognition.release,
@@ -273,6 +421,8 @@ def _record(conn: psycopg.Connection, recognition: rec.Recognition, checksum: st
         "supabase_history": Jsonb(recognition.supabase.to_dict()) if recognition.supabase else None,
         "checksum": checksum,
         "tool_version": __version__,
+        "pending": Jsonb(pending),
+        "complete": not pending,
     })
     conn.execute(sqlfiles.statement(INSTALLER_QUERIES, "ledger_bootstrap"))
     for migration in _baseline_migrations():

@@ -71,6 +71,8 @@ CREATE TABLE IF NOT EXISTS pgflow.schema_adoption (
   supabase_history  jsonb,
   checksum          text        NOT NULL,
   tool_version      text        NOT NULL,
+  pending           jsonb       NOT NULL DEFAULT '[]',
+  completed_at      timestamptz,
   adopted_by        text        NOT NULL DEFAULT session_user,
   adopted_at        timestamptz NOT NULL DEFAULT now()
 );

@@ -74,36 +74,11 @@ BEGIN
 END
 $type$;
 
--- Releases before 0.13.0 do not store step outputs; readers of the baseline do. Backfill the
--- completed steps as 0.13.0 did: a single step gets its completed task's output, a map step
--- the outputs of its completed tasks in task_index order ([] when it had none). Other steps
--- keep NULL. Runs only when the column is new, so a 0.13+ schema is left as it is.
-DO $output$
-BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
-                 WHERE attrelid = 'pgflow.step_states'::regclass AND attname = 'output' AND NOT attisdropped) THEN
-    ALTER TABLE pgflow.step_states ADD COLUMN output jsonb;
-
-    UPDATE pgflow.step_states AS ss
-    SET output = t.output
-    FROM pgflow.steps AS s, pgflow.step_tasks AS t
-    WHERE ss.status = 'completed'
-      AND s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug AND s.step_type = 'single'
-      AND t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.task_index = 0 AND t.status = 'completed'
-      AND t.output IS NOT NULL;
-
-    UPDATE pgflow.step_states AS ss
-    SET output = COALESCE(
-      (SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
-       FROM pgflow.step_tasks AS t
-       WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
-      '[]'::jsonb)
-    FROM pgflow.steps AS s
-    WHERE ss.status = 'completed'
-      AND s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug AND s.step_type = 'map';
-  END IF;
-END
-$output$;
+-- Releases before 0.13.0 do not store step outputs; readers of the baseline do. The column
+-- is added here (catalog only); the driver then backfills it as 0.13.0 did (the statement
+-- step_output_backfill of sql/queries/adopt.sql): in this transaction for the runs in flight,
+-- and for every other run either here too (small databases) or after commit in batches.
+ALTER TABLE pgflow.step_states ADD COLUMN IF NOT EXISTS output jsonb;
 
 -- Constraints whose rule is the baseline's under another name are renamed (no scan).
 DO $rename$
@@ -129,8 +104,10 @@ BEGIN
 END
 $rename$;
 
--- One ALTER TABLE per table: new columns, then every check whose rule differs, added again in
--- the same statement so each table is scanned once.
+-- One ALTER TABLE per table: new columns, then every check whose rule differs, added again
+-- NOT VALID: no table is scanned while the locks are held. New rows are checked at once;
+-- existing rows are checked by VALIDATE CONSTRAINT, in this transaction on small databases
+-- (sql/adoption/complete.sql) or after commit on large ones (pgflow_cli.upstream.adopt).
 ALTER TABLE pgflow.steps
   ADD COLUMN IF NOT EXISTS required_input_pattern jsonb,
   ADD COLUMN IF NOT EXISTS forbidden_input_pattern jsonb,
@@ -141,11 +118,11 @@ ALTER TABLE pgflow.steps
   DROP CONSTRAINT IF EXISTS when_unmet_is_valid,
   DROP CONSTRAINT IF EXISTS when_exhausted_is_valid,
   ADD CONSTRAINT required_input_pattern_is_object
-    CHECK (required_input_pattern IS NULL OR jsonb_typeof(required_input_pattern) = 'object'),
+    CHECK (required_input_pattern IS NULL OR jsonb_typeof(required_input_pattern) = 'object') NOT VALID,
   ADD CONSTRAINT forbidden_input_pattern_is_object
-    CHECK (forbidden_input_pattern IS NULL OR jsonb_typeof(forbidden_input_pattern) = 'object'),
-  ADD CONSTRAINT when_unmet_is_valid CHECK (when_unmet IN ('fail', 'skip', 'skip-cascade')),
-  ADD CONSTRAINT when_exhausted_is_valid CHECK (when_exhausted IN ('fail', 'skip', 'skip-cascade'));
+    CHECK (forbidden_input_pattern IS NULL OR jsonb_typeof(forbidden_input_pattern) = 'object') NOT VALID,
+  ADD CONSTRAINT when_unmet_is_valid CHECK (when_unmet IN ('fail', 'skip', 'skip-cascade')) NOT VALID,
+  ADD CONSTRAINT when_exhausted_is_valid CHECK (when_exhausted IN ('fail', 'skip', 'skip-cascade')) NOT VALID;
 
 ALTER TABLE pgflow.step_states
   ADD COLUMN IF NOT EXISTS skip_reason text,
@@ -159,14 +136,14 @@ ALTER TABLE pgflow.step_states
   DROP CONSTRAINT IF EXISTS skip_reason_matches_status,
   DROP CONSTRAINT IF EXISTS at_most_one_terminal_timestamp,
   DROP CONSTRAINT IF EXISTS skipped_at_is_after_created_at,
-  ADD CONSTRAINT status_is_valid CHECK (status IN ('created', 'started', 'completed', 'failed', 'skipped')),
+  ADD CONSTRAINT status_is_valid CHECK (status IN ('created', 'started', 'completed', 'failed', 'skipped')) NOT VALID,
   ADD CONSTRAINT remaining_tasks_state_consistency CHECK (
-    remaining_tasks IS NULL OR status NOT IN ('created', 'skipped')),
-  ADD CONSTRAINT output_only_for_completed CHECK (output IS NULL OR status = 'completed'),
-  ADD CONSTRAINT skip_reason_matches_status CHECK ((status = 'skipped') = (skip_reason IS NOT NULL)),
+    remaining_tasks IS NULL OR status NOT IN ('created', 'skipped')) NOT VALID,
+  ADD CONSTRAINT output_only_for_completed CHECK (output IS NULL OR status = 'completed') NOT VALID,
+  ADD CONSTRAINT skip_reason_matches_status CHECK ((status = 'skipped') = (skip_reason IS NOT NULL)) NOT VALID,
   ADD CONSTRAINT at_most_one_terminal_timestamp CHECK (
-    (completed_at IS NOT NULL)::int + (failed_at IS NOT NULL)::int + (skipped_at IS NOT NULL)::int <= 1),
-  ADD CONSTRAINT skipped_at_is_after_created_at CHECK (skipped_at IS NULL OR skipped_at >= created_at);
+    (completed_at IS NOT NULL)::int + (failed_at IS NOT NULL)::int + (skipped_at IS NOT NULL)::int <= 1) NOT VALID,
+  ADD CONSTRAINT skipped_at_is_after_created_at CHECK (skipped_at IS NULL OR skipped_at >= created_at) NOT VALID;
 
 -- requeued_count NOT NULL DEFAULT 0 is a catalog-only change (no table rewrite).
 ALTER TABLE pgflow.step_tasks
@@ -180,12 +157,10 @@ ALTER TABLE pgflow.step_tasks
   DROP CONSTRAINT IF EXISTS failed_at_is_after_started_at,
   DROP CONSTRAINT IF EXISTS requeued_count_nonnegative,
   ADD CONSTRAINT valid_status CHECK (
-    status IN ('queued', 'started', 'completed', 'failed', 'skipped', 'cancelled')),
-  ADD CONSTRAINT requeued_count_nonnegative CHECK (requeued_count >= 0),
-  ADD CONSTRAINT completed_at_is_after_started_at CHECK (completed_at IS NULL OR completed_at >= started_at),
-  ADD CONSTRAINT failed_at_is_after_started_at CHECK (failed_at IS NULL OR failed_at >= started_at);
-
-CREATE INDEX IF NOT EXISTS idx_step_states_skipped ON pgflow.step_states (run_id, step_slug) WHERE status = 'skipped';
+    status IN ('queued', 'started', 'completed', 'failed', 'skipped', 'cancelled')) NOT VALID,
+  ADD CONSTRAINT requeued_count_nonnegative CHECK (requeued_count >= 0) NOT VALID,
+  ADD CONSTRAINT completed_at_is_after_started_at CHECK (completed_at IS NULL OR completed_at >= started_at) NOT VALID,
+  ADD CONSTRAINT failed_at_is_after_started_at CHECK (failed_at IS NULL OR failed_at >= started_at) NOT VALID;
 
 ALTER TABLE pgflow.workers
   ADD COLUMN IF NOT EXISTS flow_slug text,
@@ -205,7 +180,7 @@ ALTER TABLE pgflow.worker_functions
   ADD COLUMN IF NOT EXISTS created_at timestamptz NOT NULL DEFAULT now(),
   ADD COLUMN IF NOT EXISTS updated_at timestamptz NOT NULL DEFAULT now(),
   DROP CONSTRAINT IF EXISTS worker_functions_debounce_check,
-  ADD CONSTRAINT worker_functions_debounce_check CHECK (debounce >= interval '1 second');
+  ADD CONSTRAINT worker_functions_debounce_check CHECK (debounce >= interval '1 second') NOT VALID;
 COMMENT ON TABLE pgflow.worker_functions IS
   'registry of worker functions; enabled = false is the rollout fence: the HTTP starter skips the function and its workers refuse to register';
 COMMENT ON COLUMN pgflow.worker_functions.function_name IS NULL;

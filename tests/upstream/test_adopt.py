@@ -214,3 +214,36 @@ def test_the_supabase_history_is_left_alone(release_db):
         assert conn.execute("SELECT * FROM supabase_migrations.schema_migrations").fetchall() == before
         record = rec.recognise(conn).adoption
         assert record["supabase_history"]["releases"] == list(adopted.releases)
+
+
+def test_online_adoption_finishes_after_its_commit_and_reaches_the_same_catalog(inflight_db, baseline_db):
+    database, state = inflight_db
+    inside = {}
+
+    def look(conn) -> None:
+        rows = conn.execute("SELECT run_id, step_slug, output FROM pgflow.step_states WHERE status = 'completed'"
+                            ).fetchall()
+        inside.update({(str(r), s): o for r, s, o in rows})
+        inside["unvalidated"] = conn.execute("SELECT count(*) FROM pg_constraint WHERE NOT convalidated "
+                                             "AND connamespace = 'pgflow'::regnamespace").fetchone()[0]
+
+    events = []
+    adopted = _adopt(database, online="always", before_commit=look, progress=lambda e, d: events.append((e, d)))
+
+    runs = {k: str(v) for k, v in state.runs.items()}
+    # inside the transaction: only what the runtime will read (runs in flight) was backfilled
+    assert inside[(runs["map_half_done"], "list")] == [1, 2, 3, 4]
+    assert inside[(runs["retry_pending"], "validate")] == {"ok": True}
+    assert inside[(runs["completed"], "ship")] is None
+    assert inside["unvalidated"] >= 14  # the new rules of steps, step_states and step_tasks
+    # after the online completion: everything, and the catalog of a baseline install
+    assert adopted.online
+    phases = [d["phase"] for e, d in events if e == "phase"]
+    assert phases[:2] == ["backfill", "index"] and phases.count("validate") == inside["unvalidated"]
+    with psycopg.connect(database.conninfo) as conn:
+        assert conn.execute("SELECT output FROM pgflow.step_states WHERE run_id = %s AND step_slug = 'ship'",
+                            (state.runs["completed"],)).fetchone()[0] == {"parcel": "p1"}
+        assert adoption.pending_completion(conn) == []
+        record = rec.recognise(conn).adoption
+        assert record is not None
+    assert catalog(database.conninfo) == _baseline_catalog(baseline_db)
