@@ -181,16 +181,18 @@ def check_adoptable(recognition: rec.Recognition) -> None:
                         hint="`pgflow migrate status` shows what is installed")
 
 
-ONLINE_THRESHOLD = 100_000
-"""Task rows above which adoption finishes online (like migration 0003's phased path)."""
+ONLINE_THRESHOLD_BYTES = 8 * 1024 * 1024
+"""Heap size of step_states + step_tasks above which adoption finishes online (about 40,000
+step states: the step output backfill rewrites each completed one, which inside the locked
+transaction would block workers for about a second per 50,000 rows)."""
 
 MAX_BATCH_PAGES = 16384
 
 
 def large(conn: psycopg.Connection) -> bool:
-    """True when the planner estimates more than :data:`ONLINE_THRESHOLD` task rows."""
-    row = conn.execute(sqlfiles.statement(INSTALLER_QUERIES, "estimated_rows"), {"table": "pgflow.step_tasks"}).fetchone()
-    return bool(row and row[0] is not None and int(row[0]) > ONLINE_THRESHOLD)
+    """True when the runtime tables are larger than :data:`ONLINE_THRESHOLD_BYTES` (no scan)."""
+    row = conn.execute(sqlfiles.statement(QUERIES, "runtime_bytes")).fetchone()
+    return bool(row and int(row[0]) > ONLINE_THRESHOLD_BYTES)
 
 
 def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeout: float = 5.0,
@@ -217,7 +219,7 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
         before_commit: hook run inside the transaction just before it commits (or rolls back,
             in a dry run); ``--dry-run`` reporting uses it.
         assume_release: the release the operator asserted (``--assume-release``), for the recheck.
-        online: ``auto`` (online above :data:`ONLINE_THRESHOLD` task rows), ``always`` or ``never``.
+        online: ``auto`` (online above :data:`ONLINE_THRESHOLD_BYTES`), ``always`` or ``never``.
         batch_seconds: time each backfill batch of the online completion aims at, seconds.
 
     Returns:

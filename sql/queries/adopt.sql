@@ -29,6 +29,10 @@ SET pending = %(pending)s,
     completed_at = CASE WHEN pg_catalog.jsonb_array_length(%(pending)s) = 0 THEN now() END
 WHERE completed_at IS NULL
 
+--@name runtime_bytes
+-- Heap bytes of the two tables adoption rewrites or scans (no scan: the relation's size).
+SELECT pg_catalog.pg_relation_size('pgflow.step_states') + pg_catalog.pg_relation_size('pgflow.step_tasks') AS bytes
+
 --@name has_output_column
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
                WHERE attrelid = 'pgflow.step_states'::regclass AND attname = 'output' AND NOT attisdropped)
@@ -52,15 +56,13 @@ WITH target AS (
 ), computed AS (
   SELECT t.run_id, t.step_slug,
          CASE WHEN t.step_type = 'map' THEN
-           COALESCE((SELECT pg_catalog.jsonb_agg(k.output ORDER BY k.task_index)
-                     FROM pgflow.step_tasks AS k
-                     WHERE k.run_id = t.run_id AND k.step_slug = t.step_slug AND k.status = 'completed'),
+           COALESCE(pg_catalog.jsonb_agg(k.output ORDER BY k.task_index) FILTER (WHERE k.status = 'completed'),
                     '[]'::jsonb)
-         ELSE
-           (SELECT k.output FROM pgflow.step_tasks AS k
-            WHERE k.run_id = t.run_id AND k.step_slug = t.step_slug AND k.task_index = 0 AND k.status = 'completed')
+         ELSE (pg_catalog.array_agg(k.output) FILTER (WHERE k.status = 'completed' AND k.task_index = 0))[1]
          END AS output
   FROM target AS t
+  LEFT JOIN pgflow.step_tasks AS k ON k.run_id = t.run_id AND k.step_slug = t.step_slug
+  GROUP BY t.run_id, t.step_slug, t.step_type
 ), updated AS (
   UPDATE pgflow.step_states AS ss
   SET output = c.output
