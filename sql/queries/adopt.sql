@@ -42,27 +42,32 @@ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
 -- gets its completed task's output, a completed map step the outputs of its completed tasks in
 -- task_index order ([] when it had none). Steps that already have an output are skipped, so a
 -- rerun after an interruption continues where it stopped. With in_flight_only, only steps of
--- runs still started (what the adopted runtime will read) are touched.
+-- runs still started (what the adopted runtime will read) are touched, found through the runs
+-- status index, and the page range is ignored.
 -- Returns (rows updated, heap pages of step_states).
 WITH target AS (
-  SELECT ss.run_id, ss.step_slug, s.step_type
+  SELECT ss.run_id, ss.step_slug, ss.flow_slug
   FROM pgflow.step_states AS ss
-  JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug
-  WHERE ss.ctid >= pg_catalog.format('(%%s,0)', %(first_page)s::bigint)::tid
+  WHERE NOT %(in_flight_only)s
+    AND ss.ctid >= pg_catalog.format('(%%s,0)', %(first_page)s::bigint)::tid
     AND ss.ctid < pg_catalog.format('(%%s,0)', %(first_page)s::bigint + %(pages)s::bigint)::tid
     AND ss.status = 'completed' AND ss.output IS NULL
-    AND (NOT %(in_flight_only)s
-         OR EXISTS (SELECT 1 FROM pgflow.runs AS r WHERE r.run_id = ss.run_id AND r.status = 'started'))
+  UNION ALL
+  SELECT ss.run_id, ss.step_slug, ss.flow_slug
+  FROM pgflow.runs AS r
+  JOIN pgflow.step_states AS ss ON ss.run_id = r.run_id
+  WHERE %(in_flight_only)s AND r.status = 'started' AND ss.status = 'completed' AND ss.output IS NULL
 ), computed AS (
   SELECT t.run_id, t.step_slug,
-         CASE WHEN t.step_type = 'map' THEN
+         CASE WHEN s.step_type = 'map' THEN
            COALESCE(pg_catalog.jsonb_agg(k.output ORDER BY k.task_index) FILTER (WHERE k.status = 'completed'),
                     '[]'::jsonb)
          ELSE (pg_catalog.array_agg(k.output) FILTER (WHERE k.status = 'completed' AND k.task_index = 0))[1]
          END AS output
   FROM target AS t
+  JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
   LEFT JOIN pgflow.step_tasks AS k ON k.run_id = t.run_id AND k.step_slug = t.step_slug
-  GROUP BY t.run_id, t.step_slug, t.step_type
+  GROUP BY t.run_id, t.step_slug, s.step_type
 ), updated AS (
   UPDATE pgflow.step_states AS ss
   SET output = c.output
