@@ -138,9 +138,19 @@ def run(ctx: Context) -> list[Result]:
                         if kind == "bare":
                             conn.execute("UPDATE pgflow.step_tasks SET error_message = lower(flow_slug)")
                         else:
+                            phases: dict[str, float] = {}
+                            mark = [time.perf_counter()]
+
+                            def progress(event: str, data: dict, phases: dict = phases, mark: list = mark) -> None:
+                                if event in ("phase_done", "done"):
+                                    key = f"{data['migration']} {data.get('phase', 'transaction' if event == 'done' else '')}"
+                                    now = time.perf_counter()
+                                    phases[key] = round(phases.get(key, 0) + now - mark[0], 2)
+                                    mark[0] = now
+
                             found = rec.recognise(conn)
-                            adopted = adoption.adopt(conn, found, online="auto")
-                            applied = installer.apply(conn, online="auto")
+                            adopted = adoption.adopt(conn, found, online="auto", progress=progress)
+                            applied = installer.apply(conn, online="auto", progress=progress)
                         seconds = time.perf_counter() - started
                         time.sleep(0.2)
                     if kind == "bare":
@@ -150,11 +160,13 @@ def run(ctx: Context) -> list[Result]:
                         _check(conninfo, runs)
                         results["total"].samples.append(seconds)
                         results["total"].details.update(
-                            release=found.label, adoption_online=adopted.online,
+                            phases_s=phases, release=found.label, adoption_online=adopted.online,
                             migration_path="phased" if applied and applied[-1].online else "one transaction")
                         results["adopt"].samples.append(adopted.duration_ms / 1000)
                         results["claim"].samples.append(prober.longest["claim"])
                         results["read"].samples.append(prober.longest["read"])
+                    if kind == "total":
+                        ctx.log(f"  seconds per phase: {phases}")
                     ctx.log(f"sample {sample + 1}/{samples} {kind}: {seconds:.1f}s total, longest claim wait "
                             f"{prober.longest['claim']:.3f}s, read {prober.longest['read']:.3f}s ({prober.count} probes)")
                 finally:

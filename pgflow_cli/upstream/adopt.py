@@ -435,9 +435,24 @@ def _record(conn: psycopg.Connection, recognition: rec.Recognition, checksum: st
 
 
 def describe(parts: list[AdoptionPart]) -> str:
-    """The adoption as one SQL script (``--sql``): the statements in order, inside BEGIN/COMMIT."""
+    """The adoption as one SQL script (``--sql``): the statements in order, inside BEGIN/COMMIT.
+
+    The statements the driver adds around the parts (the step output backfill, the constraint
+    validation, the index, the adoption record and ledger rows) are named in comments with the
+    file and section they come from.
+    """
     body = "\n\n".join(f"-- ==== {p.label}\n{p.sql.strip()}" for p in parts)
-    return "BEGIN;\n\n" + body + "\n\n-- the ledger rows of 0001/0002 and the adoption record are written here\nCOMMIT;\n"
+    tail = (
+        "-- ==== then, in the same transaction (sql/queries/adopt.sql):\n"
+        "--   step_output_backfill  when step_states.output was missing (releases before 0.13.0): every\n"
+        "--                         completed step on a small database, the runs in flight on a large one\n"
+        "--   validate_constraint   each constraint added NOT VALID above (small database)\n"
+        "--   skipped_index         idx_step_states_skipped (small database)\n"
+        "--   adoption_insert       the adoption record; then the ledger rows of 0001 and 0002\n"
+        "-- On a large database the backfill of finished runs, the index (CONCURRENTLY) and the\n"
+        "-- validations run after COMMIT, each in its own short transaction.\n"
+    )
+    return "BEGIN;\n\n" + body + "\n\n" + tail + "COMMIT;\n"
 
 
 def record_json(adopted: Adopted) -> str:
