@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -453,8 +454,8 @@ class Plan:
         if self.state.foreign_pgflow:
             return StateConflict(
                 "this database has a pgflow schema that pgflow-cli did not install (no pgflow.schema_migrations ledger)",
-                hint="run `pgflow audit` for the upgrade report; adopting an existing upstream installation "
-                "is not supported by this version (docs/upgrade.md)",
+                hint="`pgflow migrate apply` adopts it first (`pgflow migrate plan` names the release it recognised); "
+                "see docs/upgrade.md \"Databases installed by pgflow itself\"",
             )
         if self.unknown:
             return StateConflict(
@@ -867,6 +868,22 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
             conn.execute(phased.abort.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
             conn.execute(sqlfiles.statement(QUERIES, "ledger_forget"), {"version": version})
         return migration
+    finally:
+        if not conn.closed:
+            conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))
+
+
+@contextmanager
+def migrator_lock(conn: psycopg.Connection, wait: float = 30.0, progress: ProgressFn | None = None) -> Iterator[None]:
+    """Hold the session advisory lock of migrators for a block (what :func:`apply` takes itself);
+    the adoption of an upstream schema runs under it.
+
+    Raises:
+        LockTimeout: another migrator held it for ``wait`` seconds (exit 4).
+    """
+    _take_migrator_lock(conn, wait, progress or (lambda event, data: None))
+    try:
+        yield
     finally:
         if not conn.closed:
             conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))

@@ -29,15 +29,18 @@ import time
 import psycopg
 from psycopg import sql
 
-from bench.benchmarks.migration import FLOWS, STEPS, Prober
+from bench.benchmarks.migration import Prober
 from bench.core import Context, Result
 from pgflow_cli import installer
 from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
+from tests.support import upstream_shapes
+
+STEPS = upstream_shapes.STEPS
 
 
 def _build_release(ctx: Context, conninfo: str) -> str:
-    from tests.support import published, upstream_shapes
+    from tests.support import published
 
     with psycopg.connect(ctx.conninfo("postgres"), autocommit=True) as admin:
         try:
@@ -47,51 +50,6 @@ def _build_release(ctx: Context, conninfo: str) -> str:
             ctx.log(f"cannot build the published release ({exc}); using the hand-written 0.8.1 shape")
     upstream_shapes.build(conninfo, "0.8.1")
     return "hand-written 0.8.1 shape"
-
-
-def _load(conninfo: str, runs: int) -> None:
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        sizes = {"flows": FLOWS, "steps": STEPS}
-        conn.execute("INSERT INTO pgflow.flows (flow_slug) SELECT 'flow' || f FROM generate_series(0, %(flows)s - 1) AS f",
-                     sizes)
-        conn.execute("INSERT INTO pgflow.steps (flow_slug, step_slug, step_index, deps_count) "
-                     "SELECT 'flow' || f, 'step' || s, s, least(s, 1) "
-                     "FROM generate_series(0, %(flows)s - 1) AS f, generate_series(0, %(steps)s - 1) AS s", sizes)
-        conn.execute("INSERT INTO pgflow.deps (flow_slug, dep_slug, step_slug) "
-                     "SELECT 'flow' || f, 'step' || (s - 1), 'step' || s "
-                     "FROM generate_series(0, %(flows)s - 1) AS f, generate_series(1, %(steps)s - 1) AS s", sizes)
-        conn.execute("SELECT pgmq.create('flow' || f) FROM generate_series(0, %(flows)s - 1) AS f", sizes)
-        conn.execute("SET session_replication_role = replica")  # bulk load: skip foreign-key triggers
-        conn.execute(
-            """
-            CREATE TEMP TABLE bench_runs AS
-            SELECT gen_random_uuid() AS run_id, 'flow' || (i %% %(flows)s) AS flow_slug,
-                   now() - interval '2 days' AS started_at, now() - interval '1 day' AS finished_at
-            FROM generate_series(1, %(runs)s) AS i
-            """, {"runs": runs, "flows": FLOWS})
-        conn.execute(
-            """
-            INSERT INTO pgflow.runs (run_id, flow_slug, status, input, output, remaining_steps, started_at, completed_at)
-            SELECT run_id, flow_slug, 'completed', '{}', '{"step9": {"n": 9}}', 0, started_at, finished_at
-            FROM bench_runs
-            """)
-        conn.execute(
-            """
-            INSERT INTO pgflow.step_states (flow_slug, run_id, step_slug, status, remaining_tasks, initial_tasks,
-                                            remaining_deps, created_at, started_at, completed_at)
-            SELECT r.flow_slug, r.run_id, 'step' || s, 'completed', 0, 1, 0, r.started_at, r.started_at, r.finished_at
-            FROM bench_runs AS r, generate_series(0, %(steps)s - 1) AS s
-            """, {"steps": STEPS})
-        conn.execute(
-            """
-            INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, status, attempts_count,
-                                           output, queued_at, started_at, completed_at)
-            SELECT r.flow_slug, r.run_id, 'step' || s, 0, row_number() OVER (), 'completed', 1,
-                   jsonb_build_object('n', s), r.started_at, r.started_at, r.finished_at
-            FROM bench_runs AS r, generate_series(0, %(steps)s - 1) AS s
-            """, {"steps": STEPS})
-        conn.execute("SET session_replication_role = origin")
-        conn.execute("VACUUM ANALYZE")
 
 
 def run(ctx: Context) -> list[Result]:
@@ -118,7 +76,7 @@ def run(ctx: Context) -> list[Result]:
         built = _build_release(ctx, loaded)
         ctx.log(f"loading {runs} runs / {work} task rows into a {built} database")
         started = time.perf_counter()
-        _load(loaded, runs)
+        upstream_shapes.load_finished_runs(loaded, runs)
         ctx.log(f"loaded in {time.perf_counter() - started:.0f}s")
         with psycopg.connect(loaded) as conn:
             keys = [conn.execute(f"SELECT run_id, step_slug FROM pgflow.step_tasks ORDER BY ctid {order} LIMIT 1").fetchone()

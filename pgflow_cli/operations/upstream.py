@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from pgflow_cli import sqlfiles
 from pgflow_cli.errors import UsageError
 from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
@@ -93,8 +94,10 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
         return plan
     if found.adoptable:
         asserted = " (asserted by the operator)" if found.assumed else ""
+        path = ("one short transaction, then online (finished runs backfilled in batches, index built "
+                "concurrently, constraints validated)" if adoption.large(conn) else "one transaction")
         plan.steps.append(f"adopt pgflow {found.label if not found.assumed else found.release}{asserted} -> "
-                          "pgflow-cli baseline (0001, 0002 recorded), in one transaction")
+                          f"pgflow-cli baseline (0001, 0002 recorded), in {path}")
     plan.must_do.append(
         f"stop every worker of pgflow {found.label} before `apply`: after the adoption they would run against "
         "pgflow-cli's runtime, and after 0003 only workers speaking protocol 2 can start")
@@ -174,6 +177,12 @@ def run(conn: psycopg.Connection, plan: UpstreamPlan, *, assume_release: str | N
     return adoption.adopt(conn, plan.recognition, lock_timeout=lock_timeout, attempts=attempts, dry_run=dry_run,
                           progress=progress, before_commit=before_commit, assume_release=assume_release,
                           online=online, batch_seconds=batch_seconds)
+
+
+def live_workers(conn: psycopg.Connection) -> dict[str, int]:
+    """Workers of the upstream release that still heartbeat: ``{"alive", "functions"}`` (read-only)."""
+    row = conn.execute(sqlfiles.statement(adoption.QUERIES, "live_workers")).fetchone()
+    return {"alive": int(row[0]), "functions": int(row[1])} if row else {"alive": 0, "functions": 0}
 
 
 def sql_script(conn: psycopg.Connection, plan: UpstreamPlan) -> str:

@@ -189,6 +189,14 @@ transaction would block workers for about a second per 50,000 rows)."""
 MAX_BATCH_PAGES = 16384
 
 
+COMPLETION_LABEL = "adoption (online completion)"
+
+
+def adoption_label(recognition: rec.Recognition) -> str:
+    """``adoption of pgflow 0.8.0/0.8.1/0.9.0/0.9.1``: how progress and results name the step."""
+    return f"adoption of pgflow {recognition.release if recognition.assumed else recognition.label}"
+
+
 def large(conn: psycopg.Connection) -> bool:
     """True when the runtime tables are larger than :data:`ONLINE_THRESHOLD_BYTES` (no scan)."""
     row = conn.execute(sqlfiles.statement(QUERIES, "runtime_bytes")).fetchone()
@@ -239,6 +247,7 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
     release = recognition.release
     assert release is not None
     use_online = not dry_run and (online == "always" or (online == "auto" and large(conn)))
+    label = adoption_label(recognition)
     tries = 0
     notices: list[str] = []
     result: dict[str, Any] = {}
@@ -251,7 +260,7 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
         nonlocal tries
         tries += 1
         notices.clear()
-        emit("start", {"migration": "adopt", "release": release, "attempt": tries, "online": use_online})
+        emit("start", {"migration": label, "release": release, "attempt": tries, "online": use_online})
         started = time.monotonic()
         try:
             with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
@@ -281,14 +290,14 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
             pass
 
     def on_retry(number: int, exc: BaseException, delay: float) -> None:
-        emit("retry", {"migration": "adopt", "attempt": number, "error": first_line(exc), "sleep": round(delay, 2)})
+        emit("retry", {"migration": label, "attempt": number, "error": first_line(exc), "sleep": round(delay, 2)})
 
     conn.add_notice_handler(collect)
     try:
         retry_on_lock(attempt, attempts=attempts, on_retry=on_retry)
     finally:
         conn.remove_notice_handler(collect)
-    emit("done", {"migration": "adopt", "release": release, "duration_ms": result["ms"], "attempts": tries,
+    emit("done", {"migration": label, "release": release, "duration_ms": result["ms"], "attempts": tries,
                   "dry_run": dry_run, "online": use_online})
     if use_online:
         complete(conn, lock_timeout=lock_timeout, attempts=attempts, progress=progress, batch_seconds=batch_seconds)
@@ -330,7 +339,7 @@ def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: i
     done = 0
     while pending:
         step = pending[0]
-        emit("phase", {"migration": "adopt", "phase": step["step"], "mode": "online", **step})
+        emit("phase", {"migration": COMPLETION_LABEL, "phase": step["step"], "mode": "online", **step})
         started = time.monotonic()
         if step["step"] == "backfill":
             _online_backfill(conn, lock_timeout, attempts, emit, batch_seconds)
@@ -348,7 +357,7 @@ def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: i
                 conn.execute(sqlfiles.statement(QUERIES, "adoption_progress"), {"pending": Jsonb(left)})
         retry_on_lock(record, attempts=attempts)
         done += 1
-        emit("phase_done", {"migration": "adopt", "phase": step["step"],
+        emit("phase_done", {"migration": COMPLETION_LABEL, "phase": step["step"],
                             "duration_ms": int((time.monotonic() - started) * 1000)})
     return done
 
@@ -380,7 +389,7 @@ def _online_backfill(conn: psycopg.Connection, lock_timeout: float, attempts: in
         started = time.monotonic()
         updated, relation_pages = retry_on_lock(one, attempts=attempts)
         elapsed = time.monotonic() - started
-        emit("batch", {"migration": "adopt", "phase": "backfill", "first_page": first_page, "pages": pages,
+        emit("batch", {"migration": COMPLETION_LABEL, "phase": "backfill", "first_page": first_page, "pages": pages,
                        "relation_pages": relation_pages, "rows": updated, "ms": int(elapsed * 1000)})
         first_page += pages
         if first_page >= relation_pages:

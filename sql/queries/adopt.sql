@@ -29,6 +29,12 @@ SET pending = %(pending)s,
     completed_at = CASE WHEN pg_catalog.jsonb_array_length(%(pending)s) = 0 THEN now() END
 WHERE completed_at IS NULL
 
+--@name live_workers
+-- Workers with a recent heartbeat that were not deprecated, in columns every release has.
+SELECT count(*) AS alive, count(DISTINCT function_name) AS functions
+FROM pgflow.workers
+WHERE deprecated_at IS NULL AND last_heartbeat_at > now() - interval '30 seconds'
+
 --@name runtime_bytes
 -- Heap bytes of the two tables adoption rewrites or scans (no scan: the relation's size).
 SELECT pg_catalog.pg_relation_size('pgflow.step_states') + pg_catalog.pg_relation_size('pgflow.step_tasks') AS bytes

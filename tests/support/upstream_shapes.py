@@ -302,3 +302,55 @@ def build(conninfo: str, release: str) -> None:
                 conn.execute(ddl)  # type: ignore[arg-type]  # test DDL
                 if name == release:
                     break
+
+
+FLOWS = 20
+STEPS = 10
+
+
+def load_finished_runs(conninfo: str, runs: int) -> None:
+    """``runs`` completed runs of 20 ten-step flows, bulk-loaded into a 0.8.1 schema (real or shape):
+    ``runs * 10`` step states and tasks, every task with an output; then VACUUM ANALYZE. Used by the
+    adoption benchmark and the interruption test (large enough for the adoption to take a while)."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        sizes = {"flows": FLOWS, "steps": STEPS}
+        conn.execute("INSERT INTO pgflow.flows (flow_slug) SELECT 'flow' || f FROM generate_series(0, %(flows)s - 1) AS f",
+                     sizes)
+        conn.execute("INSERT INTO pgflow.steps (flow_slug, step_slug, step_index, deps_count) "
+                     "SELECT 'flow' || f, 'step' || s, s, least(s, 1) "
+                     "FROM generate_series(0, %(flows)s - 1) AS f, generate_series(0, %(steps)s - 1) AS s", sizes)
+        conn.execute("INSERT INTO pgflow.deps (flow_slug, dep_slug, step_slug) "
+                     "SELECT 'flow' || f, 'step' || (s - 1), 'step' || s "
+                     "FROM generate_series(0, %(flows)s - 1) AS f, generate_series(1, %(steps)s - 1) AS s", sizes)
+        conn.execute("SELECT pgmq.create('flow' || f) FROM generate_series(0, %(flows)s - 1) AS f", sizes)
+        conn.execute("SET session_replication_role = replica")  # bulk load: skip foreign-key triggers
+        conn.execute(
+            """
+            CREATE TEMP TABLE bench_runs AS
+            SELECT gen_random_uuid() AS run_id, 'flow' || (i %% %(flows)s) AS flow_slug,
+                   now() - interval '2 days' AS started_at, now() - interval '1 day' AS finished_at
+            FROM generate_series(1, %(runs)s) AS i
+            """, {"runs": runs, "flows": FLOWS})
+        conn.execute(
+            """
+            INSERT INTO pgflow.runs (run_id, flow_slug, status, input, output, remaining_steps, started_at, completed_at)
+            SELECT run_id, flow_slug, 'completed', '{}', '{"step9": {"n": 9}}', 0, started_at, finished_at
+            FROM bench_runs
+            """)
+        conn.execute(
+            """
+            INSERT INTO pgflow.step_states (flow_slug, run_id, step_slug, status, remaining_tasks, initial_tasks,
+                                            remaining_deps, created_at, started_at, completed_at)
+            SELECT r.flow_slug, r.run_id, 'step' || s, 'completed', 0, 1, 0, r.started_at, r.started_at, r.finished_at
+            FROM bench_runs AS r, generate_series(0, %(steps)s - 1) AS s
+            """, {"steps": STEPS})
+        conn.execute(
+            """
+            INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, status, attempts_count,
+                                           output, queued_at, started_at, completed_at)
+            SELECT r.flow_slug, r.run_id, 'step' || s, 0, row_number() OVER (), 'completed', 1,
+                   jsonb_build_object('n', s), r.started_at, r.started_at, r.finished_at
+            FROM bench_runs AS r, generate_series(0, %(steps)s - 1) AS s
+            """, {"steps": STEPS})
+        conn.execute("SET session_replication_role = origin")
+        conn.execute("VACUUM ANALYZE")
