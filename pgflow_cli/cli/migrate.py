@@ -133,10 +133,11 @@ def status(
     connect_timeout: ConnectTimeoutOption = 10,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
-    """Show applied, pending, changed (checksum mismatch) and unknown migrations. Read-only.
+    """Show applied, pending, changed (checksum mismatch) and unknown migrations, and which pgflow
+    release installed a schema pgflow-cli did not (or adopted). Read-only.
 
     Exit 0, or 6 when the database cannot be migrated by this tool (changed files, a newer database,
-    a pgflow schema pgflow-cli did not install).
+    a pgflow schema that matches no published release).
     """
     STATE.output_format = output_format
     conn, target = open_connection(dsn, sandbox, connect_timeout)
