@@ -102,8 +102,8 @@ def _conflict(the_plan: installer.Plan, found: upstream.UpstreamPlan) -> PgflowE
 
 def _after_adoption(the_plan: installer.Plan, found: upstream.UpstreamPlan) -> list[installer.Migration]:
     """The pending migrations `apply` runs itself (the adoption reaches the baseline)."""
-    return [m for m in the_plan.pending
-            if not (found.adoption_pending and m.version <= installer.BASELINE_VERSION)]
+    upstream_schema = found.recognition.status in ("upstream", "unrecognised")
+    return [m for m in the_plan.pending if not (upstream_schema and m.version <= installer.BASELINE_VERSION)]
 
 
 def _print_upstream(found: upstream.UpstreamPlan) -> None:
@@ -111,7 +111,8 @@ def _print_upstream(found: upstream.UpstreamPlan) -> None:
     recognition = found.recognition
     if recognition.status in ("none", "pgflow-cli") and not found.completion:
         return
-    console.print(render.text(f"pgflow schema: {recognition.summary()}",
+    summary = recognition.summary()
+    console.print(render.text(summary if summary.startswith("unrecognised") else f"pgflow schema: {summary}",
                               "bold red" if recognition.status == "unrecognised" else None))
     for difference in recognition.differences:
         console.print(render.text(f"  {difference.describe()}", "red" if not recognition.adoptable else "dim"))

@@ -107,6 +107,13 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
     if _before(found, "0.13.0"):
         plan.notes.append("step outputs were not stored by this release: the adoption backfills every completed "
                           "step as 0.13.0 did (runs in flight inside its transaction)")
+    if "worker_functions" in releases.shape(releases.group_of(found.releases[-1]))["table"]:
+        disabled = [r[0] for r in conn.execute(sqlfiles.statement(adoption.QUERIES, "disabled_functions")).fetchall()]
+        if disabled:
+            plan.must_do.append(
+                f"{len(disabled)} worker function(s) have enabled = false ({', '.join(disabled)}): upstream only stopped "
+                "pinging them; in pgflow-cli that is the rollout fence, so their workers refuse to register until you "
+                "enable them (UPDATE pgflow.worker_functions SET enabled = true WHERE function_name = ...)")
     for job in found.cron_jobs:
         (plan.notes if job.keeps_working else plan.must_do).append(job.verdict())
     if not any("requeue_stalled_tasks" in job.calls for job in found.cron_jobs):

@@ -35,6 +35,10 @@ SELECT count(*) AS alive, count(DISTINCT function_name) AS functions
 FROM pgflow.workers
 WHERE deprecated_at IS NULL AND last_heartbeat_at > now() - interval '30 seconds'
 
+--@name disabled_functions
+-- Worker functions an upstream release registered with enabled = false (0.10+: the table exists).
+SELECT function_name FROM pgflow.worker_functions WHERE NOT enabled ORDER BY function_name
+
 --@name runtime_bytes
 -- Heap bytes of the two tables adoption rewrites or scans (no scan: the relation's size).
 SELECT pg_catalog.pg_relation_size('pgflow.step_states') + pg_catalog.pg_relation_size('pgflow.step_tasks') AS bytes

@@ -143,3 +143,36 @@ def test_a_killed_client_leaves_the_database_as_before_and_a_rerun_succeeds(rele
     with psycopg.connect(release_db.conninfo) as conn:
         assert conn.execute("SELECT count(*) FROM pgflow.step_states WHERE output IS NULL").fetchone()[0] == 0
         assert conn.execute("SELECT pgflow.protocol_version()").fetchone()[0] == 2
+
+
+def test_an_interrupted_online_completion_is_finished_by_the_next_apply(inflight_db):
+    from pgflow_cli.upstream import adopt as adoption
+    from pgflow_cli.upstream import recognise as rec
+
+    database, _state = inflight_db
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_index(event: str, data: dict) -> None:
+        if event == "phase" and data["phase"] == "index":
+            raise Stop()
+
+    with psycopg.connect(database.conninfo, autocommit=True) as conn:
+        try:
+            adoption.adopt(conn, rec.recognise(conn), online="always", progress=stop_at_index)
+        except Stop:
+            pass
+        left = adoption.pending_completion(conn)
+    assert [step["step"] for step in left][:1] == ["index"] and len(left) > 1  # the backfill was recorded done
+
+    plan = run_cli("migrate", "plan", "--dsn", database.conninfo)
+    assert "step: finish the adoption online (index, validate constraints)" in plan.stdout, plan.output
+    result = run_cli("migrate", "apply", "--dsn", database.conninfo)
+
+    assert result.code == ExitCode.OK, result.output
+    assert "phase index (online)" in result.stderr and "applied 0003_queue_identity" in result.stderr
+    with psycopg.connect(database.conninfo) as conn:
+        assert adoption.pending_completion(conn) == []
+        assert conn.execute("SELECT count(*) FROM pg_constraint WHERE NOT convalidated "
+                            "AND connamespace = 'pgflow'::regnamespace").fetchone()[0] == 0

@@ -39,6 +39,8 @@ def test_the_plan_names_cron_jobs_and_the_supabase_history(shape_db):
                      "(version text PRIMARY KEY, statements text[], name text)")
         conn.execute("INSERT INTO supabase_migrations.schema_migrations VALUES "
                      "('20260301000000', NULL, '20260214181656_pgflow_step_conditions')")
+        conn.execute("INSERT INTO pgflow.worker_functions (function_name, enabled) VALUES ('paused-worker', false), "
+                     "('live-worker', true)")
 
     plan = _inspect(database)
 
@@ -49,6 +51,7 @@ def test_the_plan_names_cron_jobs_and_the_supabase_history(shape_db):
     assert any("cron.unschedule(2)" in m for m in plan.must_do)
     assert any("supabase_migrations.schema_migrations lists 1 pgflow migration(s) (pgflow 0.14.0/0.14.1)" in m
                for m in plan.must_do)
+    assert any("1 worker function(s) have enabled = false (paused-worker)" in m for m in plan.must_do)
 
 
 def test_an_unrecognised_schema_is_refused_unless_a_release_is_asserted(release_db):
