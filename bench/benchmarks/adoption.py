@@ -36,7 +36,7 @@ from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
 from tests.support import upstream_shapes
 
-STEPS = upstream_shapes.STEPS
+STEPS = upstream_shapes.LOAD_STEPS
 
 
 def _build_release(ctx: Context, conninfo: str) -> str:

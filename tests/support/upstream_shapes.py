@@ -304,8 +304,8 @@ def build(conninfo: str, release: str) -> None:
                     break
 
 
-FLOWS = 20
-STEPS = 10
+LOAD_FLOWS = 20
+LOAD_STEPS = 10
 
 
 def load_finished_runs(conninfo: str, runs: int) -> None:
@@ -313,7 +313,7 @@ def load_finished_runs(conninfo: str, runs: int) -> None:
     ``runs * 10`` step states and tasks, every task with an output; then VACUUM ANALYZE. Used by the
     adoption benchmark and the interruption test (large enough for the adoption to take a while)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        sizes = {"flows": FLOWS, "steps": STEPS}
+        sizes = {"flows": LOAD_FLOWS, "steps": LOAD_STEPS}
         conn.execute("INSERT INTO pgflow.flows (flow_slug) SELECT 'flow' || f FROM generate_series(0, %(flows)s - 1) AS f",
                      sizes)
         conn.execute("INSERT INTO pgflow.steps (flow_slug, step_slug, step_index, deps_count) "
@@ -330,7 +330,7 @@ def load_finished_runs(conninfo: str, runs: int) -> None:
             SELECT gen_random_uuid() AS run_id, 'flow' || (i %% %(flows)s) AS flow_slug,
                    now() - interval '2 days' AS started_at, now() - interval '1 day' AS finished_at
             FROM generate_series(1, %(runs)s) AS i
-            """, {"runs": runs, "flows": FLOWS})
+            """, {"runs": runs, "flows": LOAD_FLOWS})
         conn.execute(
             """
             INSERT INTO pgflow.runs (run_id, flow_slug, status, input, output, remaining_steps, started_at, completed_at)
@@ -343,7 +343,7 @@ def load_finished_runs(conninfo: str, runs: int) -> None:
                                             remaining_deps, created_at, started_at, completed_at)
             SELECT r.flow_slug, r.run_id, 'step' || s, 'completed', 0, 1, 0, r.started_at, r.started_at, r.finished_at
             FROM bench_runs AS r, generate_series(0, %(steps)s - 1) AS s
-            """, {"steps": STEPS})
+            """, {"steps": LOAD_STEPS})
         conn.execute(
             """
             INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, status, attempts_count,
@@ -351,6 +351,6 @@ def load_finished_runs(conninfo: str, runs: int) -> None:
             SELECT r.flow_slug, r.run_id, 'step' || s, 0, row_number() OVER (), 'completed', 1,
                    jsonb_build_object('n', s), r.started_at, r.started_at, r.finished_at
             FROM bench_runs AS r, generate_series(0, %(steps)s - 1) AS s
-            """, {"steps": STEPS})
+            """, {"steps": LOAD_STEPS})
         conn.execute("SET session_replication_role = origin")
         conn.execute("VACUUM ANALYZE")
