@@ -21,7 +21,6 @@ Spec: issue 8 "Adoption"; fact sheet ``upstream-releases.md`` §4.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from psycopg.types.json import Jsonb
 from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import first_line, retry_on_lock, transaction
 from pgflow_cli.errors import StateConflict
+from pgflow_cli.installer import MAX_BATCH_PAGES
 from pgflow_cli.upstream import recognise as rec
 from pgflow_cli.upstream.releases import REPLACED_BY
 
@@ -185,9 +185,6 @@ ONLINE_THRESHOLD_BYTES = 8 * 1024 * 1024
 """Heap size of step_states + step_tasks above which adoption finishes online (about 40,000
 step states: the step output backfill rewrites each completed one, which inside the locked
 transaction would block workers for about a second per 50,000 rows)."""
-
-MAX_BATCH_PAGES = 16384
-
 
 COMPLETION_LABEL = "adoption (online completion)"
 
@@ -462,8 +459,3 @@ def describe(parts: list[AdoptionPart]) -> str:
         "-- validations run after COMMIT, each in its own short transaction.\n"
     )
     return "BEGIN;\n\n" + body + "\n\n" + tail + "COMMIT;\n"
-
-
-def record_json(adopted: Adopted) -> str:
-    """The adoption outcome as JSON (for ``--json`` output)."""
-    return json.dumps(adopted.__dict__, default=str)
