@@ -8,7 +8,8 @@ migrators apart; lock timeouts and deadlocks roll back and retry a bounded numbe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -372,6 +373,22 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
             conn.execute(phased.abort.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
             conn.execute(sqlfiles.statement(QUERIES, "ledger_forget"), {"version": version})
         return migration
+    finally:
+        if not conn.closed:
+            conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))
+
+
+@contextmanager
+def migrator_lock(conn: psycopg.Connection, wait: float = 30.0, progress: ProgressFn | None = None) -> Iterator[None]:
+    """Hold the session advisory lock of migrators for a block (what :func:`apply` takes itself);
+    the adoption of an upstream schema runs under it.
+
+    Raises:
+        LockTimeout: another migrator held it for ``wait`` seconds (exit 4).
+    """
+    _take_migrator_lock(conn, wait, progress or (lambda event, data: None))
+    try:
+        yield
     finally:
         if not conn.closed:
             conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))

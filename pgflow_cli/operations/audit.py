@@ -18,6 +18,8 @@ filter, counts, and builds the versioned JSON document. The same SQL ships as on
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -136,6 +138,8 @@ class SchemaInfo:
         pgmq_queue_tables: number of ``pgmq.q_*`` tables.
         pgmq_unreadable_tables: ``q_``/``a_`` tables the role may not read.
         notes: what the audit could and could not check, one sentence each.
+        recognition: what installed the schema (:meth:`pgflow_cli.upstream.recognise.Recognition.to_dict`:
+            status, releases, summary, differences ...), read from the catalog.
     """
 
     database: str
@@ -153,6 +157,7 @@ class SchemaInfo:
     pgmq_queue_tables: int
     pgmq_unreadable_tables: int
     notes: list[str] = field(default_factory=list)
+    recognition: dict[str, Any] | None = None
 
     @property
     def installed_by(self) -> str:
@@ -173,6 +178,7 @@ class SchemaInfo:
                 "queue_identity": self.queue_identity,
                 "step_queues": self.step_queues,
                 "tables": self.pgflow_tables,
+                "recognition": self.recognition,
             },
             "pgmq": {
                 "version": self.pgmq_version,
@@ -475,7 +481,7 @@ def run_audit(
             cur.execute(sqlfiles.statement(AUDIT_SQL, "schema_probe"))
             probe = cur.fetchone()
             assert probe is not None
-            schema = schema_from_probe(probe)
+            schema = _with_recognition(conn, schema_from_probe(probe))
             cur.execute(sqlfiles.statement(AUDIT_SQL, "findings"))
             finding_rows = cur.fetchall()
             cur.execute(sqlfiles.statement(AUDIT_SQL, "flow_impact"))
@@ -489,6 +495,18 @@ def run_audit(
             "queue backlogs are live-row estimates from the activity statistics, oldest message ages unknown"
         )
     return build_report(schema, findings, impacts, wanted, duration_ms=duration_ms)
+
+
+def _with_recognition(conn: psycopg.Connection, schema: SchemaInfo) -> SchemaInfo:
+    """``schema`` naming the release that installed it (one catalog query), also in its first note."""
+    from pgflow_cli.upstream.recognise import recognise
+
+    found = recognise(conn)
+    notes = list(schema.notes)
+    if not schema.ledger or found.status == "adopted":
+        notes[0] = found.summary() + (
+            "" if schema.ledger else ": `pgflow migrate plan` shows how it is adopted (docs/upgrade.md)")
+    return dataclasses.replace(schema, recognition=found.to_dict(), notes=notes)
 
 
 def schema_from_probe(probe: dict[str, Any]) -> SchemaInfo:

@@ -38,7 +38,8 @@ def test_json_document_is_versioned_and_stable(published_db):
     assert doc["filter"] == {"flows": None} and doc["fail_on"] == "warning"
     assert set(doc["database"]) == {"name", "role", "server_version", "server_version_num", "audited_at",
                                     "pgflow", "pgmq", "notes"}
-    assert set(doc["database"]["pgflow"]) == {"installed_by", "ledger", "queue_identity", "step_queues", "tables"}
+    assert set(doc["database"]["pgflow"]) == {"installed_by", "ledger", "queue_identity", "step_queues", "tables",
+                                            "recognition"}
     assert set(doc["database"]["pgmq"]) == {"version", "version_source", "message_headers", "queue_tables",
                                             "unreadable_tables"}
     assert set(doc["summary"]) == {"errors", "warnings", "info", "blocking", "flows", "flows_with_findings",
