@@ -18,8 +18,8 @@ so a redelivered message never applies a stage twice: :func:`run_stage` returns 
 Fakes (no network): ``doc://N`` sources produce deterministic text, ``missing://N`` is a
 permanent "not found" (the document fails at once), and the enrichment provider is an
 in-process token bucket that answers "rate limited, retry after S seconds" when empty.
-``ingest.faults`` injects a one-time failure (``fail_once``) or a one-time hang
-(``hang_once``, for crash tests) into a stage of a document.
+``ingest.faults`` injects a one-time failure (``fail_once``), a failure on every attempt
+(``fail_always``) or a one-time hang (``hang_once``, for crash tests) into a stage of a document.
 
 Handlers record every invocation in ``ingest.stage_calls`` and every committed transition in
 ``ingest.stage_effects``, so tests can count "ran" versus "applied" per document and stage.
@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS ingest.stage_effects (
 );
 CREATE TABLE IF NOT EXISTS ingest.faults (
   doc_id bigint NOT NULL, stage text NOT NULL,
-  kind text NOT NULL CHECK (kind IN ('fail_once', 'hang_once')),
+  kind text NOT NULL CHECK (kind IN ('fail_once', 'fail_always', 'hang_once')),
   PRIMARY KEY (doc_id, stage)
 );
 """
@@ -220,12 +220,13 @@ def run_stage(stage: str, doc_id: int, worker: str,
     with psycopg.connect(conninfo(), autocommit=True) as conn:
         conn.execute("INSERT INTO ingest.stage_calls (doc_id, stage, worker) VALUES (%s, %s, %s)",
                      (doc_id, stage, worker))
-        fault = conn.execute("DELETE FROM ingest.faults WHERE doc_id = %s AND stage = %s RETURNING kind",
-                             (doc_id, stage)).fetchone()
+        fault = conn.execute("DELETE FROM ingest.faults WHERE doc_id = %s AND stage = %s AND kind <> 'fail_always' "
+                             "RETURNING kind", (doc_id, stage)).fetchone() or conn.execute(
+            "SELECT kind FROM ingest.faults WHERE doc_id = %s AND stage = %s", (doc_id, stage)).fetchone()
         if fault and fault[0] == "hang_once":
             print(f"HANGING {stage} {doc_id}", flush=True)
             time.sleep(3600)
-        if fault and fault[0] == "fail_once":
+        if fault and fault[0] in ("fail_once", "fail_always"):
             raise TransientError(f"injected failure in {stage} of document {doc_id}")
         row = conn.execute("SELECT source, status, content, tokens FROM ingest.documents WHERE id = %s",
                            (doc_id,)).fetchone()
