@@ -63,7 +63,7 @@ def spawn(argv: list[str], dsn: str) -> subprocess.Popen[str]:
                             stdout=sys.stderr, stderr=sys.stderr)
 
 
-def wait_terminal(dsn: str, timeout: float, each_tick: Callable[[psycopg.Connection], None] | None = None) -> bool:
+def wait_terminal(dsn: str, timeout: float, each_tick: Callable[[psycopg.Connection], object] | None = None) -> bool:
     """Poll until every document is ``done`` or ``failed``; ``each_tick(conn)`` runs first each time."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(dsn, autocommit=True) as conn:

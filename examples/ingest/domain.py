@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import psycopg
@@ -152,6 +152,15 @@ def provider() -> Provider:
         return _provider
 
 
+def configure_provider(*, latency: float, rate: float = 1000.0, burst: int = 1000) -> None:
+    """Replace this process's provider (benchmarks vary the latency between windows)."""
+    global _provider
+    with _provider_lock:
+        _provider = Provider()
+        _provider.latency = latency
+        _provider.bucket = TokenBucket(rate, burst)
+
+
 def conninfo() -> str:
     """The application database: ``$INGEST_DSN``."""
     try:
@@ -166,7 +175,7 @@ def create_schema(conn: psycopg.Connection) -> None:
 
 
 def insert_documents(conn: psycopg.Connection, documents: list[tuple[int, str]],
-                     faults: list[tuple[int, str, str]] = ()) -> None:
+                     faults: Sequence[tuple[int, str, str]] = ()) -> None:
     """Insert ``(id, source)`` documents as ``pending`` and ``(doc_id, stage, kind)`` faults."""
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO ingest.documents (id, source) VALUES (%s, %s)", documents)
@@ -282,7 +291,9 @@ def outcomes(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
 
 def pending_count(conn: psycopg.Connection) -> int:
     """Documents not yet in a terminal status."""
-    return conn.execute("SELECT count(*) FROM ingest.documents WHERE status NOT IN ('done', 'failed')").fetchone()[0]
+    row = conn.execute("SELECT count(*) FROM ingest.documents WHERE status NOT IN ('done', 'failed')").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def status_counts(conn: psycopg.Connection) -> dict[str, int]:

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -26,7 +27,7 @@ from examples.ingest import domain
 log = logging.getLogger("ingest.handrolled")
 
 QUEUES = {stage: f"ingest_{stage}" for stage in domain.STAGES}
-NEXT = {"fetch": "parse", "parse": "enrich", "enrich": "index", "index": None}
+NEXT: dict[domain.Stage, domain.Stage | None] = {"fetch": "parse", "parse": "enrich", "enrich": "index", "index": None}
 MAX_ATTEMPTS = 3
 BASE_DELAY = 1
 """Seconds; retry n waits BASE_DELAY * 2**(n-1) unless the provider said Retry-After."""
@@ -47,7 +48,7 @@ def setup(conn: psycopg.Connection) -> None:
         conn.execute("SELECT pgmq.create(%s)", (queue,))
 
 
-def submit(conn: psycopg.Connection, documents: list[tuple[int, str]], faults: list[tuple[int, str, str]] = ()) -> None:
+def submit(conn: psycopg.Connection, documents: list[tuple[int, str]], faults: Sequence[tuple[int, str, str]] = ()) -> None:
     """Insert documents and enqueue each on the fetch queue, in one transaction."""
     with conn.transaction():
         domain.insert_documents(conn, documents, faults)
@@ -64,7 +65,7 @@ class StageWorker:
         concurrency: handler threads.
     """
 
-    def __init__(self, stage: str, dsn: str, concurrency: int = 4) -> None:
+    def __init__(self, stage: domain.Stage, dsn: str, concurrency: int = 4) -> None:
         self.stage, self.dsn, self.concurrency = stage, dsn, concurrency
         self.queue = QUEUES[stage]
         self.vt = visibility_timeout(stage)
@@ -114,8 +115,9 @@ class StageWorker:
             return
 
         def finish(conn: psycopg.Connection, result: str) -> None:
-            if result == "done" and NEXT[self.stage]:
-                conn.execute("SELECT pgmq.send(%s, %s)", (QUEUES[NEXT[self.stage]], Jsonb({"doc_id": doc_id})))
+            following = NEXT[self.stage]
+            if result == "done" and following:
+                conn.execute("SELECT pgmq.send(%s, %s)", (QUEUES[following], Jsonb({"doc_id": doc_id})))
             conn.execute("SELECT pgmq.archive(%s, %s::bigint)", (self.queue, msg_id))
 
         try:
@@ -140,7 +142,7 @@ class StageWorker:
             conn.execute("SELECT pgmq.archive(%s, %s::bigint)", (self.queue, msg_id))
 
 
-def serve(stage: str, dsn: str, concurrency: int) -> None:
+def serve(stage: domain.Stage, dsn: str, concurrency: int) -> None:
     """Run one stage worker in this process until SIGTERM/SIGINT."""
     worker = StageWorker(stage, dsn, concurrency)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -8,6 +8,8 @@ a handler cannot tell that its attempt is the last one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg
 from psycopg.types.json import Jsonb
 
@@ -20,7 +22,7 @@ def setup(conn: psycopg.Connection) -> None:
     domain.create_schema(conn)
 
 
-def submit(conn: psycopg.Connection, documents: list[tuple[int, str]], faults: list[tuple[int, str, str]] = ()) -> None:
+def submit(conn: psycopg.Connection, documents: list[tuple[int, str]], faults: Sequence[tuple[int, str, str]] = ()) -> None:
     """Insert documents and start one run each, in one transaction."""
     with conn.transaction():
         domain.insert_documents(conn, documents, faults)
