@@ -19,7 +19,8 @@ Fakes (no network): ``doc://N`` sources produce deterministic text, ``missing://
 permanent "not found" (the document fails at once), and the enrichment provider is an
 in-process token bucket that answers "rate limited, retry after S seconds" when empty.
 ``ingest.faults`` injects a one-time failure (``fail_once``), a failure on every attempt
-(``fail_always``) or a one-time hang (``hang_once``, for crash tests) into a stage of a document.
+(``fail_always``), a one-time hang (``hang_once``, for crash tests) or a one-time "rate limited,
+retry after 20 s" (``rate_limited_once``) into a stage of a document.
 
 Handlers record every invocation in ``ingest.stage_calls`` and every committed transition in
 ``ingest.stage_effects``, so tests can count "ran" versus "applied" per document and stage.
@@ -46,6 +47,8 @@ TRANSITIONS: dict[str, tuple[str, str]] = {
 }
 TERMINAL = ("done", "failed")
 WORDS = ("alpha", "berlin", "copper", "delta", "europe", "falcon", "granite", "harbor", "iris", "jupiter")
+RATE_LIMIT_RETRY_AFTER = 20.0
+"""Seconds the ``rate_limited_once`` fault asks the caller to wait (the provider's Retry-After)."""
 ENTITIES = frozenset({"berlin", "europe", "jupiter", "falcon"})
 
 SCHEMA = """
@@ -75,7 +78,7 @@ CREATE TABLE IF NOT EXISTS ingest.stage_effects (
 );
 CREATE TABLE IF NOT EXISTS ingest.faults (
   doc_id bigint NOT NULL, stage text NOT NULL,
-  kind text NOT NULL CHECK (kind IN ('fail_once', 'fail_always', 'hang_once')),
+  kind text NOT NULL CHECK (kind IN ('fail_once', 'fail_always', 'hang_once', 'rate_limited_once')),
   PRIMARY KEY (doc_id, stage)
 );
 """
@@ -235,6 +238,8 @@ def run_stage(stage: str, doc_id: int, worker: str,
         if fault and fault[0] == "hang_once":
             print(f"HANGING {stage} {doc_id}", flush=True)
             time.sleep(3600)
+        if fault and fault[0] == "rate_limited_once":
+            raise RateLimited(RATE_LIMIT_RETRY_AFTER)
         if fault and fault[0] in ("fail_once", "fail_always"):
             raise TransientError(f"injected failure in {stage} of document {doc_id}")
         row = conn.execute("SELECT source, status, content, tokens FROM ingest.documents WHERE id = %s",

@@ -128,3 +128,33 @@ def test_several_workers_per_step_apply_each_stage_once(app):
     assert all(calls[(d, s)] == 1 for d in done for s in domain.STAGES)
     workers = app.conn.execute("SELECT stage, count(DISTINCT worker) FROM ingest.stage_calls GROUP BY 1").fetchall()
     print(f"\n{app.version}: distinct workers per stage {dict(workers)}")
+
+
+def test_provider_retry_after_is_honoured_only_by_the_handrolled_version(db):
+    """Gap #655: the provider says "retry after 20 s"; when does the retry run?
+
+    Measured as the gap between the rate-limited call and the retried call of the same document.
+    Hand-rolled: ``pgmq.set_vt`` with the provider's value, so never earlier than 20 s. Step-queued:
+    pgflow's backoff, ``base_delay * 2**attempts`` = 2 s, whatever the provider said (the bound
+    checked is only "before the provider allowed it").
+    """
+    gaps = {}
+    for version in ("handrolled", "stepqueues"):
+        app = App(version, db.conninfo)
+        try:
+            if version == "stepqueues":
+                app.conn.execute("TRUNCATE ingest.documents, ingest.index_terms, ingest.stage_calls, "
+                                 "ingest.stage_effects, ingest.faults")
+            app.setup()
+            app.start_all()
+            app.submit(domain.sample_documents(1), [(1, "enrich", "rate_limited_once")])
+            app.wait_terminal()
+            assert app.status(1) == "done" and app.calls(1, "enrich") == 2
+            gaps[version] = float(app.conn.execute(
+                "SELECT extract(epoch FROM max(at) - min(at)) FROM ingest.stage_calls "
+                "WHERE doc_id = 1 AND stage = 'enrich'").fetchone()[0])
+        finally:
+            app.close()
+    print(f"\nretry ran {gaps} s after the rate-limited call (provider said {domain.RATE_LIMIT_RETRY_AFTER} s)")
+    assert gaps["handrolled"] >= domain.RATE_LIMIT_RETRY_AFTER - 0.5  # set_vt has whole seconds
+    assert gaps["stepqueues"] < domain.RATE_LIMIT_RETRY_AFTER
