@@ -97,6 +97,7 @@ class StageWorker:
         log.info("worker %s stopped", self.worker)
 
     def stop(self) -> None:
+        """Stop polling; :meth:`run` returns after in-flight documents finish."""
         self._stop.set()
 
     def _handle(self, msg_id: int, read_ct: int, body: Any) -> None:

@@ -26,10 +26,12 @@ class StageOutput(TypedDict):
 
 
 def fetch(run_input: DocInput, ctx: TaskContext) -> StageOutput:
+    """Root step: input is the run input ``{"doc_id"}``; returns the stage result for the next step."""
     return {"doc_id": run_input["doc_id"], "result": domain.run_stage("fetch", run_input["doc_id"], ctx.worker_id)}
 
 
 def parse(deps: dict[str, StageOutput], ctx: TaskContext) -> StageOutput:
+    """Input ``{"fetch": StageOutput}``. ``parse``, ``enrich`` and ``index`` raise to retry."""
     doc_id = deps["fetch"]["doc_id"]
     return {"doc_id": doc_id, "result": domain.run_stage("parse", doc_id, ctx.worker_id)}
 
