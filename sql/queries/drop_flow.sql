@@ -57,7 +57,7 @@ FROM (VALUES
      ) AS x (tbl, n)
 WHERE x.n > 0
 UNION ALL
-SELECT pg_catalog.format('queue %s (%s)', q.name, what.kind), 1
+SELECT pg_catalog.format('queue %%s (%%s)', q.name, what.kind), 1
 FROM pg_catalog.unnest(%(queues)s::text[]) AS q (name)
 CROSS JOIN LATERAL (
   SELECT 'queue table' AS kind WHERE pg_catalog.to_regclass(pg_catalog.format('pgmq.%%I', pgmq.format_table_name(q.name, 'q'))) IS NOT NULL

@@ -23,6 +23,7 @@ def rt(db):
         from pgflow_cli import sqlfiles
         for name in PHASE1_FILES:
             conn.execute(sqlfiles.load(f"functions/drop_flow/{name}.sql"))
+        conn.execute("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgflow FROM PUBLIC")
     runtime = Runtime(conn, level="upgraded")
     yield runtime
     assert_runtime_invariants(db.connect(), require_live_messages=runtime.require_live_messages)
