@@ -22,8 +22,7 @@ def rt(db):
     if conn.execute("SELECT to_regproc('pgflow.drop_flow')").fetchone()[0] is None:  # TEMP until 0008
         from pgflow_cli import sqlfiles
         for name in PHASE1_FILES:
-            conn.execute(sqlfiles.load(f"functions/drop_flow/{name}.sql"))
-        conn.execute("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgflow FROM PUBLIC")
+            conn.execute(sqlfiles.load(f"functions/definitions/{name}.sql"))
     runtime = Runtime(conn, level="upgraded")
     yield runtime
     assert_runtime_invariants(db.connect(), require_live_messages=runtime.require_live_messages)

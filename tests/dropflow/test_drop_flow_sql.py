@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.dropflow.helpers import ARCHIVE_LOG, assert_gone, build_every_state, drop, plan_of
 from tests.runtime.driver import raises_sqlstate
@@ -171,8 +172,35 @@ def test_unknown_and_case_variant_slugs(rt):
     assert_gone(rt, "MyFlow", ["myflow"])
 
 
-@pytest.mark.skip(reason="step-mode flows (private per-step queues) come with migration 0005 of the Stage 2 "
-                         "engineer, not merged when this was written; pgflow.drop_flow derives the route from "
-                         "steps.queue_name generically and checks each against pgflow.step_queue_name()")
 def test_a_step_queued_flow_drops_every_private_queue(rt):
-    raise AssertionError("enable with Stage 2 (withStepQueues) and build a step-queued flow here")
+    """A step-queued flow (Stage 2, migration 0005) owns one generated queue per step; all of them go."""
+    worker_api = pytest.importorskip(
+        "pgflow_cli.worker", reason="step-queued flows need Stage 2 (migration 0005, with_step_queues)")
+    if not hasattr(worker_api, "with_step_queues"):
+        pytest.skip("step-queued flows come with Stage 2 (migration 0005, pgflow_cli.worker.with_step_queues), "
+                    "not merged when this ran; drop_flow derives the route from steps.queue_name and checks "
+                    "each queue against pgflow.step_queue_name(), whatever the mode")
+    flow = worker_api.Flow("Scrape").step("fetch", lambda r, c: r).step("parse", lambda d, c: d, depends_on=["fetch"])
+    routes = worker_api.with_step_queues(flow).route_map()
+    rt.val("SELECT pgflow.ensure_flow_compiled(%s, %s, protocol_version => 2, queue_mode => 'step', route_map => %s)",
+           (flow.slug, Jsonb(flow.shape()), Jsonb(routes)))
+    rt.flow("survivor", [{"slug": "a"}])
+    queues = sorted(r["queueName"] for r in routes)
+    assert queues == ["scrape__fetch", "scrape__parse"]
+    advanced = rt.start("Scrape", {"url": 1})
+    rt.start("Scrape", {"url": 2})
+    wid = uuid.uuid4()
+    rt.conn.execute("SELECT pgflow.register_worker(%s, 'fetcher', 'scrape__fetch', 'Scrape', 'fetch')", (wid,))
+    msg = rt.task(advanced, "fetch")["message_id"]
+    [claimed] = rt.rows("SELECT * FROM pgflow.claim_tasks('scrape__fetch', %s::bigint[], %s, 'Scrape', 'fetch')", ([msg], wid))
+    assert claimed["outcome"] == "claimed"
+    rt.complete(advanced, "fetch", 0, "page")  # parse's message goes to the other private queue
+
+    plan = plan_of(rt, "Scrape")
+    assert [(q["queue_name"], q["origins"], q["messages"], q["problems"]) for q in plan["queues"]] == [
+        ("scrape__fetch", ["step:fetch"], 1, []), ("scrape__parse", ["step:parse"], 1, [])]
+    result = drop(rt, "Scrape", force=True)
+    assert [(q["queue_name"], q["outcome"]) for q in result["queues"]] == [
+        ("scrape__fetch", "dropped"), ("scrape__parse", "dropped")]
+    assert_gone(rt, "Scrape", queues)
+    assert rt.val("SELECT array_agg(queue_name::text) FROM pgmq.meta") == ["survivor"]

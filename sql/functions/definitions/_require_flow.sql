@@ -26,3 +26,5 @@ BEGIN
     USING ERRCODE = 'PF006', HINT = 'list the flows with SELECT flow_slug FROM pgflow.flows';
 END;
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._require_flow(text) FROM PUBLIC;

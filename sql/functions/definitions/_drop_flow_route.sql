@@ -41,10 +41,9 @@ AS $$
     SELECT pg_catalog.lower(flow.flow_slug COLLATE "C") AS queue_name, 'default'::text AS origin, NULL::text AS problem
     FROM flow WHERE flow.queue_mode = 'flow'
     UNION ALL
-    SELECT coalesce(s.queue_name, '(none)'),
+    SELECT s.queue_name,
            'step:' || s.step_slug,
            CASE
-             WHEN s.queue_name IS NULL THEN pg_catalog.format('step "%s" has no persisted queue: the route is incomplete', s.step_slug)
              WHEN flow.queue_mode = 'flow' AND s.queue_name IS DISTINCT FROM pg_catalog.lower(flow.flow_slug COLLATE "C")
                THEN pg_catalog.format('step "%s" routes to queue "%s", not to the flow''s default queue "%s": not a generated private queue',
                                       s.step_slug, s.queue_name, pg_catalog.lower(flow.flow_slug COLLATE "C"))
@@ -82,7 +81,6 @@ AS $$
       FROM pgmq.meta AS m
       WHERE pg_catalog.lower(m.queue_name::text COLLATE "C") = pg_catalog.lower(q.queue_name COLLATE "C")
     ) AS meta
-    WHERE q.queue_name <> '(none)'
   )
   SELECT p.queue_name,
          p.origins,
@@ -111,9 +109,7 @@ AS $$
                     AND pg_catalog.lower(f.flow_slug COLLATE "C") = p.queue_name
                   ORDER BY 1)
   FROM physical AS p
-  UNION ALL
-  -- a step without a queue: reported under the placeholder name so the refusal names it
-  SELECT q.queue_name, q.origins, NULL, 0, NULL, NULL, NULL, q.own_problems
-  FROM queues AS q WHERE q.queue_name = '(none)'
   ORDER BY 1
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._drop_flow_route(text) FROM PUBLIC;

@@ -87,3 +87,5 @@ AS $$
   )
   FROM verdict AS v
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._drop_flow_activity(text) FROM PUBLIC;

@@ -37,6 +37,7 @@ DECLARE
   v_owner name;
   v_mode text;
   v_route record;
+  v_routes jsonb;
   v_problems text[];
   v_denied text[];
   v_activity jsonb;
@@ -65,9 +66,13 @@ BEGIN
   PERFORM pgflow._lock_flow_for_deletion(drop_flow.flow_slug);
   v_mode := pgflow._require_flow(drop_flow.flow_slug);
 
+  -- The route once (it reads the flow's tasks): checked now, dropped below.
+  SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(r) ORDER BY r.queue_name), '[]'::jsonb) INTO v_routes
+  FROM pgflow._drop_flow_route(drop_flow.flow_slug) AS r;
+
   SELECT pg_catalog.array_agg(pg_catalog.format('queue "%s": %s', r.queue_name, p) ORDER BY r.queue_name, p)
   INTO v_problems
-  FROM pgflow._drop_flow_route(drop_flow.flow_slug) AS r, pg_catalog.unnest(r.problems) AS p;
+  FROM pg_catalog.jsonb_to_recordset(v_routes) AS r (queue_name text, problems text[]), pg_catalog.unnest(r.problems) AS p;
   IF v_problems IS NOT NULL THEN
     RAISE EXCEPTION 'flow "%" cannot be dropped: % problem(s) with the queues it would drop; nothing was deleted',
       drop_flow.flow_slug, pg_catalog.cardinality(v_problems)
@@ -77,7 +82,7 @@ BEGIN
 
   SELECT pg_catalog.array_agg(pg_catalog.format('queue "%s" (tables owned by "%s")', r.queue_name, r.table_owner) ORDER BY r.queue_name)
   INTO v_denied
-  FROM pgflow._drop_flow_route(drop_flow.flow_slug) AS r
+  FROM pg_catalog.jsonb_to_recordset(v_routes) AS r (queue_name text, table_owner name)
   WHERE r.table_owner IS NOT NULL AND NOT pg_catalog.pg_has_role(current_user, r.table_owner, 'USAGE');
   IF v_denied IS NOT NULL THEN
     RAISE EXCEPTION 'role "%" may not drop the queue tables of flow "%": %; nothing was deleted',
@@ -110,7 +115,9 @@ BEGIN
   )
   SELECT pg_catalog.count(*) INTO v_workers_told FROM told;
 
-  FOR v_route IN SELECT * FROM pgflow._drop_flow_route(drop_flow.flow_slug) LOOP
+  FOR v_route IN
+    SELECT * FROM pg_catalog.jsonb_to_recordset(v_routes) AS r (queue_name text, listed_as text, q_table regclass, a_table regclass)
+  LOOP
     -- PGMQ's creation lock for the canonical name (pgflow.create_flow takes it): nobody creates
     -- these tables under another letter case while they go. drop_queue takes the listed one.
     PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgmq.queue_' || v_route.queue_name));
@@ -178,3 +185,5 @@ BEGIN
     'activity', v_activity);
 END;
 $$;
+
+REVOKE ALL ON FUNCTION pgflow.drop_flow(text, boolean) FROM PUBLIC;

@@ -31,3 +31,5 @@ BEGIN
   RETURN v_runs;
 END;
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._lock_flow_for_deletion(text) FROM PUBLIC;

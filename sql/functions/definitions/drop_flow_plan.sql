@@ -94,3 +94,5 @@ BEGIN
                END);
 END;
 $$;
+
+REVOKE ALL ON FUNCTION pgflow.drop_flow_plan(text) FROM PUBLIC;

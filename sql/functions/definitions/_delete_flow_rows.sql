@@ -28,3 +28,5 @@ BEGIN
   RETURN v_counts;
 END;
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._delete_flow_rows(text, text[]) FROM PUBLIC;
