@@ -94,3 +94,32 @@ def test_export_writes_definition_and_history_first(rt, db, tmp_path):
 
     again = _cli(db, "archived", "--yes", "--confirm", "archived", "--export", str(target))
     assert again.code == ExitCode.USAGE and "not empty" in again.stderr  # checked before connecting
+
+
+def _on_terminal(db, slug: str, typed: str):
+    """Run drop-flow with a pseudo-terminal as stdin and type ``typed`` at the prompt."""
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "DATABASE_URL"}
+    proc = subprocess.Popen([sys.executable, "-m", "pgflow_cli", "drop-flow", slug, "--dsn", db.conninfo],
+                            stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    os.close(slave)
+    os.write(master, (typed + "\n").encode())
+    out, err = proc.communicate(timeout=120)
+    os.close(master)
+    return proc.returncode, out, err
+
+
+def test_interactive_confirmation_by_typing_the_slug(rt, db):
+    rt.flow("typed", [{"slug": "a"}])
+    code, out, err = _on_terminal(db, "typed", "Typed")  # letter case matters
+    assert code == ExitCode.INTERRUPTED, err
+    assert "Type the flow slug to delete it" in err and "nothing was deleted" in err
+    assert rt.val("SELECT count(*) FROM pgflow.flows") == 1
+    code, out, err = _on_terminal(db, "typed", "typed")
+    assert code == ExitCode.OK, err
+    assert "deleted flow typed" in out
+    assert_gone(rt, "typed", ["typed"])
