@@ -140,17 +140,6 @@ def _counts(conn: psycopg.Connection) -> dict[str, int]:
     return dict(zip(("tasks", "runs", "bystander_tasks", "bystander_archived", "tables"), row))
 
 
-def _install_if_missing(conninfo: str) -> None:
-    """Phase-1 shim: load the drop_flow function files when the migrations do not carry them yet."""
-    from pgflow_cli import sqlfiles
-
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        if conn.execute("SELECT to_regproc('pgflow.drop_flow')").fetchone()[0] is None:
-            for name in ("_require_flow", "_lock_flow_for_deletion", "_delete_flow_rows", "_drop_flow_route",
-                         "_drop_flow_activity", "drop_flow_plan", "drop_flow"):
-                conn.execute(sqlfiles.load(f"functions/definitions/{name}.sql"))
-
-
 def run(ctx: Context) -> list[Result]:
     runs = ctx.size(100_000, minimum=1_000)
     samples = min(ctx.repeat, 2)
@@ -166,7 +155,6 @@ def run(ctx: Context) -> list[Result]:
                   details={"note": "the drop_flow samples again, divided by the batched-archive baseline"})
     results = {"per_message": per_message, "batched": batched, "drop_flow": measured}
     with ctx.database("drop_data") as loaded:
-        _install_if_missing(loaded)
         ctx.log(f"loading {runs} runs / {work} task rows / {runs * STEPS} step states and their messages")
         started = time.perf_counter()
         _load(loaded, runs)

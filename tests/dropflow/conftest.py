@@ -13,16 +13,8 @@ from tests.runtime.driver import Runtime
 from tests.support.invariants import assert_runtime_invariants
 
 
-PHASE1_FILES = ["_require_flow", "_lock_flow_for_deletion", "_delete_flow_rows", "_drop_flow_route", "_drop_flow_activity", "drop_flow_plan", "drop_flow"]
-
-
 @pytest.fixture
 def rt(db):
-    conn = db.connect()
-    if conn.execute("SELECT to_regproc('pgflow.drop_flow')").fetchone()[0] is None:  # TEMP until 0008
-        from pgflow_cli import sqlfiles
-        for name in PHASE1_FILES:
-            conn.execute(sqlfiles.load(f"functions/definitions/{name}.sql"))
-    runtime = Runtime(conn, level="upgraded")
+    runtime = Runtime(db.connect(), level="upgraded")
     yield runtime
     assert_runtime_invariants(db.connect(), require_live_messages=runtime.require_live_messages)

@@ -27,6 +27,9 @@ def tree(tmp_path, monkeypatch, baseline_db):
     tree before the copy takes its place."""
     root = tmp_path / "sql"
     shutil.copytree(sqlfiles.sql_root(), root)
+    for shipped in (root / "migrations").glob("[0-9][0-9][0-9][0-9]_*.sql"):
+        if int(shipped.name[:4]) >= 4:  # the examples below stand for the migrations after 0003
+            shipped.unlink()
     released = sqlfiles.load(FILE)
     is_local = root / FILE
     is_local.write_text(is_local.read_text(encoding="utf-8").replace(

@@ -125,9 +125,9 @@ BEGIN
     v_archived := NULL;
     v_leftovers := '{}';
     IF v_route.q_table IS NOT NULL THEN
-      EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', v_route.q_table) INTO v_messages;
+      EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM pgmq.%I', pgmq.format_table_name(v_route.queue_name, 'q')) INTO v_messages;
       IF v_route.a_table IS NOT NULL THEN
-        EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', v_route.a_table) INTO v_archived;
+        EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM pgmq.%I', pgmq.format_table_name(v_route.queue_name, 'a')) INTO v_archived;
       END IF;
       IF v_route.listed_as IS NULL THEN
         v_leftovers := v_leftovers || 'no pgmq.meta row listed the queue'::text;
@@ -141,9 +141,9 @@ BEGIN
     ELSE
       v_outcome := 'already_gone';
       IF v_route.a_table IS NOT NULL THEN
-        EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', v_route.a_table) INTO v_archived;
+        EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM pgmq.%I', pgmq.format_table_name(v_route.queue_name, 'a')) INTO v_archived;
         v_leftovers := v_leftovers || pg_catalog.format('dropped the leftover archive table %s', v_route.a_table);
-        EXECUTE pg_catalog.format('DROP TABLE %s', v_route.a_table);
+        EXECUTE pg_catalog.format('DROP TABLE pgmq.%I', pgmq.format_table_name(v_route.queue_name, 'a'));
       END IF;
       IF v_route.listed_as IS NOT NULL THEN
         DELETE FROM pgmq.meta AS m WHERE m.queue_name = v_route.listed_as;

@@ -35,10 +35,10 @@ BEGIN
     v_messages := NULL;
     v_archived := NULL;
     IF v_route.q_table IS NOT NULL THEN
-      EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', v_route.q_table) INTO v_messages;
+      EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM pgmq.%I', pgmq.format_table_name(v_route.queue_name, 'q')) INTO v_messages;
     END IF;
     IF v_route.a_table IS NOT NULL THEN
-      EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', v_route.a_table) INTO v_archived;
+      EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM pgmq.%I', pgmq.format_table_name(v_route.queue_name, 'a')) INTO v_archived;
     END IF;
     v_queues := v_queues || pg_catalog.jsonb_build_object(
       'queue_name', v_route.queue_name,
