@@ -78,7 +78,10 @@ def drop_flow(
     if interactive and not sys.stdin.isatty():
         raise UsageError("drop-flow deletes data: on no terminal, confirm with --yes --confirm SLUG",
                          hint="or run it on a terminal and type the slug when asked")
-    export_dir = drop_op.prepare_export_dir(export) if export is not None and not dry_run else None
+    if dry_run and export is not None:
+        raise UsageError("--dry-run writes nothing, so it cannot --export",
+                         hint="the export is written inside the deletion's transaction; drop one of the two options")
+    export_dir = drop_op.prepare_export_dir(export) if export is not None else None
 
     err = render.stderr_console()
     table = output_format == OutputFormat.table

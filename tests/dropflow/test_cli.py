@@ -56,6 +56,7 @@ def test_confirmation_rules_and_unknown_flows(rt, db):
     assert 'flow "myflow" does not exist (flow "MyFlow" differs only in letter case' in unknown.stderr
     assert _cli(db, "nothing", "--dry-run").code == ExitCode.CONFLICT
     assert _cli(db, "MyFlow", "--format", "csv", "--dry-run").code == ExitCode.USAGE
+    assert _cli(db, "MyFlow", "--dry-run", "--export", "/nonexistent/x").code == ExitCode.USAGE
     assert rt.val("SELECT count(*) FROM pgflow.flows") == 1
 
     ok = _cli(db, "MyFlow", "--yes", "--confirm", "MyFlow", "--format", "json")

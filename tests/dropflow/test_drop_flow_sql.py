@@ -10,6 +10,7 @@ from psycopg.types.json import Jsonb
 
 from tests.dropflow.helpers import ARCHIVE_LOG, assert_gone, build_every_state, drop, plan_of
 from tests.runtime.driver import raises_sqlstate
+from tests.stage1.conftest import old_rt, upgrade  # noqa: F401  (fixture)
 
 
 def test_every_state_of_a_plain_flow_goes_and_nothing_else(rt):
@@ -120,6 +121,22 @@ def test_a_mixed_case_legacy_listing_is_dropped_by_its_exact_spelling(rt):
     assert [(q["listed_as"], q["outcome"], q["messages"]) for q in result["queues"]] == [("LegacyFlow", "dropped", 1)]
     assert_gone(rt, "LegacyFlow", ["legacyflow"])
     assert rt.val("SELECT count(*) FROM pgmq.meta") == 0
+
+
+def test_a_legacy_camelcase_flow_upgraded_from_the_baseline_is_dropped_by_its_listed_spelling(old_rt, baseline_db):
+    """The same, built by the released runtime (protocol 1) and upgraded with the one installer."""
+    old_rt.flow("LegacyFlow", [{"slug": "a"}, {"slug": "b", "deps": ["a"]}])
+    done = old_rt.start("LegacyFlow", {})
+    [task] = old_rt.poll("LegacyFlow")
+    old_rt.complete(done, "a", 0, "x")
+    old_rt.start("LegacyFlow", {})
+    upgrade(baseline_db, old_rt)
+    assert old_rt.val("SELECT array_agg(queue_name::text) FROM pgmq.meta") == ["LegacyFlow"]
+    result = drop(old_rt, "LegacyFlow", force=True)
+    assert [(q["queue_name"], q["listed_as"], q["outcome"], q["messages"], q["archived"]) for q in result["queues"]] == [
+        ("legacyflow", "LegacyFlow", "dropped", 2, 1)]
+    assert_gone(old_rt, "LegacyFlow", ["legacyflow"])
+    assert old_rt.val("SELECT count(*) FROM pgmq.meta") == 0
 
 
 def test_a_queue_another_meta_row_maps_to_is_refused(rt):
