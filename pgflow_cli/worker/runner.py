@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import threading
 import time
@@ -46,23 +47,65 @@ MAX_ERROR_MESSAGE = 2000
 GENERIC_FAILURE = "the handler failed and its error message could not be stored"
 
 
+def storable_text(text: str) -> str:
+    """``text`` made storable in a PostgreSQL ``text`` column of a UTF-8 database.
+
+    NUL becomes ``\\x00`` and every code point UTF-8 cannot encode (lone surrogates, e.g. from
+    ``os.fsdecode`` of undecodable bytes) becomes its ``\\udXXX`` escape, so the message stays
+    readable instead of failing the report.
+    """
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_text(exc: BaseException) -> str:
-    """The text stored for a failed handler: ``Type: message``, NUL escaped, at most 2000 characters."""
-    return f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")[:MAX_ERROR_MESSAGE]
+    """The text stored for a failed handler: ``Type: message``, storable, at most 2000 characters.
+
+    Never raises: an exception whose ``__str__`` raises is described by its type and by what
+    ``__str__`` raised.
+    """
+    try:
+        name = type(exc).__name__
+    except Exception:  # pragma: no cover - a type without a name
+        name = "Exception"
+    try:
+        message = str(exc)
+    except Exception as broken:
+        try:
+            message = f"<its message could not be read: str() raised {type(broken).__name__}>"
+        except Exception:  # pragma: no cover
+            message = "<its message could not be read>"
+    text = f"{name}: {message}" if message else name
+    return storable_text(text)[:MAX_ERROR_MESSAGE]
+
+
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""A JSON ``\\u0000`` escape (an even run of backslashes before it: not the literal text)."""
 
 
 def unstorable(output: Any) -> str | None:
     """Why PostgreSQL's jsonb could not hold ``output`` (``None`` when it can).
 
-    Rejects what Python's json accepts but jsonb does not: NaN and Infinity, and the NUL
-    character (``\\u0000``) in any string; and anything json cannot encode at all.
+    Rejects what Python's json accepts but jsonb does not: NaN and Infinity, the NUL character
+    (U+0000) in any string, code points UTF-8 cannot encode (lone surrogates), and anything json
+    cannot encode at all (including nesting too deep to serialise). The literal text
+    ``\\u0000`` (a backslash followed by ``u0000``) is ordinary text and is stored.
+
+    Never raises: whatever serialising raises is described as the reason.
     """
     try:
-        text = json.dumps(output, allow_nan=False)
+        text = json.dumps(output, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         return str(exc)
-    if "\\u0000" in text:
-        return "it contains a NUL character (\\u0000), which PostgreSQL cannot store"
+    except RecursionError:
+        return "it is nested too deeply to serialise as JSON"
+    except Exception as exc:
+        return f"serialising it as JSON raised {type(exc).__name__}"
+    if "\x00" in text or _NUL_ESCAPE.search(text):
+        return "it contains a NUL character (U+0000), which PostgreSQL cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it contains a code point UTF-8 cannot encode (a lone surrogate), which PostgreSQL cannot store"
     return None
 
 
@@ -320,44 +363,67 @@ class Worker:
         self._slots.acquire()
         with self._in_flight_lock:
             self._in_flight += 1
-        self._executor.submit(self._execute, task)
+        future = self._executor.submit(self._execute, task)
+        future.add_done_callback(lambda done: self._log_escaped(task, done.exception()) if not done.cancelled() else None)
+
+    def _log_escaped(self, task: ClaimedTask, exc: BaseException | None) -> None:
+        """Last line of defence: the thread pool would swallow an exception that escaped ``_execute``."""
+        if exc is not None:  # pragma: no cover - _execute catches everything; kept so nothing is ever silent
+            log.error("worker %s: BUG: task %s/%s/%s escaped the report path (%s); it stays started for "
+                      "stalled-task recovery", self.worker_id, task.run_id, task.step_slug, task.task_index,
+                      type(exc).__name__)
 
     # task execution -----------------------------------------------------------------
     def _execute(self, task: ClaimedTask) -> None:
+        """Run one claimed task and report it. Never raises: every attempt ends reported, or is
+        logged at ERROR and left ``started`` for stalled-task recovery."""
         try:
-            step = self.flow.get_step(task.step_slug)
-            context = TaskContext(
-                flow_slug=task.flow_slug, run_id=task.run_id, step_slug=task.step_slug, task_index=task.task_index,
-                message_id=task.message_id, queue_name=task.queue_name, flow_input=task.flow_input,
-                worker_id=self.worker_id,
-            )
-            handler_input = task.flow_input if (step.step_type == "single" and not step.dependencies) else task.input
-            try:
-                output = step.handler(handler_input, context)
-            except Exception as exc:  # the handler's failure is the task's failure
-                self._report(task, ok=False, payload=error_text(exc))
-                log.info("task failed: flow=%s step=%s run=%s task=%s msg=%s error=%s", task.flow_slug,
-                         task.step_slug, task.run_id, task.task_index, task.message_id, type(exc).__name__)
-                return
-            problem = unstorable(output)
-            if problem:
-                self._report(task, ok=False, payload=f"handler output cannot be stored: {problem}")
-                return
-            self._report(task, ok=True, payload=output)
-        except KeyError:
-            self._report(task, ok=False, payload=f"worker has no handler for step {task.step_slug!r}")
+            ok, payload = self._outcome(task)
+            self._report(task, ok=ok, payload=payload)
+        except BaseException as exc:  # nothing may vanish silently in the thread pool
+            self.stats.add(report_errors=1)
+            log.error("worker %s: could not finish task %s/%s/%s (%s); it stays started for stalled-task recovery",
+                      self.worker_id, task.run_id, task.step_slug, task.task_index, type(exc).__name__)
         finally:
             with self._in_flight_lock:
                 self._in_flight -= 1
             self._slots.release()
 
+    def _outcome(self, task: ClaimedTask) -> tuple[bool, Any]:
+        """Run the handler; returns ``(True, output)`` or ``(False, storable error text)``."""
+        try:
+            step = self.flow.get_step(task.step_slug)
+        except KeyError:
+            return False, f"worker has no handler for step {task.step_slug!r}"
+        context = TaskContext(
+            flow_slug=task.flow_slug, run_id=task.run_id, step_slug=task.step_slug, task_index=task.task_index,
+            message_id=task.message_id, queue_name=task.queue_name, flow_input=task.flow_input,
+            worker_id=self.worker_id,
+        )
+        handler_input = task.flow_input if (step.step_type == "single" and not step.dependencies) else task.input
+        try:
+            output = step.handler(handler_input, context)
+        except BaseException as exc:  # the handler's failure is the task's failure, whatever it raised
+            log.info("task failed: flow=%s step=%s run=%s task=%s msg=%s error=%s", task.flow_slug,
+                     task.step_slug, task.run_id, task.task_index, task.message_id, type(exc).__name__)
+            return False, error_text(exc)
+        problem = unstorable(output)
+        if problem:
+            return False, f"handler output cannot be stored: {problem}"
+        return True, output
+
     def _report(self, task: ClaimedTask, *, ok: bool, payload: Any) -> None:
         """Send complete/fail; retry transient errors; never leave a refused report unreported.
 
-        A result the database refuses (a data error) turns into a failure of the task with the
-        database's reason, so the attempt always ends; only lost connections are retried.
+        A result the database refuses (a data error), or one the client cannot even send (an
+        encoding error, anything else raised while sending), turns into a failure of the task
+        with that reason, so the attempt always ends; only lost connections are retried. When
+        even the generic failure cannot be recorded, the task is logged at ERROR and left
+        ``started`` for stalled-task recovery.
         """
         assert self._pool is not None
+        if not ok:
+            payload = storable_text(str(payload))[:MAX_ERROR_MESSAGE]
         for attempt in range(1, 6):
             try:
                 with self._pool.connection() as conn:
@@ -372,14 +438,17 @@ class Worker:
                 log.warning("could not report task %s/%s/%s (attempt %d): %s", task.run_id, task.step_slug,
                             task.task_index, attempt, type(exc).__name__)
                 time.sleep(min(0.2 * 2 ** attempt, 5))
-            except (psycopg.DataError, psycopg.ProgrammingError) as exc:
+            except Exception as exc:  # refused by the server (DataError, ...) or unsendable by the client
                 self.stats.add(report_errors=1)
-                reason = f"the database refused the task's {'output' if ok else 'error message'}: {first_line(exc)}"
+                what = "output" if ok else "error message"
+                reason = storable_text(f"the database refused the task's {what}: {first_line(exc)}"
+                                       if isinstance(exc, psycopg.Error)
+                                       else f"the worker could not send the task's {what}: {type(exc).__name__}")
                 log.warning("task %s/%s/%s: %s", task.run_id, task.step_slug, task.task_index, reason)
                 if not ok and payload == GENERIC_FAILURE:
                     break
-                ok, payload = False, (reason if ok else GENERIC_FAILURE)
-        log.error("giving up reporting task %s/%s/%s; stalled-task recovery will requeue it",
+                ok, payload = False, (reason[:MAX_ERROR_MESSAGE] if ok else GENERIC_FAILURE)
+        log.error("giving up reporting task %s/%s/%s; it stays started and stalled-task recovery will requeue it",
                   task.run_id, task.step_slug, task.task_index)
 
     # shutdown -------------------------------------------------------------------------
