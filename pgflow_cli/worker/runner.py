@@ -35,6 +35,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from pgflow_cli import db
 from pgflow_cli.db import first_line
 from pgflow_cli.worker.flow import Flow, TaskContext
 from pgflow_cli.worker.protocol import ClaimedTask, LATEST, WorkerStartupError
@@ -153,6 +154,7 @@ class Worker:
         drain_timeout: seconds to wait for in-flight handlers when stopping.
         worker_id: UUID of the worker row (random by default).
         application_name: ``application_name`` of its connections.
+        connect_timeout: seconds libpq waits for the server on every connection the worker opens.
     """
 
     def __init__(
@@ -172,6 +174,7 @@ class Worker:
         drain_timeout: float = 60.0,
         worker_id: str | None = None,
         application_name: str = "pgflow-worker",
+        connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         if max_concurrent < 1 or batch_size < 1:
             raise ValueError("max_concurrent and batch_size must be at least 1")
@@ -189,6 +192,7 @@ class Worker:
         self.drain_timeout = drain_timeout
         self.worker_id = worker_id or str(uuid.uuid4())
         self.application_name = application_name
+        self.connect_timeout = connect_timeout
         self.queue_name = self.protocol.queue_name(flow.slug, step_slug)
         self.stats = WorkerStats()
         self.state = "created"
@@ -214,13 +218,16 @@ class Worker:
         Raises:
             WorkerStartupError: protocol mismatch, fenced function or shape mismatch;
                 nothing was registered or polled.
-            psycopg.Error: the database could not be reached; the worker is then stopped too.
+            ConnectionFailed: the database could not be reached or refused the connection (exit 3 in
+                the CLI); the worker is then stopped too.
+            psycopg.Error: any other database error during startup; the worker is then stopped too.
         """
         if self.state != "created":
             raise RuntimeError(f"worker already {self.state}")
         self.state = "starting"
         try:
-            with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name) as startup:
+            with db.connect(self._target(), application_name=self.application_name,
+                            connect_timeout=self.connect_timeout) as startup:
                 self.protocol.check_version(startup)
                 self.protocol.check_enabled(startup, self.function_name)
                 result = self.protocol.compile(startup, self.flow.slug, self.flow.shape(), self.step_slug)
@@ -240,10 +247,11 @@ class Worker:
             result.get("status"), self.protocol.version,
         )
         self._pool = ConnectionPool(
-            self.conninfo,
+            db.connection_string(self._target(), application_name=self.application_name,
+                                 connect_timeout=self.connect_timeout),
             min_size=1,
             max_size=self.max_concurrent + 2,
-            kwargs={"autocommit": True, "application_name": self.application_name},
+            kwargs={"autocommit": True},
             open=True,
             name=f"pgflow-worker-{self.worker_id[:8]}",
         )
@@ -251,6 +259,9 @@ class Worker:
         self.state = "running"
         self._thread = threading.Thread(target=self._main_loop, name="pgflow-poll", daemon=True)
         self._thread.start()
+
+    def _target(self) -> db.Target:
+        return db.Target(self.conninfo, f"worker {self.function_name}")
 
     def stop(self, reason: str = "stop requested") -> None:
         """Ask the worker to stop polling and drain (returns at once; see :meth:`join`)."""
