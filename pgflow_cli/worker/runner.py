@@ -38,7 +38,7 @@ from psycopg_pool import ConnectionPool
 from pgflow_cli import db
 from pgflow_cli.db import first_line
 from pgflow_cli.worker.flow import Flow, TaskContext
-from pgflow_cli.worker.protocol import ClaimedTask, LATEST, WorkerStartupError
+from pgflow_cli.worker.protocol import SQLSTATE_PROTOCOL, ClaimedTask, LATEST, WorkerStartupError
 
 log = logging.getLogger("pgflow.worker")
 
@@ -316,6 +316,14 @@ class Worker:
                     self._poll_once(min(free, self.batch_size))
                     backoff = 0.5
                 except psycopg.Error as exc:
+                    if getattr(exc, "sqlstate", None) == SQLSTATE_PROTOCOL:
+                        # The database was upgraded under this worker: retrying can never succeed,
+                        # and every retry would hide a batch of messages from the new workers.
+                        self.fatal = f"the database no longer speaks protocol {self.protocol.version}: {first_line(exc)}"
+                        log.error("worker %s: FATAL %s. Stopping; deploy a worker of the database's protocol.",
+                                  self.worker_id, self.fatal)
+                        self.stop("protocol mismatch")
+                        break
                     self.stats.add(poll_errors=1)
                     log.warning("worker %s: database error while polling (%s); retrying in %.1fs",
                                 self.worker_id, type(exc).__name__, backoff)
@@ -337,12 +345,17 @@ class Worker:
             if self._stop.is_set():
                 # Stopping: take no new work, but do not hide it either until the read's
                 # visibility timeout ends; another worker can claim it right away.
-                self.protocol.release(conn, self.queue_name, message_ids)
+                self._release_quietly(conn, message_ids)
                 return
-            outcome = self.protocol.claim(
-                conn, flow_slug=self.flow.slug, step_slug=self.step_slug, queue_name=self.queue_name,
-                message_ids=message_ids, worker_id=self.worker_id,
-            )
+            try:
+                outcome = self.protocol.claim(
+                    conn, flow_slug=self.flow.slug, step_slug=self.step_slug, queue_name=self.queue_name,
+                    message_ids=message_ids, worker_id=self.worker_id,
+                )
+            except psycopg.Error as exc:
+                if getattr(exc, "sqlstate", None) == SQLSTATE_PROTOCOL:
+                    self._release_quietly(conn, message_ids)  # nothing was claimed: hand them back now
+                raise
         self.stats.add(claimed=len(outcome.claimed), duplicates=len(outcome.duplicates),
                        archived=len(outcome.archived_terminal) + len(outcome.archived_foreign))
         for message_id in outcome.archived_foreign:
@@ -360,6 +373,14 @@ class Worker:
             return
         for task in outcome.claimed:
             self._submit(task)
+
+    def _release_quietly(self, conn: psycopg.Connection, message_ids: list[int]) -> None:
+        """Make read-but-unclaimed messages visible again; a failure only means they wait out ``poll_vt``."""
+        try:
+            self.protocol.release(conn, self.queue_name, message_ids)
+        except psycopg.Error as exc:
+            log.warning("worker %s: could not hand back messages %s (%s); they are visible again after %ss",
+                        self.worker_id, ",".join(map(str, message_ids)), type(exc).__name__, self.poll_vt)
 
     def _free_slots(self) -> int:
         with self._in_flight_lock:
