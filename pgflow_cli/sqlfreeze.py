@@ -169,10 +169,13 @@ def _own_files(relative: str) -> list[str]:
 
 
 def _sources_for(path: str) -> list[str]:
-    """Current files a recipe for ``path`` reuses: the function file of the same name first, then its area."""
+    """Current files a recipe for ``path`` reuses: the current file at that path (e.g. an audit
+    fragment), the function file of the same name, then its area."""
     root = sqlfiles.sql_root()
     name = Path(path).name
-    same = sorted(str(p.relative_to(root)) for p in (root / "functions").rglob(name))
+    itself = [path] if (root / path).is_file() and not path.startswith(RECIPE_ROOTS) else []
+    same = itself + [f for f in sorted(str(p.relative_to(root)) for p in (root / "functions").rglob(name))
+                     if f not in itself]
     area = root / "functions" / Path(path).parent.name
     nearby = sorted(str(p.relative_to(root)) for p in area.rglob("*.sql")) if area.is_dir() else []
     return same + [p for p in nearby if p not in same]

@@ -38,7 +38,13 @@ from psycopg_pool import ConnectionPool
 from pgflow_cli import db
 from pgflow_cli.db import first_line
 from pgflow_cli.worker.flow import Flow, TaskContext
-from pgflow_cli.worker.protocol import SQLSTATE_PROTOCOL, ClaimedTask, LATEST, WorkerStartupError
+from pgflow_cli.worker.protocol import (
+    SQLSTATE_NOT_REGISTERED,
+    SQLSTATE_PROTOCOL,
+    ClaimedTask,
+    LATEST,
+    WorkerStartupError,
+)
 
 log = logging.getLogger("pgflow.worker")
 
@@ -206,6 +212,7 @@ class Worker:
         self._pool: ConnectionPool | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
+        self._disowned = False
 
     # lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -304,7 +311,7 @@ class Worker:
                     now = time.monotonic()
                     if now >= next_heartbeat:
                         with self._pool.connection() as conn:
-                            if self.protocol.heartbeat(conn, self.worker_id):
+                            if self.protocol.heartbeat(conn, self.worker_id, **self._route()):
                                 log.info("worker %s deprecated: stops polling and drains", self.worker_id)
                                 self.stop("deprecated")
                                 break
@@ -323,6 +330,15 @@ class Worker:
                         log.error("worker %s: FATAL %s. Stopping; deploy a worker of the database's protocol.",
                                   self.worker_id, self.fatal)
                         self.stop("protocol mismatch")
+                        break
+                    if getattr(exc, "sqlstate", None) == SQLSTATE_NOT_REGISTERED:
+                        # The worker row is gone or its id now belongs to another route: this
+                        # process is stale. Stop without touching the row (it is not ours).
+                        self.fatal = f"this worker id no longer belongs to this process: {first_line(exc)}"
+                        self._disowned = True
+                        log.error("worker %s: FATAL %s. Stopping without marking the row stopped.",
+                                  self.worker_id, self.fatal)
+                        self.stop("worker id disowned")
                         break
                     self.stats.add(poll_errors=1)
                     log.warning("worker %s: database error while polling (%s); retrying in %.1fs",
@@ -353,7 +369,7 @@ class Worker:
                     message_ids=message_ids, worker_id=self.worker_id,
                 )
             except psycopg.Error as exc:
-                if getattr(exc, "sqlstate", None) == SQLSTATE_PROTOCOL:
+                if getattr(exc, "sqlstate", None) in (SQLSTATE_PROTOCOL, SQLSTATE_NOT_REGISTERED):
                     self._release_quietly(conn, message_ids)  # nothing was claimed: hand them back now
                 raise
         self.stats.add(claimed=len(outcome.claimed), duplicates=len(outcome.duplicates),
@@ -373,6 +389,11 @@ class Worker:
             return
         for task in outcome.claimed:
             self._submit(task)
+
+    def _route(self) -> dict[str, Any]:
+        """The route this worker registered (heartbeats are checked against it)."""
+        return {"function_name": self.function_name, "queue_name": self.queue_name,
+                "flow_slug": self.flow.slug, "step_slug": self.step_slug}
 
     def _release_quietly(self, conn: psycopg.Connection, message_ids: list[int]) -> None:
         """Make read-but-unclaimed messages visible again; a failure only means they wait out ``poll_vt``."""
@@ -496,7 +517,7 @@ class Worker:
         if self._executor:
             self._executor.shutdown(wait=left == 0, cancel_futures=True)
         try:
-            if self._pool:
+            if self._pool and not self._disowned:
                 with self._pool.connection(timeout=10) as conn:
                     self.protocol.stopped(conn, self.worker_id)
         except Exception as exc:  # stopping must not raise

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 
 from pgflow_cli import installer
-from pgflow_cli.errors import ExitCode
+from pgflow_cli.errors import ExitCode, Refused
 from tests.support.cli import run_cli
 from tests.audit.helpers import audit, cli_json, define_flow
 from tests.support import server
@@ -131,3 +131,18 @@ def test_the_turkish_database_upgrades_once_the_flow_is_drained_and_its_queue_cr
     run_id = conn.execute("SELECT run_id FROM pgflow.start_flow('Import', '{}'::jsonb)").fetchone()[0]
     assert conn.execute("SELECT queue_name FROM pgflow.step_tasks WHERE run_id = %s", (run_id,)).fetchone()[0] == "import"
     assert conn.execute("SELECT count(*) FROM pgmq.q_import").fetchone()[0] == 1
+
+
+def test_the_upgrade_rechecks_the_current_rules_under_its_locks(turkish_db):
+    """0003's own recheck is frozen with the rules it was released with; the installer runs the
+    current audit's blocking rules in its final transaction, so even a caller that skips the
+    preflight (the library, the sandbox) never commits tasks routed to a queue without a table."""
+    conn = turkish_db.connect()
+    _flow_with_a_queued_task(conn, "Import")
+    with pytest.raises(Refused) as refused:
+        installer.apply(conn)
+    assert "flow_queue_table_elsewhere import" in "\n".join(refused.value.detail)
+    assert max(s.version for s in installer.make_plan(conn).statuses if s.state == "applied") == 2
+    assert conn.execute("SELECT to_regclass('pgflow.step_tasks') IS NOT NULL AND NOT EXISTS ("
+                        "SELECT 1 FROM pg_attribute WHERE attrelid = 'pgflow.step_tasks'::regclass "
+                        "AND attname = 'queue_name')").fetchone()[0]  # no task was pointed anywhere
