@@ -37,7 +37,7 @@ from psycopg_pool import ConnectionPool
 
 from pgflow_cli import db
 from pgflow_cli.db import first_line
-from pgflow_cli.worker.flow import Flow, TaskContext
+from pgflow_cli.worker.flow import FlowDefinition, TaskContext
 from pgflow_cli.worker.protocol import (
     SQLSTATE_NOT_REGISTERED,
     SQLSTATE_PROTOCOL,
@@ -161,11 +161,13 @@ class Worker:
         worker_id: UUID of the worker row (random by default).
         application_name: ``application_name`` of its connections.
         connect_timeout: seconds libpq waits for the server on every connection the worker opens.
+        worker_version: free text reported at registration (``workers.worker_version``, shown
+            by ``pgflow coverage``); ignored by databases that do not record it.
     """
 
     def __init__(
         self,
-        flow: Flow,
+        flow: FlowDefinition,
         conninfo: str,
         *,
         function_name: str,
@@ -181,6 +183,7 @@ class Worker:
         worker_id: str | None = None,
         application_name: str = "pgflow-worker",
         connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+        worker_version: str | None = None,
     ) -> None:
         if max_concurrent < 1 or batch_size < 1:
             raise ValueError("max_concurrent and batch_size must be at least 1")
@@ -199,7 +202,8 @@ class Worker:
         self.worker_id = worker_id or str(uuid.uuid4())
         self.application_name = application_name
         self.connect_timeout = connect_timeout
-        self.queue_name = self.protocol.queue_name(flow.slug, step_slug)
+        self.worker_version = worker_version
+        self.queue_name = self.protocol.queue_for(flow, step_slug)
         self.stats = WorkerStats()
         self.state = "created"
         self.stop_reason: str | None = None
@@ -237,10 +241,10 @@ class Worker:
                             connect_timeout=self.connect_timeout) as startup:
                 self.protocol.check_version(startup)
                 self.protocol.check_enabled(startup, self.function_name)
-                result = self.protocol.compile(startup, self.flow.slug, self.flow.shape(), self.step_slug)
+                result = self.protocol.compile_flow(startup, self.flow, self.step_slug)
                 self.protocol.register(
                     startup, worker_id=self.worker_id, function_name=self.function_name, queue_name=self.queue_name,
-                    flow_slug=self.flow.slug, step_slug=self.step_slug,
+                    flow_slug=self.flow.slug, step_slug=self.step_slug, worker_version=self.worker_version,
                 )
         except BaseException:
             # Nothing was registered; the worker is finished, not stuck in 'starting'.

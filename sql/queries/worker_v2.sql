@@ -15,4 +15,12 @@ SELECT to_regprocedure('pgflow.send_heartbeat(uuid, text, text, text, text)') IS
 
 --@name heartbeat
 SELECT pgflow.send_heartbeat(%(worker_id)s, %(function_name)s, %(queue_name)s, %(flow_slug)s, %(step_slug)s) AS deprecated;
+
+--@name records_worker_version
+-- True where register_worker takes the worker's version (schema 0005 and later).
+SELECT pg_catalog.to_regprocedure('pgflow.register_worker(uuid, text, text, text, text, text)') IS NOT NULL;
+
+--@name register_with_version
+SELECT pgflow.register_worker(%(worker_id)s, %(function_name)s, %(queue_name)s, %(flow_slug)s, %(step_slug)s,
+                              worker_version => %(worker_version)s);
 --@end

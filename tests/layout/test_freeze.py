@@ -43,9 +43,11 @@ def test_freeze_moves_the_released_text_out_of_the_way_of_an_edit(tmp_path):
     _edit(sql / "functions/claim/claim_tasks.sql", "BEGIN\n", "BEGIN\n  -- changed for 0005\n")
     _edit(sql / "functions/runtime/parts/lock_and_load_task.sql", "    RETURN;\n", "    RETURN;  -- changed\n")
     _edit(sql / "functions/definitions/add_step.sql", "BEGIN\n", "BEGIN\n  -- changed too\n")
+    # the pruning function 0003 installs through the optional file, which itself stays current
+    _edit(sql / "functions/maintenance/prune_data_older_than.sql", "BEGIN\n", "BEGIN\n  -- changed\n")
+    optional = (sql / "optional/prune.sql").read_text(encoding="utf-8")
     edited = {p: p.read_text(encoding="utf-8") for p in (sql / "functions").rglob("*.sql")}
-    # recipes earlier changes already needed (e.g. for 0004) stay; only this edit's are new
-    existing = {str(p.relative_to(sql)) for p in (sql / "released").rglob("*.sql")}
+    recipes = {p: p.read_text(encoding="utf-8") for p in (sql / "released").rglob("*.sql")}  # from earlier edits
     assert "BAD" in _run(copy, sys.executable, "-c", CHECK).stdout
 
     frozen = _run(copy, sys.executable, "-m", "pgflow_cli.sqlfreeze")
@@ -53,15 +55,17 @@ def test_freeze_moves_the_released_text_out_of_the_way_of_an_edit(tmp_path):
 
     assert _run(copy, sys.executable, "-c", CHECK).stdout.startswith("PINNED")
     assert {p: p.read_text(encoding="utf-8") for p in (sql / "functions").rglob("*.sql")} == edited
-    written = sorted(str(p.relative_to(sql)) for p in (sql / "released").rglob("*.sql"))
-    expected = {
+    assert (sql / "optional/prune.sql").read_text(encoding="utf-8") == optional
+    written = sorted(str(p.relative_to(sql)) for p in (sql / "released").rglob("*.sql")
+                     if recipes.get(p) != p.read_text(encoding="utf-8"))
+    assert written == [
         "released/0002/functions/runtime/complete_task.sql",
         "released/0002/functions/runtime/fail_task.sql",
         "released/0003/functions/claim/claim_tasks.sql",
         "released/0003/functions/definitions/add_step.sql",
-    }
-    assert expected <= set(written) and set(written) - existing == expected - existing
+        "released/0003/optional/prune.sql",
+    ]
     # recipes reuse the current lines instead of copying them
-    assert all(len(p.read_text(encoding="utf-8").splitlines()) < 40 for p in (sql / "released").rglob("*.sql"))
+    assert all(len((sql / w).read_text(encoding="utf-8").splitlines()) < 40 for w in written)
     again = _run(copy, sys.executable, "-m", "pgflow_cli.sqlfreeze")
     assert again.returncode == 0 and again.stdout == ""
