@@ -17,9 +17,9 @@
 
 --@include functions/definitions/step_queue_name.sql as-create
 
---@include functions/queues/_listed_queue_name.sql as-create
+--@include released/0003/functions/queues/_listed_queue_name.sql as-create
 
---@include functions/queues/_queue_exists.sql as-create
+--@include released/0003/functions/queues/_queue_exists.sql as-create
 
 --@include functions/queues/_assert_queue_unclaimed.sql as-create
 
