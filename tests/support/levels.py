@@ -1,10 +1,10 @@
-"""The migration numbers this tree ships, for tests that must not hard-code the newest one."""
+"""Which migrations ship after a given one, so upgrade tests do not assume 0003 is the last."""
 
 from __future__ import annotations
 
 from pgflow_cli import installer
 
 
-def shipped(start: int = 1) -> list[int]:
-    """Every shipped migration number from ``start`` on, in order (e.g. ``[3, 8]`` from 3)."""
-    return [m.version for m in installer.available_migrations() if m.version >= start]
+def versions_after(version: int) -> list[int]:
+    """Versions of the shipped migrations newer than ``version``, ascending (e.g. ``[6]`` after 3)."""
+    return sorted(m.version for m in installer.available_migrations() if m.version > version)
