@@ -1,13 +1,13 @@
 """pgflow.drop_flow / drop_flow_plan on the real server: every run state, refusals, queues gone or
-shared, mixed-case listings, unknown and case-variant slugs."""
+shared, mixed-case listings, unknown and case-variant slugs, plain and step-queued flows."""
 
 from __future__ import annotations
 
 import uuid
 
-import pytest
 from psycopg.types.json import Jsonb
 
+from pgflow_cli.worker import Flow, with_step_queues
 from tests.dropflow.helpers import ARCHIVE_LOG, assert_gone, build_every_state, drop, plan_of
 from tests.runtime.driver import raises_sqlstate
 from tests.stage1.conftest import old_rt, upgrade  # noqa: F401  (fixture)
@@ -191,14 +191,8 @@ def test_unknown_and_case_variant_slugs(rt):
 
 def test_a_step_queued_flow_drops_every_private_queue(rt):
     """A step-queued flow (Stage 2, migration 0005) owns one generated queue per step; all of them go."""
-    worker_api = pytest.importorskip(
-        "pgflow_cli.worker", reason="step-queued flows need Stage 2 (migration 0005, with_step_queues)")
-    if not hasattr(worker_api, "with_step_queues"):
-        pytest.skip("step-queued flows come with Stage 2 (migration 0005, pgflow_cli.worker.with_step_queues), "
-                    "not merged when this ran; drop_flow derives the route from steps.queue_name and checks "
-                    "each queue against pgflow.step_queue_name(), whatever the mode")
-    flow = worker_api.Flow("Scrape").step("fetch", lambda r, c: r).step("parse", lambda d, c: d, depends_on=["fetch"])
-    routes = worker_api.with_step_queues(flow).route_map()
+    flow = Flow("Scrape").step("fetch", lambda r, c: r).step("parse", lambda d, c: d, depends_on=["fetch"])
+    routes = with_step_queues(flow).route_map()
     rt.val("SELECT pgflow.ensure_flow_compiled(%s, %s, protocol_version => 2, queue_mode => 'step', route_map => %s)",
            (flow.slug, Jsonb(flow.shape()), Jsonb(routes)))
     rt.flow("survivor", [{"slug": "a"}])
