@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 
 import psycopg
 import typer
-from psycopg.conninfo import make_conninfo
 
 from pgflow_cli import db, render
 from pgflow_cli.cli.common import ConnectTimeoutOption, DsnOption, SandboxOption, resolve
@@ -83,9 +82,9 @@ def worker(
     plan = worker_op.plan_worker(target, step_slug=step, function_name=function)
     where = resolve(dsn, sandbox)
     db.connect(where, connect_timeout=connect_timeout).close()  # a clear exit 3 before anything starts
-    conninfo = make_conninfo(where.conninfo, connect_timeout=str(connect_timeout))
     runner = worker_op.build_worker(
-        plan, conninfo, max_concurrent=concurrency, batch_size=min(concurrency, 10),
+        plan, where.conninfo, max_concurrent=concurrency, batch_size=min(concurrency, 10),
+        connect_timeout=connect_timeout,
         heartbeat_interval=heartbeat_interval, drain_timeout=drain_timeout, worker_version=worker_version,
         application_name=f"pgflow-worker {plan.function_name}"[:63],
     )

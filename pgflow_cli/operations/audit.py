@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgflow_cli import __version__, sqlfiles
+from pgflow_cli import __version__, naming, sqlfiles
 from pgflow_cli.db import transaction
 from pgflow_cli.errors import ConnectionFailed, SchemaMissing, StateConflict
 
@@ -90,7 +90,10 @@ CHECKS: dict[str, CheckInfo] = {
         CheckInfo("flow_queue_name_too_long", "error", True, "a flow's queue name exceeds PGMQ's limits"),
         CheckInfo("task_message_id_duplicate", "error", True, "a message id held by several tasks of one queue"),
         CheckInfo("queue_name_too_long", "error", False, "an existing queue's name exceeds PGMQ's limits"),
-        CheckInfo("flow_queue_missing", "warning", False, "a flow's PGMQ queue (meta row or tables) is missing"),
+        CheckInfo("flow_queue_missing", "error", True, "a flow's PGMQ queue has no queue table or no archive table"),
+        CheckInfo("flow_queue_table_elsewhere", "error", True,
+                  "a flow's queue tables are not where its routed queue name leads (locale-dependent lowercasing)"),
+        CheckInfo("flow_queue_meta_missing", "warning", False, "a flow's PGMQ queue has its tables but no pgmq.meta row"),
         CheckInfo("queue_meta_spelling", "warning", False, "a flow's pgmq.meta row is not spelled lowercase / as the flow",
                   ("info",)),
         CheckInfo("step_queue_collision", "warning", False, "an existing queue has a name a flow would generate"),
@@ -696,7 +699,7 @@ def build_report(
         if unknown:
             detail = []
             for slug in unknown:
-                similar = sorted(k for k in known if k.lower() == slug.lower())
+                similar = sorted(k for k in known if naming.normalized_slug(k) == naming.normalized_slug(slug))
                 detail.append(f"{slug!r}" + (f": did you mean {', '.join(repr(s) for s in similar)}?" if similar else ""))
             raise StateConflict(
                 f"flow not found: {', '.join(repr(s) for s in unknown)}",

@@ -175,8 +175,9 @@ def build_worker(plan: WorkerPlan, conninfo: str, **options: Any) -> Worker:
 
     Args:
         plan: from :func:`plan_worker`.
-        conninfo: libpq connection string (with connect_timeout).
+        conninfo: libpq connection string.
         **options: :class:`~pgflow_cli.worker.Worker` options (``max_concurrent``,
-            ``heartbeat_interval`` in seconds, ``drain_timeout`` in seconds, ...).
+            ``heartbeat_interval`` in seconds, ``drain_timeout`` in seconds, ``connect_timeout``
+            in seconds (every connection the worker opens), ...).
     """
     return Worker(plan.flow, conninfo, function_name=plan.function_name, step_slug=plan.step_slug, **options)

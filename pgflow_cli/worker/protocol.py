@@ -24,6 +24,7 @@ SQLSTATE_FENCED = "PF001"
 SQLSTATE_PROTOCOL = "PF002"
 SQLSTATE_DEFINITION = "PF003"
 SQLSTATE_QUEUE_COLLISION = "PF004"
+SQLSTATE_NOT_REGISTERED = "PF007"
 
 PACKAGE_FOR_PROTOCOL = {
     1: "a pgflow-cli release before the queue-identity upgrade (database schema 0002)",
@@ -219,8 +220,8 @@ class ProtocolV1:
                 raise _fenced(function_name) from None
             raise
 
-    def heartbeat(self, conn: psycopg.Connection, worker_id: str) -> bool:
-        """Record liveness; returns True when the worker has been deprecated."""
+    def heartbeat(self, conn: psycopg.Connection, worker_id: str, **route: Any) -> bool:
+        """Record liveness; returns True when the worker has been deprecated (protocol 1 ignores ``route``)."""
         row = conn.execute(self._sql("heartbeat"), {"worker_id": worker_id}).fetchone()
         return bool(row and row[0])
 
@@ -277,6 +278,28 @@ class ProtocolV2(ProtocolV1):
 
     version = 2
     v2_queries = "queries/worker_v2.sql"
+
+    _route_heartbeat: bool | None = None
+
+    def heartbeat(self, conn: psycopg.Connection, worker_id: str, **route: Any) -> bool:
+        """Record liveness for the route this worker registered; True when it has been deprecated.
+
+        Args:
+            route: ``function_name``, ``queue_name``, ``flow_slug``, ``step_slug`` of the worker.
+                Databases with schema 0004 check them against the worker row and refuse a
+                heartbeat under an id registered for another route (SQLSTATE PF007: the
+                process is stale); older ones only know the id.
+
+        Raises:
+            psycopg.Error: PF007 when the id belongs to another route.
+        """
+        if self._route_heartbeat is None:
+            row = conn.execute(sqlfiles.statement(self.v2_queries, "has_route_heartbeat")).fetchone()
+            self._route_heartbeat = bool(row and row[0])
+        if not self._route_heartbeat or not route:
+            return super().heartbeat(conn, worker_id)
+        row = conn.execute(sqlfiles.statement(self.v2_queries, "heartbeat"), {"worker_id": worker_id, **route}).fetchone()
+        return bool(row and row[0])
 
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
         """The generated lowercase default queue (plain flows; step workers need private step queues)."""

@@ -113,7 +113,7 @@ def test_cli_table_report(published_db):
     assert "flow MyFlow" in out and "[blocks the upgrade]" in out
     assert "queues no flow owns" in out and "adhoc_jobs" in out
     assert "flow(s) without findings: reindex" in out
-    assert "next: fix the 13 blocking finding(s)" in out
+    assert "next: fix the 16 blocking finding(s)" in out
     assert "runs: 2 active of 2" in out  # greetUser's impact line
     assert "auditing " in result.stderr and "read-only" in result.stderr  # progress only on stderr
     assert "auditing" not in out

@@ -13,6 +13,7 @@ import psycopg
 from pgflow_cli.errors import ExitCode
 from tests.support.cli import run_cli
 from tests.support.fingerprint import fingerprint
+from tests.support.levels import versions_after
 from tests.support.upstream_shapes import load_finished_runs
 
 RECOGNISED = "installed by pgflow 0.8.0/0.8.1/0.9.0/0.9.1 (recognised from the catalog)"
@@ -96,7 +97,7 @@ def test_status_after_adoption_shows_the_release_and_the_remaining_path(release_
     status = run_cli("migrate", "status", "--dsn", release_db.conninfo)
 
     assert "pgflow schema: adopted from pgflow 0.8.0/0.8.1/0.9.0/0.9.1 by postgres" in status.stdout
-    assert "1 pending; next: pgflow migrate plan" in status.stdout
+    assert f"{1 + len(versions_after(3))} pending; next: pgflow migrate plan" in status.stdout
     audit = run_cli("audit", "--dsn", release_db.conninfo)
     assert "adopted from pgflow 0.8.0/0.8.1/0.9.0/0.9.1" in audit.stdout
 

@@ -17,9 +17,9 @@
 
 --@include functions/definitions/step_queue_name.sql as-create
 
---@include functions/queues/_listed_queue_name.sql as-create
+--@include released/0003/functions/queues/_listed_queue_name.sql as-create
 
---@include functions/queues/_queue_exists.sql as-create
+--@include released/0003/functions/queues/_queue_exists.sql as-create
 
 --@include functions/queues/_assert_queue_unclaimed.sql as-create
 
@@ -45,7 +45,7 @@
 
 --@include released/0003/functions/definitions/ensure_flow_compiled.sql as-create
 
---@include functions/definitions/delete_flow_and_data.sql
+--@include released/0003/functions/definitions/delete_flow_and_data.sql
 
 ------------------------------------------------------------------------------------------------
 -- Runtime: send to the persisted route, snapshot it on the task
