@@ -125,6 +125,8 @@ def _restore_command(functions: list[str]) -> str:
 def disable(
     function: FunctionOption = None,
     flow: FlowOption = None,
+    every: Annotated[bool, typer.Option("--all", help="Every worker function (an upgrade that changes the worker "
+                                        "protocol stops them all).")] = False,
     reason: Annotated[
         str, typer.Option("-m", "--reason", help="Why (kept with the fence and shown by `fence status`).",
                           metavar="REASON", show_default=False)
@@ -157,7 +159,7 @@ def disable(
     STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == FenceFormat.json
     with _connection(dsn, sandbox, connect_timeout) as conn:
-        selection = fence_op.select(conn, function or [], flow or [])
+        selection = fence_op.select(conn, function or [], flow or [], every=every)
         result = fence_op.disable(conn, selection, reason, dry_run=dry_run)
         if not as_json:
             _print_disable(result, render.stdout_console())

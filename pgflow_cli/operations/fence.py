@@ -361,16 +361,27 @@ def require_installed(conn: psycopg.Connection) -> None:
         )
 
 
-def select(conn: psycopg.Connection, functions: Sequence[str] = (), flows: Sequence[str] = ()) -> Selection:
-    """Resolve ``--function`` names and ``--flow`` slugs into the functions to act on.
+def select(conn: psycopg.Connection, functions: Sequence[str] = (), flows: Sequence[str] = (), *,
+           every: bool = False) -> Selection:
+    """Resolve ``--function`` names and ``--flow`` slugs (or ``--all``) into the functions to act on.
 
     A flow selects every worker function whose workers (stopped ones included) served one of the
-    flow's current routes.
+    flow's current routes. ``every`` selects every row of ``pgflow.worker_functions`` (an upgrade
+    that changes the worker protocol fences them all).
 
     Raises:
-        UsageError: nothing named, or an empty name.
-        StateConflict: a flow that does not exist, or one no worker has ever served (exit 6).
+        UsageError: nothing named, an empty name, or ``every`` with names.
+        StateConflict: a flow that does not exist, one no worker has ever served, or no worker
+            function at all (exit 6).
     """
+    if every:
+        if functions or flows:
+            raise UsageError("--all selects every worker function; leave out --function and --flow")
+        chosen = [r["function_name"] for r in _fetch(conn, "all_functions")]
+        if not chosen:
+            raise StateConflict("there is no worker function to fence (pgflow.worker_functions is empty)",
+                                hint="a function appears once one of its workers registered")
+        return Selection(chosen, [], _rows_to(Route, _fetch(conn, "routes_of_functions", {"functions": chosen})))
     names = set()
     for name in functions:
         if not name or not name.strip():

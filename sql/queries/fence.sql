@@ -12,6 +12,9 @@ SELECT to_regclass('pgflow.fences') IS NOT NULL
 --@name known_flows
 SELECT f.flow_slug FROM pgflow.flows AS f WHERE f.flow_slug = ANY (%(flows)s) ORDER BY 1;
 
+--@name all_functions
+SELECT wf.function_name FROM pgflow.worker_functions AS wf ORDER BY 1;
+
 --@name functions_for_flows
 -- Every worker function whose workers (any worker row, stopped ones included: a supervisor may
 -- start them again) serve one of the flows' current routes.

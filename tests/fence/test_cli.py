@@ -106,3 +106,14 @@ def test_a_database_without_the_fence_record_is_exit_3(baseline_db):
     result = run_cli("fence", "status", "--dsn", baseline_db.conninfo)
     assert result.code == 3
     assert "no rollout-fence record" in result.stderr and "docs/upgrade.md step 2" in result.stderr
+
+
+def test_disable_all_fences_every_worker_function_and_restore_all_lifts_them(fenv):
+    _functions(fenv, "one-fn", "two-fn")
+    fenv.conn.execute("UPDATE pgflow.worker_functions SET enabled = false WHERE function_name = 'two-fn'")
+    result = fenv.cli("disable", "--all", "-m", "upgrade", "--format", "json")
+    assert result.code == 0, result.output
+    assert [f["function_name"] for f in json.loads(result.stdout)["functions"]] == ["one-fn", "two-fn"]
+    assert fenv.cli("disable", "--all", "--function", "one-fn", "-m", "x").code == 2
+    assert fenv.cli("restore", "--all").code == 0
+    assert (fenv.enabled("one-fn"), fenv.enabled("two-fn")) == (True, False)
