@@ -7,7 +7,7 @@ ALTER TABLE pgflow.worker_functions ADD COLUMN enabled_changes bigint NOT NULL D
 COMMENT ON COLUMN pgflow.worker_functions.enabled_changes IS
   'times enabled changed value (kept by a trigger); the rollout fence restores a row only if it is unchanged since the fence';
 
---@include functions/fence/_count_enabled_change.sql
+--@include functions/workers/_count_enabled_change.sql
 
 CREATE TRIGGER worker_functions_count_enabled_changes
   BEFORE UPDATE OF enabled ON pgflow.worker_functions
@@ -46,13 +46,10 @@ COMMENT ON TABLE pgflow.fences IS
 COMMENT ON COLUMN pgflow.fences.function_created_at IS 'worker_functions.created_at when fenced: a deleted and recreated row is a conflict';
 COMMENT ON COLUMN pgflow.fences.enabled_changes IS 'worker_functions.enabled_changes right after the fence wrote enabled';
 
---@include functions/fence/_fence_origin.sql
---@include functions/fence/_fence_holds.sql
---@include functions/fence/_fence_lock.sql
---@include functions/fence/fence_disable.sql
---@include functions/fence/fence_restore.sql
+--@include functions/workers/_fence_origin.sql
+--@include functions/workers/_fence_holds.sql
+--@include functions/workers/_fence_lock.sql
+--@include functions/workers/fence_disable.sql
+--@include functions/workers/fence_restore.sql
 
 REVOKE ALL ON pgflow.fences FROM PUBLIC;
-REVOKE ALL ON FUNCTION pgflow._count_enabled_change(), pgflow._fence_origin(), pgflow._fence_holds(pgflow.fences, pgflow.worker_functions),
-  pgflow._fence_lock(text[], text),
-  pgflow.fence_disable(text[], text), pgflow.fence_restore(text[]) FROM PUBLIC;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from tests.fence.helpers import wait_until
 from tests.support.cli import run_cli
 
 
@@ -117,3 +118,16 @@ def test_disable_all_fences_every_worker_function_and_restore_all_lifts_them(fen
     assert fenv.cli("disable", "--all", "--function", "one-fn", "-m", "x").code == 2
     assert fenv.cli("restore", "--all").code == 0
     assert (fenv.enabled("one-fn"), fenv.enabled("two-fn")) == (True, False)
+
+
+def test_status_watch_refreshes_until_ctrl_c(fenv):
+    _functions(fenv, "w-fn")
+    assert fenv.cli("disable", "--function", "w-fn", "-m", "watch me", "--detach").code == 0
+    watch = fenv.cli_background("status", "--watch", "--interval", "0.1", "--format", "json")
+    wait_until(lambda: len(watch.out) >= 3, "three status documents")
+    watch.interrupt()
+    result = watch.finish()
+    assert result.code == 130 and "stopped watching; nothing was changed" in result.stderr
+    documents = [json.loads(line) for line in result.stdout.splitlines()]
+    assert all(d["fences"][0]["reason"] == "watch me" for d in documents)
+    assert fenv.enabled("w-fn") is False

@@ -9,3 +9,5 @@ BEGIN
   RETURN NEW;
 END;
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._count_enabled_change() FROM PUBLIC;

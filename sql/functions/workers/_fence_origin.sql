@@ -11,3 +11,5 @@ AS $$
          nullif(pg_catalog.current_setting('application_name', true), ''),
          coalesce(pg_catalog.host(pg_catalog.inet_client_addr()), 'local')
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._fence_origin() FROM PUBLIC;

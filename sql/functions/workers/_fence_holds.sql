@@ -12,3 +12,5 @@ AS $$
                   AND fn.enabled = fence.written_enabled
                   AND fn.enabled_changes = fence.enabled_changes, false)
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._fence_holds(pgflow.fences, pgflow.worker_functions) FROM PUBLIC;

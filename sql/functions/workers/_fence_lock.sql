@@ -22,3 +22,5 @@ BEGIN
   RETURN v_names;
 END;
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._fence_lock(text[], text) FROM PUBLIC;

@@ -111,3 +111,5 @@ BEGIN
   END LOOP;
 END;
 $$;
+
+REVOKE ALL ON FUNCTION pgflow.fence_restore(text[]) FROM PUBLIC;

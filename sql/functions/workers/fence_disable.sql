@@ -105,3 +105,6 @@ BEGIN
   END LOOP;
 END;
 $$;
+
+-- Operators get EXECUTE with the grants in docs/permissions.md ("`pgflow fence`: rollout operators").
+REVOKE ALL ON FUNCTION pgflow.fence_disable(text[], text) FROM PUBLIC;
