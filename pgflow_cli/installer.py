@@ -7,9 +7,18 @@ Rules:
 
 * migrations are ``sql/migrations/NNNN_name.sql``, applied in ``NNNN`` order, each in
   one transaction together with its ledger row (all or nothing);
-* the ledger stores the SHA-256 of the executed text (after ``--@include`` expansion);
-  a recorded checksum that differs from the file means the files changed after they
-  were applied, and nothing more is applied (:class:`~pgflow_cli.errors.StateConflict`);
+* the ledger stores the SHA-256 of the migration's text (after ``--@include`` expansion;
+  ``--@apply`` lines count by name and pinned checksum, see below); a recorded checksum
+  that differs from the file means the files changed after they were applied, and nothing
+  more is applied (:class:`~pgflow_cli.errors.StateConflict`);
+* from 0004 on a migration holds only what runs once (tables, columns, constraints,
+  backfills) plus ``--@apply functions/<area>/<name>.sql sha256=<hex>`` lines: the function
+  files it (re)applies, in its transaction, at the line's place. The pin is the SHA-256 of
+  the file's text when the migration was written; the newest migration applying a file pins
+  its current text. In one run each file runs once, in the last pending migration that
+  applies it, and the ledger records the checksum of every file run
+  (``pgflow.schema_migration_files``). A target below a later change of a file it would
+  apply is refused: that level's text of the file is not shipped (docs/architecture.md);
 * a ledger row the tool does not know means the database is newer than the tool:
   nothing is applied (exit 6);
 * a session advisory lock keeps two migrators from interleaving;
@@ -45,6 +54,8 @@ _PHASE = re.compile(r"^--@phase[ \t]+(?P<name>[a-z_]+)(?:[ \t]+(?P<mode>tx|batch
 MAX_BATCH_PAGES = 16384
 """Upper bound of one backfill range, heap pages (128 MiB)."""
 
+_APPLY = re.compile(r"^--@apply\b(?P<rest>.*)$", re.MULTILINE)
+_APPLY_LINE = re.compile(r"^[ \t]+(?P<path>functions/[a-z0-9_/]+\.sql)[ \t]+sha256=(?P<sha>[0-9a-f]{64})[ \t]*$")
 _WORKER_PROTOCOL = re.compile(r"^--@worker-protocol[ \t]+(\d+)[ \t]*$", re.MULTILINE)
 _PREFLIGHT = re.compile(r"^--@preflight[ \t]+audit[ \t]*$", re.MULTILINE)
 _THRESHOLD = re.compile(r"^--@online-threshold[ \t]+(?P<table>[a-z_.]+)[ \t]+(?P<rows>\d+)[ \t]*$", re.MULTILINE)
@@ -165,12 +176,39 @@ class Migration:
     path: str
 
     @property
-    def sql(self) -> str:
+    def text(self) -> str:
+        """The migration's own text: includes expanded, ``--@apply`` lines as written (by name)."""
         return sqlfiles.load(self.path)
 
     @property
     def checksum(self) -> str:
-        return sqlfiles.checksum(self.sql)
+        """SHA-256 of :attr:`text`: what the ledger records for this migration."""
+        return sqlfiles.checksum(self.text)
+
+    @property
+    def applies(self) -> tuple[FileApply, ...]:
+        """The function files this migration (re)applies, in order (``--@apply`` lines)."""
+        return parse_applies(self.text, self.label)
+
+    @property
+    def sql(self) -> str:
+        """The text as executed when this migration runs on its own (every ``--@apply`` expanded)."""
+        return self.executed()
+
+    def executed(self, skip: frozenset[str] = frozenset()) -> str:
+        """The text to execute: each ``--@apply`` line replaced by its file, except the files in
+        ``skip`` (a later migration of the same run applies them; the line stays, a comment)."""
+        if not self.applies:
+            return self.text
+
+        def expand(match: re.Match[str]) -> str:
+            path = _APPLY_LINE.match(match.group("rest"))
+            assert path is not None  # parse_applies checked every line
+            if path["path"] in skip:
+                return f"{match.group(0)} -- runs in a later migration of this run"
+            return sqlfiles.load(path["path"]).rstrip("\n")
+
+        return _APPLY.sub(expand, self.text)
 
     @property
     def label(self) -> str:
@@ -192,12 +230,97 @@ class Migration:
         (``--@preflight audit``); the migration rechecks them itself under its locks."""
         return bool(_PREFLIGHT.search(self.sql))
 
-    def phases_for_single_transaction(self) -> list[Phase]:
+    def phases_for_single_transaction(self, skip: frozenset[str] = frozenset()) -> list[Phase]:
         """What runs when the whole migration is one transaction (``notx`` phases skipped)."""
-        phased = self.phased
+        text = self.executed(skip)
+        phased = parse_phases(text)
         if phased is None:
-            return [Phase("main", "tx", self.sql)]
+            return [Phase("main", "tx", text)]
         return [p for p in phased.apply_phases if p.mode != "notx"]
+
+
+@dataclass(frozen=True)
+class FileApply:
+    """One ``--@apply`` line of a migration.
+
+    Attributes:
+        path: the function file below ``sql/`` (``functions/<area>/<name>.sql``).
+        pinned: SHA-256 hex of the file's text when the migration was written.
+    """
+
+    path: str
+    pinned: str
+
+    @property
+    def checksum(self) -> str:
+        """SHA-256 hex of the file's text now (includes expanded)."""
+        return sqlfiles.checksum(sqlfiles.load(self.path))
+
+
+def parse_applies(text: str, label: str) -> tuple[FileApply, ...]:
+    """The ``--@apply`` lines of a migration's text.
+
+    Raises:
+        RuntimeError: a malformed line or a missing file (a packaging error: the message
+            gives the line to write).
+    """
+    found = []
+    for match in _APPLY.finditer(text):
+        line = _APPLY_LINE.match(match.group("rest"))
+        if line is None:
+            raise RuntimeError(f"{label}: malformed line {match.group(0)!r}: write "
+                               "'--@apply functions/<area>/<name>.sql sha256=<SHA-256 of the file>'")
+        if not (sqlfiles.sql_root() / line["path"]).is_file():
+            raise RuntimeError(f"{label}: --@apply names a missing file sql/{line['path']}")
+        found.append(FileApply(line["path"], line["sha"]))
+    paths = [f.path for f in found]
+    if len(paths) != len(set(paths)):
+        raise RuntimeError(f"{label}: a function file is applied twice")
+    return tuple(found)
+
+
+def file_runs(migrations: Sequence[Migration], todo: Sequence[Migration]) -> dict[int, frozenset[str]]:
+    """Which ``--@apply`` files each migration of ``todo`` skips: each file runs once, in the last
+    migration of ``todo`` that applies it.
+
+    Args:
+        migrations: every shipped migration (to tell whether a later one changes a file again).
+        todo: the migrations this run applies, in order.
+
+    Returns:
+        version -> paths that migration leaves to a later migration of the run.
+
+    Raises:
+        StateConflict: the run stops below a later change of a file it applies, so the file's
+            text for that level is not shipped (exit 6); or a file differs from the text its
+            newest migration pins (a packaging error).
+    """
+    last: dict[str, Migration] = {}
+    for migration in todo:
+        for applied in migration.applies:
+            last[applied.path] = migration
+    newest: dict[str, Migration] = {}
+    for migration in migrations:
+        for applied in migration.applies:
+            newest[applied.path] = migration
+    for path, migration in last.items():
+        pinned = next(a.pinned for a in migration.applies if a.path == path)
+        current = sqlfiles.checksum(sqlfiles.load(path))
+        if pinned == current:
+            continue
+        if newest[path].version == migration.version:
+            raise StateConflict(
+                f"sql/{path} differs from the text migration {migration.label} pins",
+                hint="this pgflow-cli build is inconsistent; reinstall it (developers: add the file to a new "
+                "migration, docs/architecture.md \"How to change a function\")",
+            )
+        raise StateConflict(
+            f"cannot stop at migration {todo[-1].label}: sql/{path} was changed again by "
+            f"{newest[path].label}, and this tool ships only its newest text",
+            hint=f"apply up to {newest[path].label} or later, or use the pgflow-cli release that shipped "
+            f"{todo[-1].label} as its newest migration",
+        )
+    return {m.version: frozenset(a.path for a in m.applies if last[a.path].version != m.version) for m in todo}
 
 
 @lru_cache(maxsize=1)
@@ -221,6 +344,7 @@ class DatabaseState:
 
     has_pgflow_schema: bool
     has_ledger: bool
+    has_file_ledger: bool
     has_flows_table: bool
     has_pgmq_schema: bool
     has_pgmq_meta: bool
@@ -281,12 +405,35 @@ class MigrationStatus:
     recorded: LedgerRow | None = None
 
 
+@dataclass(frozen=True)
+class FileStatus:
+    """A function file that migrations apply (``--@apply``), compared with what the database ran.
+
+    ``state``: ``current`` (the database ran this text), ``pending`` (a pending migration
+    applies it), ``differs`` (the database ran another text and no pending migration applies
+    this one: installed functions differ from the files) or ``missing`` (never run here and no
+    pending migration applies it).
+    """
+
+    path: str
+    state: str
+    file_checksum: str
+    recorded_checksum: str | None
+    recorded_version: int | None
+
+
 @dataclass
 class Plan:
     """Comparison of shipped migrations with a database's ledger."""
 
     state: DatabaseState
     statuses: list[MigrationStatus] = field(default_factory=list)
+    files: list[FileStatus] = field(default_factory=list)
+
+    @property
+    def file_drift(self) -> list[FileStatus]:
+        """Applied function files whose installed text differs from the file, with no migration pending to fix it."""
+        return [f for f in self.files if f.state in ("differs", "missing")]
 
     @property
     def pending(self) -> list[Migration]:
@@ -351,7 +498,38 @@ def make_plan(conn: psycopg.Connection) -> Plan:
     for row in recorded.values():
         plan.statuses.append(MigrationStatus(row.version, row.name, "unknown", None, row))
     plan.statuses.sort(key=lambda s: s.version)
+    plan.files = _file_statuses(conn, state, plan)
     return plan
+
+
+def _file_statuses(conn: psycopg.Connection, state: DatabaseState, plan: Plan) -> list[FileStatus]:
+    """Compare every ``--@apply`` file with the newest text the database recorded for it."""
+    applied_anywhere = {a.path for m in available_migrations() for a in m.applies}
+    if not applied_anywhere or not state.has_ledger:
+        return []
+    ran: dict[str, tuple[int, str]] = {}
+    if state.has_file_ledger:
+        with conn.cursor(row_factory=dict_row) as cur:
+            for row in cur.execute(sqlfiles.statement(QUERIES, "ledger_files")).fetchall():
+                ran[row["path"]] = (row["version"], row["checksum"])
+    pending = {a.path for m in plan.pending for a in m.applies}
+    applied_versions = {s.version for s in plan.statuses if s.state == "applied"}
+    files = []
+    for path in sorted(applied_anywhere):
+        current = sqlfiles.checksum(sqlfiles.load(path))
+        version, recorded = ran.get(path, (None, None))
+        if path in pending:
+            status = "pending"
+        elif recorded == current:
+            status = "current"
+        elif recorded is None:
+            # released 0001-0003 install the file's text without a per-file record
+            appliers = [m.version for m in available_migrations() if any(a.path == path for a in m.applies)]
+            status = "missing" if any(v in applied_versions for v in appliers) else "current"
+        else:
+            status = "differs"
+        files.append(FileStatus(path, status, current, recorded, version))
+    return files
 
 
 def bundled_pgmq_sql() -> tuple[str, str]:
@@ -470,12 +648,14 @@ def apply(
             )
         in_progress = {s.version: s.recorded for s in plan.statuses if s.state == "in_progress"}
         todo = [m for m in plan.pending if target is None or m.version <= target]
+        skips = file_runs(available_migrations(), todo)
         if dry_run:
             todo = todo[:1]
         results = []
         for migration in todo:
-            runner = _Runner(conn, migration, lock_timeout, attempts, emit, before_commit, batch_pages, batch_seconds)
-            phased = migration.phased
+            runner = _Runner(conn, migration, lock_timeout, attempts, emit, before_commit, batch_pages, batch_seconds,
+                             skips[migration.version])
+            phased = parse_phases(migration.executed(skips[migration.version]))
             resume = in_progress.get(migration.version)
             use_online = bool(phased and phased.has_online_phases and not dry_run and (
                 resume is not None or online == "always" or (online == "auto" and phased.large(conn))))
@@ -495,9 +675,10 @@ class _Runner:
 
     def __init__(self, conn: psycopg.Connection, migration: Migration, lock_timeout: float, attempts: int,
                  emit: ProgressFn, before_commit: Callable[[psycopg.Connection, Migration], None] | None,
-                 batch_pages: int, batch_seconds: float) -> None:
+                 batch_pages: int, batch_seconds: float, skip: frozenset[str] = frozenset()) -> None:
         self.conn = conn
         self.migration = migration
+        self.skip = skip
         self.lock_timeout = lock_timeout
         self.attempts = attempts
         self.emit = emit
@@ -539,6 +720,12 @@ class _Runner:
             "state": state,
             "phases_done": phases_done,
         })
+        ran = [a for a in self.migration.applies if a.path not in self.skip] if state == "applied" else []
+        if ran:
+            self.conn.execute(sqlfiles.statement(QUERIES, "ledger_files_bootstrap"))
+            for applied in ran:
+                self.conn.execute(sqlfiles.statement(QUERIES, "ledger_file_record"), {
+                    "version": self.migration.version, "path": applied.path, "checksum": applied.checksum})
 
     def _backfill(self, phase: "Phase", *, own_transactions: bool) -> None:
         """Run a ``batch`` phase over the whole heap, one range of pages per statement.
@@ -584,7 +771,7 @@ class _Runner:
             t0 = time.monotonic()
             try:
                 with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
-                    for phase in self.migration.phases_for_single_transaction():
+                    for phase in self.migration.phases_for_single_transaction(self.skip):
                         if phase.mode == "batch":
                             self._backfill(phase, own_transactions=False)
                         else:
@@ -607,7 +794,7 @@ class _Runner:
     def run_online(self, resume: "LedgerRow | None") -> Applied:
         """Each phase in its own transaction(s); the ledger tracks progress so a rerun resumes."""
         label = self.migration.label
-        phased = self.migration.phased
+        phased = parse_phases(self.migration.executed(self.skip))
         assert phased is not None
         done = list(resume.phases_done) if resume else []
         started = time.monotonic()

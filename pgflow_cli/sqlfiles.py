@@ -4,10 +4,26 @@ SQL lives in ``sql/`` at the repository root and ships inside the wheel as
 ``pgflow_cli/sql``. Python never builds SQL by pasting values into text; it only
 reads these files. Two small, static directives keep one copy of each rule:
 
-``--@include <relative path>``
+``--@include <relative path> [lines=A-B] [NAME=VALUE ...] [as-create]``
     on a line of its own: replaced by the text of that file (recursively, cycles
-    rejected). The migrations and the audit include ``fragments/*.sql`` so the slug
-    and queue-name rules exist exactly once.
+    rejected). The migrations include the one file of each function
+    (``functions/<area>/<name>.sql``), and the migrations and the audit include
+    ``fragments/*.sql`` so the slug and queue-name rules exist exactly once. Options:
+
+    * ``lines=A-B``: only lines A to B of the file (1-based, inclusive, as written);
+      how a released older version of a function reuses the unchanged lines of the
+      current file (``sql/baseline``, ``sql/released``);
+    * ``NAME=VALUE``: every ``{{NAME}}`` in the included text becomes ``VALUE`` (a shared
+      part that differs only by a name, e.g. the function whose parameters it reads);
+    * ``as-create``: ``CREATE OR REPLACE FUNCTION|TRIGGER|VIEW`` is written ``CREATE ...``,
+      the spelling of the released migrations 0001-0003, whose text stays byte for byte
+      what they executed when they were released.
+
+    The indentation of the directive line is not kept: the included text brings its own.
+
+``--@note <text>``
+    a line of its own that is dropped when the file is expanded: a comment for the reader
+    of a file whose executed text must not change (a shared part, a released version).
 
 ``--@name <identifier>`` / ``--@end``
     split a file into named statements (the audit file is one psql script holding
@@ -23,7 +39,14 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-_INCLUDE = re.compile(r"^[ \t]*--@include[ \t]+(?P<path>[A-Za-z0-9_./-]+)[ \t]*$", re.MULTILINE)
+_INCLUDE = re.compile(
+    r"^[ \t]*--@include[ \t]+(?P<path>[A-Za-z0-9_./-]+)(?P<options>(?:[ \t]+[^ \t\n]+)*)[ \t]*$", re.MULTILINE
+)
+_LINES = re.compile(r"^(?P<first>[1-9][0-9]*)-(?P<last>[1-9][0-9]*)$")
+_SETTING = re.compile(r"^(?P<name>[a-z_][a-z0-9_]*)=(?P<value>[A-Za-z0-9_.]+)$")
+_PLACEHOLDER = re.compile(r"\{\{(?P<name>[a-z_][a-z0-9_]*)\}\}")
+_NOTE = re.compile(r"^[ \t]*--@note\b[^\n]*(?:\n|$)", re.MULTILINE)
+_OR_REPLACE = re.compile(r"^CREATE OR REPLACE (?=FUNCTION |TRIGGER |VIEW )", re.MULTILINE)
 _NAME = re.compile(r"^--@name[ \t]+(?P<name>[a-z_][a-z0-9_]*)[ \t]*$")
 _END = re.compile(r"^--@end[ \t]*$")
 
@@ -54,18 +77,61 @@ def load(relative: str) -> str:
 
 
 def _expand(relative: str, stack: tuple[str, ...]) -> str:
-    if relative in stack:
-        raise ValueError(f"include cycle: {' -> '.join(stack + (relative,))}")
+    return _expand_text(relative, _read(relative), stack + (relative,))
+
+
+def _read(relative: str) -> str:
     root = sql_root()
     path = (root / relative).resolve()
     if root.resolve() not in path.parents:
         raise ValueError(f"include path escapes sql/: {relative}")
-    text = path.read_text(encoding="utf-8")
+    return path.read_text(encoding="utf-8")
+
+
+def _expand_text(relative: str, text: str, stack: tuple[str, ...]) -> str:
+    """Expand the directives of ``text`` (the text of ``relative``; ``stack``: the include chain)."""
 
     def replace(match: re.Match[str]) -> str:
-        return _expand(match.group("path"), stack + (relative,)).rstrip("\n")
+        target = match.group("path")
+        if target in stack:
+            raise ValueError(f"include cycle: {' -> '.join(stack + (target,))}")
+        options = match.group("options").split()
+        lines: tuple[int, int] | None = None
+        settings: dict[str, str] = {}
+        as_create = False
+        for option in options:
+            if option == "as-create":
+                as_create = True
+            elif option.startswith("lines="):
+                span = _LINES.match(option[len("lines="):])
+                if not span or int(span["first"]) > int(span["last"]):
+                    raise ValueError(f"{relative}: bad line range {option!r}")
+                lines = (int(span["first"]), int(span["last"]))
+            elif _SETTING.match(option):
+                setting = _SETTING.match(option)
+                assert setting is not None
+                settings[setting["name"]] = setting["value"]
+            else:
+                raise ValueError(f"{relative}: unknown --@include option {option!r}")
+        if lines is None:
+            included = _expand(target, stack).rstrip("\n")
+        else:
+            written = _read(target).split("\n")
+            if lines[1] > len(written):
+                raise ValueError(f"{relative}: {target} has no line {lines[1]}")
+            included = _expand_text(target, "\n".join(written[lines[0] - 1:lines[1]]), stack + (target,))
+        if settings or _PLACEHOLDER.search(included):
+            def fill(placeholder: re.Match[str]) -> str:
+                if placeholder["name"] not in settings:
+                    raise ValueError(f"{relative}: {target} needs {placeholder['name']}=... on its --@include line")
+                return settings[placeholder["name"]]
 
-    return _INCLUDE.sub(replace, text)
+            included = _PLACEHOLDER.sub(fill, included)
+        if as_create:
+            included = _OR_REPLACE.sub("CREATE ", included)
+        return included
+
+    return _INCLUDE.sub(replace, _NOTE.sub("", text))
 
 
 def checksum(text: str) -> str:

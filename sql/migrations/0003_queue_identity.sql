@@ -54,19 +54,7 @@ LOCK TABLE pgflow.flows, pgflow.steps IN SHARE ROW EXCLUSIVE MODE;
 
 LOCK TABLE pgflow.step_tasks, pgflow.worker_functions IN ACCESS EXCLUSIVE MODE;
 
--- A queue name as persisted by pgflow: lowercase ASCII letters, digits and _, 1..47 characters
--- (PGMQ's limit). Generated names always satisfy it.
-CREATE FUNCTION pgflow.is_valid_queue_name(queue_name text)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-PARALLEL SAFE
-SET search_path = ''
-AS $$
-  SELECT queue_name IS NOT NULL
-     AND pg_catalog.length(queue_name) BETWEEN 1 AND 47
-     AND (queue_name COLLATE "C") ~ '^[a-z0-9_]+$'
-$$;
+--@include functions/definitions/is_valid_queue_name.sql as-create
 
 ALTER TABLE pgflow.step_tasks ADD COLUMN queue_name text;
 ALTER TABLE pgflow.step_tasks ADD CONSTRAINT step_tasks_queue_name_present CHECK (queue_name IS NOT NULL) NOT VALID;
@@ -132,22 +120,7 @@ ALTER TABLE pgflow.step_tasks DROP CONSTRAINT step_tasks_queue_name_present;
 DROP TRIGGER step_tasks_fill_queue_name ON pgflow.step_tasks;
 DROP FUNCTION pgflow._fill_task_queue_name();
 
-CREATE FUNCTION pgflow._forbid_queue_name_change()
-RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = ''
-AS $$
-BEGIN
-  RAISE EXCEPTION 'step_tasks.queue_name is an immutable snapshot: task %/%/% stays in queue "%"',
-    OLD.run_id, OLD.step_slug, OLD.task_index, OLD.queue_name
-    USING ERRCODE = '55000',
-          HINT = 'a task never moves to another queue; start a new run on the flow that owns the other queue';
-END;
-$$;
-CREATE TRIGGER step_tasks_queue_name_immutable
-  BEFORE UPDATE OF queue_name ON pgflow.step_tasks
-  FOR EACH ROW WHEN (OLD.queue_name IS DISTINCT FROM NEW.queue_name)
-  EXECUTE FUNCTION pgflow._forbid_queue_name_change();
+--@include functions/runtime/_forbid_queue_name_change.sql as-create
 
 -- A concurrent build that failed leaves an invalid index behind: rebuild it here.
 DO $index$
@@ -182,30 +155,9 @@ COMMENT ON COLUMN pgflow.steps.queue_name IS
   'the step''s persisted route: the queue its future tasks are sent to (ownership evidence; no queue registry)';
 CREATE INDEX idx_steps_queue_name ON pgflow.steps (queue_name);
 
--- Every rule a flow or step slug breaks, as stable reason codes in a fixed order (empty = valid).
--- The body is the shared fragment that `pgflow audit` and pgflow_cli.naming also implement.
-CREATE FUNCTION pgflow.slug_violations(slug text)
-RETURNS text[]
-LANGUAGE sql
-IMMUTABLE
-PARALLEL SAFE
-SET search_path = ''
-AS $$
-  WITH slug_input AS (SELECT $1 AS slug), checked AS (
---@include fragments/slug_violations.sql
-  )
-  SELECT checked.reasons FROM checked
-$$;
+--@include functions/definitions/slug_violations.sql as-create
 
-CREATE OR REPLACE FUNCTION pgflow.is_valid_slug(slug text)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-PARALLEL SAFE
-SET search_path = ''
-AS $$
-  SELECT pg_catalog.cardinality(pgflow.slug_violations($1)) = 0
-$$;
+--@include functions/definitions/is_valid_slug.sql
 
 -- Re-add the slug checks so every existing row is checked against the new rules.
 ALTER TABLE pgflow.flows DROP CONSTRAINT slug_is_valid;

@@ -20,11 +20,35 @@ COMMENT ON TABLE pgflow.schema_migrations IS
   'migrations applied by pgflow-cli: one row per sql/migrations file, with its SHA-256 checksum';
 REVOKE ALL ON pgflow.schema_migrations FROM PUBLIC;
 
+--@name ledger_files_bootstrap
+-- Created with the first migration that applies function files (--@apply), in its transaction.
+CREATE TABLE IF NOT EXISTS pgflow.schema_migration_files (
+  version   integer NOT NULL REFERENCES pgflow.schema_migrations (version) ON DELETE CASCADE,
+  path      text    NOT NULL,
+  checksum  text    NOT NULL,
+  PRIMARY KEY (version, path)
+);
+COMMENT ON TABLE pgflow.schema_migration_files IS
+  'function files (sql/functions/...) each migration ran, with the SHA-256 of the text it ran';
+REVOKE ALL ON pgflow.schema_migration_files FROM PUBLIC;
+
+--@name ledger_file_record
+INSERT INTO pgflow.schema_migration_files (version, path, checksum)
+VALUES (%(version)s, %(path)s, %(checksum)s)
+ON CONFLICT (version, path) DO UPDATE SET checksum = EXCLUDED.checksum;
+
+--@name ledger_files
+-- The newest recorded text of every function file (empty before the first --@apply migration).
+SELECT DISTINCT ON (f.path) f.path, f.version, f.checksum
+FROM pgflow.schema_migration_files AS f
+ORDER BY f.path, f.version DESC;
+
 --@name database_state
 -- What is installed: the pgflow schema, its ledger, PGMQ. Catalog reads only.
 SELECT
   to_regnamespace('pgflow') IS NOT NULL                       AS has_pgflow_schema,
   to_regclass('pgflow.schema_migrations') IS NOT NULL         AS has_ledger,
+  to_regclass('pgflow.schema_migration_files') IS NOT NULL    AS has_file_ledger,
   to_regclass('pgflow.flows') IS NOT NULL                     AS has_flows_table,
   to_regnamespace('pgmq') IS NOT NULL                         AS has_pgmq_schema,
   to_regclass('pgmq.meta') IS NOT NULL                        AS has_pgmq_meta,

@@ -1,0 +1,81 @@
+-- Whole-flow deletion: runtime rows, definition and the flow's own queues (with archives), in one
+-- transaction. Lock order: flow locks -> runs -> step_states -> step_tasks -> queue tables, the
+-- runtime-rows-before-queues order workers use, so deletion and workers cannot deadlock. Queue
+-- tables are dropped whole; messages are not archived one by one first. A queue another flow
+-- also uses (never the case for generated names) is kept, with only this flow's live messages
+-- archived.
+CREATE OR REPLACE FUNCTION pgflow.delete_flow_and_data(p_flow_slug text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_mode text;
+  v_queues text[];
+  v_shared text[];
+  v_queue text;
+  v_listed text;
+  v_run_ids uuid[];
+  v_step_slugs text[];
+  v_task_indexes integer[];
+BEGIN
+  PERFORM pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(pg_catalog.lower(p_flow_slug COLLATE "C")));
+  PERFORM pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(p_flow_slug));
+
+  SELECT f.queue_mode INTO v_mode FROM pgflow.flows AS f WHERE f.flow_slug = p_flow_slug;
+
+  PERFORM 1 FROM pgflow.runs AS r WHERE r.flow_slug = p_flow_slug ORDER BY r.run_id FOR UPDATE;
+  PERFORM 1 FROM pgflow.step_states AS ss WHERE ss.flow_slug = p_flow_slug
+    ORDER BY ss.run_id, ss.step_slug FOR UPDATE;
+  PERFORM 1 FROM pgflow.step_tasks AS t WHERE t.flow_slug = p_flow_slug
+    ORDER BY t.run_id, t.step_slug, t.task_index FOR UPDATE;
+
+  SELECT pg_catalog.array_agg(DISTINCT q.queue_name ORDER BY q.queue_name) INTO v_queues
+  FROM (
+    SELECT s.queue_name FROM pgflow.steps AS s WHERE s.flow_slug = p_flow_slug
+    UNION
+    SELECT pg_catalog.lower(p_flow_slug COLLATE "C") WHERE v_mode = 'flow'
+    UNION
+    SELECT t.queue_name FROM pgflow.step_tasks AS t WHERE t.flow_slug = p_flow_slug
+  ) AS q;
+
+  SELECT pg_catalog.array_agg(q ORDER BY q) INTO v_shared
+  FROM pg_catalog.unnest(coalesce(v_queues, '{}')) AS q
+  WHERE EXISTS (SELECT 1 FROM pgflow.steps AS s WHERE s.queue_name = q AND s.flow_slug <> p_flow_slug)
+     OR EXISTS (SELECT 1 FROM pgflow.step_tasks AS t WHERE t.queue_name = q AND t.flow_slug <> p_flow_slug)
+     OR EXISTS (SELECT 1 FROM pgflow.flows AS f
+                WHERE f.flow_slug <> p_flow_slug AND f.queue_mode = 'flow'
+                  AND pg_catalog.lower(f.flow_slug COLLATE "C") = q);
+
+  IF v_shared IS NOT NULL THEN
+    SELECT pg_catalog.array_agg(t.run_id), pg_catalog.array_agg(t.step_slug), pg_catalog.array_agg(t.task_index)
+    INTO v_run_ids, v_step_slugs, v_task_indexes
+    FROM pgflow.step_tasks AS t
+    WHERE t.flow_slug = p_flow_slug AND t.queue_name = ANY (v_shared)
+      AND t.message_id IS NOT NULL AND t.status IN ('queued', 'started')
+      AND pgflow._queue_exists(t.queue_name);
+    PERFORM pgflow._archive_task_messages(v_run_ids, v_step_slugs, v_task_indexes);
+  END IF;
+
+  DELETE FROM pgflow.step_tasks AS t WHERE t.flow_slug = p_flow_slug;
+  DELETE FROM pgflow.step_states AS ss WHERE ss.flow_slug = p_flow_slug;
+  DELETE FROM pgflow.runs AS r WHERE r.flow_slug = p_flow_slug;
+
+  FOREACH v_queue IN ARRAY coalesce(v_queues, '{}') LOOP
+    CONTINUE WHEN v_queue = ANY (coalesce(v_shared, '{}'));
+    v_listed := pgflow._listed_queue_name(v_queue);
+    IF pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', pgmq.format_table_name(v_queue, 'q'))) IS NOT NULL THEN
+      PERFORM pgmq.drop_queue(v_listed);
+    ELSE
+      -- tables already gone: pgmq.drop_queue() would keep the meta row; remove our leftovers
+      EXECUTE pg_catalog.format('DROP TABLE IF EXISTS pgmq.%I', pgmq.format_table_name(v_queue, 'a'));
+      DELETE FROM pgmq.meta AS m WHERE m.queue_name = v_listed;
+    END IF;
+  END LOOP;
+
+  DELETE FROM pgflow.deps AS d WHERE d.flow_slug = p_flow_slug;
+  DELETE FROM pgflow.steps AS s WHERE s.flow_slug = p_flow_slug;
+  DELETE FROM pgflow.flows AS f WHERE f.flow_slug = p_flow_slug;
+END;
+$$;

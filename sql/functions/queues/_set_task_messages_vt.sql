@@ -1,0 +1,44 @@
+CREATE OR REPLACE FUNCTION pgflow._set_task_messages_vt(
+  p_run_ids uuid[],
+  p_step_slugs text[],
+  p_task_indexes integer[],
+  p_vt_offsets integer[]
+)
+--@include functions/queues/parts/task_messages_header.sql
+  v_offsets integer[];
+  --@include functions/queues/parts/task_messages_checks.sql
+     OR pg_catalog.cardinality(p_run_ids) IS DISTINCT FROM pg_catalog.cardinality(p_task_indexes)
+     OR pg_catalog.cardinality(p_run_ids) IS DISTINCT FROM pg_catalog.cardinality(p_vt_offsets) THEN
+    RAISE EXCEPTION '_set_task_messages_vt(): the argument arrays differ in length'
+      USING ERRCODE = '22023';
+  END IF;
+  IF pg_catalog.array_position(p_vt_offsets, NULL) IS NOT NULL THEN
+    RAISE EXCEPTION '_set_task_messages_vt(): a visibility offset is NULL'
+      USING ERRCODE = '22023';
+  END IF;
+
+  FOR v_queue, v_msg_ids, v_offsets IN
+    SELECT t.queue_name,
+           pg_catalog.array_agg(t.message_id ORDER BY t.message_id),
+           pg_catalog.array_agg(k.vt_offset ORDER BY t.message_id)
+    FROM (
+      SELECT DISTINCT ON (u.run_id, u.step_slug, u.task_index) u.run_id, u.step_slug, u.task_index, u.vt_offset
+      FROM ROWS FROM (pg_catalog.unnest(p_run_ids), pg_catalog.unnest(p_step_slugs), pg_catalog.unnest(p_task_indexes), pg_catalog.unnest(p_vt_offsets))
+           AS u (run_id, step_slug, task_index, vt_offset)
+      ORDER BY u.run_id, u.step_slug, u.task_index
+    ) AS k
+    --@include functions/queues/parts/task_messages_lookup.sql
+  LOOP
+    EXECUTE pg_catalog.format(
+      'UPDATE pgmq.%I AS q
+          SET vt = pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => v.vt_offset)
+         FROM ROWS FROM (pg_catalog.unnest($1::bigint[]), pg_catalog.unnest($2::integer[])) AS v (msg_id, vt_offset)
+        WHERE q.msg_id = v.msg_id',
+      pgmq.format_table_name(v_queue, 'q'))
+    USING v_msg_ids, v_offsets;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    v_total := v_total + v_count;
+  END LOOP;
+  RETURN v_total;
+END;
+$$;

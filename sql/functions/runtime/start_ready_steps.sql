@@ -1,0 +1,67 @@
+CREATE OR REPLACE FUNCTION pgflow.start_ready_steps(run_id uuid)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_flow text;
+  v_started text[];
+  v_step text;
+  v_tasks integer;
+  v_delay integer;
+  v_queue text;
+  v_state pgflow.step_states;
+BEGIN
+  SELECT r.flow_slug INTO v_flow FROM pgflow.runs AS r
+  WHERE r.run_id = start_ready_steps.run_id AND r.status = 'started';
+  IF v_flow IS NULL THEN
+    RETURN;
+  END IF;
+
+  WITH ready AS (
+    SELECT ss.step_slug
+    FROM pgflow.step_states AS ss
+    WHERE ss.run_id = start_ready_steps.run_id
+      AND ss.status = 'created' AND ss.remaining_deps = 0 AND ss.initial_tasks > 0
+    ORDER BY ss.step_slug
+    FOR UPDATE
+  ), started AS (
+    UPDATE pgflow.step_states AS ss
+       SET status = 'started', started_at = pg_catalog.now(), remaining_tasks = ss.initial_tasks
+      FROM ready
+     WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = ready.step_slug
+    RETURNING ss.step_slug
+  )
+  SELECT pg_catalog.array_agg(s.step_slug ORDER BY s.step_slug) INTO v_started FROM started AS s;
+
+  IF v_started IS NULL THEN
+    RETURN;
+  END IF;
+
+  FOREACH v_step IN ARRAY v_started LOOP
+    SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0), s.queue_name
+    INTO v_tasks, v_delay, v_queue
+    FROM pgflow.step_states AS ss
+    JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug
+    WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
+
+    INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+    SELECT v_flow, start_ready_steps.run_id, v_step, (m.n - 1)::integer, v_queue, m.msg_id
+    FROM pgmq.send_batch(
+           v_queue,
+           ARRAY(SELECT pg_catalog.jsonb_build_object('flow_slug', v_flow,
+                                                      'run_id', start_ready_steps.run_id,
+                                                      'step_slug', v_step,
+                                                      'task_index', g.i)
+                 FROM pg_catalog.generate_series(0, v_tasks - 1) AS g (i)
+                 ORDER BY g.i),
+           v_delay) WITH ORDINALITY AS m (msg_id, n);
+
+    SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
+    WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
+    PERFORM pgflow._broadcast_step(v_state);
+  END LOOP;
+END;
+$$;

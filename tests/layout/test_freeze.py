@@ -1,0 +1,64 @@
+"""sqlfreeze keeps the released migrations' text when the function files they include change."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from pgflow_cli import sqlfiles
+
+REPO = Path(sqlfiles.sql_root()).parent
+
+CHECK = """
+from pgflow_cli import sqlfiles, sqlfreeze
+bad = [m for m, pinned in sqlfreeze.RELEASED_CHECKSUMS.items() if sqlfiles.checksum(sqlfiles.load(m)) != pinned]
+print("BAD" if bad else "PINNED", *bad)
+"""
+
+
+def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(cwd))
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert old in text
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+
+
+def test_freeze_moves_the_released_text_out_of_the_way_of_an_edit(tmp_path):
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO / "sql", copy / "sql")
+    shutil.copytree(REPO / "pgflow_cli", copy / "pgflow_cli", ignore=shutil.ignore_patterns("__pycache__"))
+    for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "released"]):
+        subprocess.run(command, cwd=copy, check=True, capture_output=True)
+    sql = copy / "sql"
+    # a change to a function 0003 includes, to a part 0002 includes twice, and to a function a
+    # baseline recipe reuses line by line
+    _edit(sql / "functions/claim/claim_tasks.sql", "BEGIN\n", "BEGIN\n  -- changed for 0005\n")
+    _edit(sql / "functions/runtime/parts/lock_and_load_task.sql", "    RETURN;\n", "    RETURN;  -- changed\n")
+    _edit(sql / "functions/definitions/add_step.sql", "BEGIN\n", "BEGIN\n  -- changed too\n")
+    edited = {p: p.read_text(encoding="utf-8") for p in (sql / "functions").rglob("*.sql")}
+    assert "BAD" in _run(copy, sys.executable, "-c", CHECK).stdout
+
+    frozen = _run(copy, sys.executable, "-m", "pgflow_cli.sqlfreeze")
+    assert frozen.returncode == 0, frozen.stdout + frozen.stderr
+
+    assert _run(copy, sys.executable, "-c", CHECK).stdout.startswith("PINNED")
+    assert {p: p.read_text(encoding="utf-8") for p in (sql / "functions").rglob("*.sql")} == edited
+    written = sorted(str(p.relative_to(sql)) for p in (sql / "released").rglob("*.sql"))
+    assert written == [
+        "released/0002/functions/runtime/complete_task.sql",
+        "released/0002/functions/runtime/fail_task.sql",
+        "released/0003/functions/claim/claim_tasks.sql",
+        "released/0003/functions/definitions/add_step.sql",
+    ]
+    # recipes reuse the current lines instead of copying them
+    assert all(len(p.read_text(encoding="utf-8").splitlines()) < 40 for p in (sql / "released").rglob("*.sql"))
+    again = _run(copy, sys.executable, "-m", "pgflow_cli.sqlfreeze")
+    assert again.returncode == 0 and again.stdout == ""
