@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from pgflow_cli import sqlfiles
 from tests.fence.helpers import FenceEnv
 from tests.support.invariants import assert_runtime_invariants
 
@@ -13,8 +12,6 @@ from tests.support.invariants import assert_runtime_invariants
 @pytest.fixture
 def fenv(db, tmp_path):
     """A :class:`FenceEnv` on a fresh database (PGMQ + every migration)."""
-    # PHASE 1 ONLY: the fence schema until migration 0007 exists.
-    db.connect().execute(sqlfiles.load("staging/0007_fence_schema.sql"))
     environment = FenceEnv(db, tmp_path / "gate")
     try:
         yield environment

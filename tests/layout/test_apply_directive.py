@@ -27,6 +27,9 @@ def tree(tmp_path, monkeypatch, baseline_db):
     tree before the copy takes its place."""
     root = tmp_path / "sql"
     shutil.copytree(sqlfiles.sql_root(), root)
+    for real in root.glob("migrations/0[0-9][0-9][0-9]_*.sql"):
+        if int(real.name[:4]) >= 4:  # the examples stand in for the real migrations from 0004 on
+            real.unlink()
     released = sqlfiles.load(FILE)
     is_local = root / FILE
     is_local.write_text(is_local.read_text(encoding="utf-8").replace(

@@ -63,7 +63,7 @@
 -- Workers
 ------------------------------------------------------------------------------------------------
 
---@include functions/workers/register_worker.sql
+--@include released/0003/functions/workers/register_worker.sql
 
 --@include functions/workers/_clear_pause_on_enable.sql as-create
 
