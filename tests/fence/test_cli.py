@@ -131,3 +131,19 @@ def test_status_watch_refreshes_until_ctrl_c(fenv):
     documents = [json.loads(line) for line in result.stdout.splitlines()]
     assert all(d["fences"][0]["reason"] == "watch me" for d in documents)
     assert fenv.enabled("w-fn") is False
+
+
+def test_an_upgraded_database_gets_the_fence_and_keeps_every_function_row(baseline_db):
+    conn = baseline_db.connect()
+    conn.execute("SELECT pgflow.track_worker_function('old-on'), pgflow.track_worker_function('old-off')")
+    conn.execute("UPDATE pgflow.worker_functions SET enabled = false WHERE function_name = 'old-off'")
+    before = conn.execute("SELECT function_name, enabled, created_at FROM pgflow.worker_functions ORDER BY 1").fetchall()
+    assert run_cli("migrate", "apply", "--dsn", baseline_db.conninfo).code == 0
+    after = conn.execute("SELECT function_name, enabled, created_at, enabled_changes FROM pgflow.worker_functions "
+                         "ORDER BY 1").fetchall()
+    assert after == [row + (0,) for row in before]
+    fenced = run_cli("fence", "disable", "--all", "-m", "first rollout", "--dsn", baseline_db.conninfo)
+    assert fenced.code == 0, fenced.output
+    assert run_cli("fence", "restore", "--all", "--dsn", baseline_db.conninfo).code == 0
+    assert conn.execute("SELECT function_name, enabled FROM pgflow.worker_functions ORDER BY 1").fetchall() == [
+        ("old-off", False), ("old-on", True)]
