@@ -14,3 +14,8 @@ def after_baseline() -> list[int]:
 def pending_states(first: str = "pending") -> list[str]:
     """States of every migration after a baseline install: ``first`` for 0003, pending for the rest."""
     return ["applied"] * installer.BASELINE_VERSION + [first] + ["pending"] * (len(after_baseline()) - 1)
+
+
+def all_levels() -> list[int]:
+    """Versions a fresh install applies: every shipped migration."""
+    return [m.version for m in installer.available_migrations()]
