@@ -34,18 +34,19 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-_INCLUDE = re.compile(
+INCLUDE = re.compile(
     r"^[ \t]*--@include[ \t]+(?P<path>[A-Za-z0-9_./-]+)(?P<options>(?:[ \t]+[^ \t\n]+)*)[ \t]*$", re.MULTILINE
 )
 _LINES = re.compile(r"^(?P<first>[1-9][0-9]*)-(?P<last>[1-9][0-9]*)$")
 _SETTING = re.compile(r"^(?P<name>[a-z_][a-z0-9_]*)=(?P<value>[A-Za-z0-9_.]+)$")
 _PLACEHOLDER = re.compile(r"\{\{(?P<name>[a-z_][a-z0-9_]*)\}\}")
-_NOTE = re.compile(r"^[ \t]*--@note\b[^\n]*(?:\n|$)", re.MULTILINE)
+NOTE = re.compile(r"^[ \t]*--@note\b[^\n]*(?:\n|$)", re.MULTILINE)
 _OR_REPLACE = re.compile(r"^CREATE OR REPLACE (?=FUNCTION |TRIGGER |VIEW )", re.MULTILINE)
 _NAME = re.compile(r"^--@name[ \t]+(?P<name>[a-z_][a-z0-9_]*)[ \t]*$")
 _END = re.compile(r"^--@end[ \t]*$")
@@ -73,14 +74,35 @@ def load(relative: str) -> str:
         FileNotFoundError: the file or an included file does not exist.
         ValueError: an include cycle or a path escaping ``sql/``.
     """
-    return _expand(relative, ())
+    return _expand(relative, (), read_file)
 
 
-def _expand(relative: str, stack: tuple[str, ...]) -> str:
-    return _expand_text(relative, _read(relative), stack + (relative,))
+Reader = Callable[[str], str]
+"""Returns the written text of a file below ``sql/`` (the tree by default; a git revision in sqlfreeze)."""
 
 
-def _read(relative: str) -> str:
+def expand(text: str, *, origin: str = "(text)", read: Reader | None = None) -> str:
+    """Expand the directives of ``text`` as if it were a file named ``origin`` (not cached).
+
+    Args:
+        text: SQL text, e.g. one ``--@include`` line.
+        origin: the name used in messages and for include-cycle detection.
+        read: where included files are read from (default: the tree, :func:`read_file`).
+    """
+    return _expand_text(origin, text, (origin,), read or read_file)
+
+
+def _expand(relative: str, stack: tuple[str, ...], read: Reader) -> str:
+    return _expand_text(relative, read(relative), stack + (relative,), read)
+
+
+def read_file(relative: str) -> str:
+    """The text of ``sql/<relative>`` as written (no directive expanded).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a path escaping ``sql/``.
+    """
     root = sql_root()
     path = (root / relative).resolve()
     if root.resolve() not in path.parents:
@@ -88,7 +110,7 @@ def _read(relative: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _expand_text(relative: str, text: str, stack: tuple[str, ...]) -> str:
+def _expand_text(relative: str, text: str, stack: tuple[str, ...], read: Reader) -> str:
     """Expand the directives of ``text`` (the text of ``relative``; ``stack``: the include chain)."""
 
     def replace(match: re.Match[str]) -> str:
@@ -114,12 +136,12 @@ def _expand_text(relative: str, text: str, stack: tuple[str, ...]) -> str:
             else:
                 raise ValueError(f"{relative}: unknown --@include option {option!r}")
         if lines is None:
-            included = _expand(target, stack).rstrip("\n")
+            included = _expand(target, stack, read).rstrip("\n")
         else:
-            written = _read(target).split("\n")
+            written = read(target).split("\n")
             if lines[1] > len(written):
                 raise ValueError(f"{relative}: {target} has no line {lines[1]}")
-            included = _expand_text(target, "\n".join(written[lines[0] - 1:lines[1]]), stack + (target,))
+            included = _expand_text(target, "\n".join(written[lines[0] - 1:lines[1]]), stack + (target,), read)
         if settings or _PLACEHOLDER.search(included):
             def fill(placeholder: re.Match[str]) -> str:
                 if placeholder["name"] not in settings:
@@ -131,7 +153,7 @@ def _expand_text(relative: str, text: str, stack: tuple[str, ...]) -> str:
             included = _OR_REPLACE.sub("CREATE ", included)
         return included
 
-    return _INCLUDE.sub(replace, _NOTE.sub("", text))
+    return INCLUDE.sub(replace, NOTE.sub("", text))
 
 
 def checksum(text: str) -> str:

@@ -43,6 +43,9 @@ def test_freeze_moves_the_released_text_out_of_the_way_of_an_edit(tmp_path):
     _edit(sql / "functions/claim/claim_tasks.sql", "BEGIN\n", "BEGIN\n  -- changed for 0005\n")
     _edit(sql / "functions/runtime/parts/lock_and_load_task.sql", "    RETURN;\n", "    RETURN;  -- changed\n")
     _edit(sql / "functions/definitions/add_step.sql", "BEGIN\n", "BEGIN\n  -- changed too\n")
+    # the pruning function 0003 installs through the optional file, which itself stays current
+    _edit(sql / "functions/maintenance/prune_data_older_than.sql", "BEGIN\n", "BEGIN\n  -- changed\n")
+    optional = (sql / "optional/prune.sql").read_text(encoding="utf-8")
     edited = {p: p.read_text(encoding="utf-8") for p in (sql / "functions").rglob("*.sql")}
     already = {str(p.relative_to(sql)) for p in (sql / "released").rglob("*.sql")}  # frozen by earlier changes
     assert "BAD" in _run(copy, sys.executable, "-c", CHECK).stdout
@@ -52,12 +55,14 @@ def test_freeze_moves_the_released_text_out_of_the_way_of_an_edit(tmp_path):
 
     assert _run(copy, sys.executable, "-c", CHECK).stdout.startswith("PINNED")
     assert {p: p.read_text(encoding="utf-8") for p in (sql / "functions").rglob("*.sql")} == edited
+    assert (sql / "optional/prune.sql").read_text(encoding="utf-8") == optional
     written = sorted(str(p.relative_to(sql)) for p in (sql / "released").rglob("*.sql") if str(p.relative_to(sql)) not in already)
     assert written == [
         "released/0002/functions/runtime/complete_task.sql",
         "released/0002/functions/runtime/fail_task.sql",
         "released/0003/functions/claim/claim_tasks.sql",
         "released/0003/functions/definitions/add_step.sql",
+        "released/0003/optional/prune.sql",
     ]
     # recipes reuse the current lines instead of copying them
     assert all(len(p.read_text(encoding="utf-8").splitlines()) < 40 for p in (sql / "released").rglob("*.sql"))

@@ -1,0 +1,283 @@
+"""Migration files and their directives: what ``sql/migrations`` holds and how it is read.
+
+A migration is ``sql/migrations/NNNN_name.sql``. Its text is read through
+:mod:`pgflow_cli.sqlfiles` (``--@include`` expanded) and may carry installer directives:
+``--@phase``, ``--@online-threshold``, ``--@preflight audit``, ``--@worker-protocol`` and, from
+0004 on, ``--@apply`` (docs/architecture.md "Migrations and what they contain").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import psycopg
+
+from pgflow_cli import sqlfiles
+
+_FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
+QUERIES = "queries/installer.sql"
+
+RELEASED_CHECKSUMS: dict[str, str] = {
+    "migrations/0001_baseline_schema.sql": "24d9b44fbddf8dc55eb2de6cafd03b72a8603f2368a191d7fbf8a6711b2b68a6",
+    "migrations/0002_baseline_runtime.sql": "ef9f0294a4248c0e8de1e8ebe1223ea570e239624e8979e7b7c02a915cceef2c",
+    "migrations/0003_queue_identity.sql": "b75715a944ab9407ba68f3b906c1fa5dc6a23943ac3455ba90f311f449c3730c",
+}
+"""SHA-256 of the executed text of every released migration (path below ``sql/`` -> hex digest).
+
+A release adds its migrations here; from then on their text (for migrations that ``--@apply``
+function files: their own text, the files by name) may never change."""
+
+BASELINE_VERSION = 2
+"""Last migration of the released baseline (schema + runtime): the state an upgrade starts from."""
+
+
+_PHASE = re.compile(r"^--@phase[ \t]+(?P<name>[a-z_]+)(?:[ \t]+(?P<mode>tx|batch|notx))?[ \t]*$", re.MULTILINE)
+MAX_BATCH_PAGES = 16384
+"""Upper bound of one backfill range, heap pages (128 MiB)."""
+
+_APPLY = re.compile(r"^--@apply\b(?P<rest>.*)$", re.MULTILINE)
+_APPLY_LINE = re.compile(r"^[ \t]+(?P<path>functions/[a-z0-9_/]+\.sql)[ \t]+sha256=(?P<sha>[0-9a-f]{64})[ \t]*$")
+_WORKER_PROTOCOL = re.compile(r"^--@worker-protocol[ \t]+(\d+)[ \t]*$", re.MULTILINE)
+_PREFLIGHT = re.compile(r"^--@preflight[ \t]+audit[ \t]*$", re.MULTILINE)
+_THRESHOLD = re.compile(r"^--@online-threshold[ \t]+(?P<table>[a-z_.]+)[ \t]+(?P<rows>\d+)[ \t]*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a phased migration.
+
+    Attributes:
+        name: ``prepare``, ``backfill``, ``index``, ``main``, ``abort``...
+        mode: ``tx`` (one transaction), ``batch`` (one statement taking ``%(first_page)s`` and
+            ``%(pages)s`` and returning ``(rows_updated, relation_pages)``, run over the table's
+            heap in page ranges, each range its own transaction) or ``notx`` (one statement
+            outside any transaction, e.g. ``CREATE INDEX CONCURRENTLY``; an optimisation only:
+            the final phase must reach the same state on its own).
+        sql: the phase's text.
+    """
+
+    name: str
+    mode: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class PhasedMigration:
+    """A migration split by ``--@phase`` markers.
+
+    On small databases every phase runs in one transaction (``notx`` phases skipped), so
+    the migration is all or nothing. When the ``--@online-threshold TABLE ROWS`` table is
+    larger, phases commit one by one: short locks, a batched backfill, a concurrent index
+    build, and a final transaction that records the ledger row. Until that final commit
+    the database keeps its old behaviour; a rerun resumes; ``pgflow migrate abort`` runs
+    the ``abort`` phase to undo the preparation.
+    """
+
+    phases: tuple[Phase, ...]
+    threshold_table: str | None
+    threshold_rows: int
+
+    @property
+    def apply_phases(self) -> tuple[Phase, ...]:
+        return tuple(p for p in self.phases if p.name != "abort")
+
+    @property
+    def abort(self) -> Phase | None:
+        return next((p for p in self.phases if p.name == "abort"), None)
+
+    @property
+    def has_online_phases(self) -> bool:
+        return any(p.mode in ("batch", "notx") for p in self.apply_phases)
+
+    def estimated_rows(self, conn: psycopg.Connection) -> int | None:
+        """Planner estimate of the threshold table's rows (``None``: no threshold table or never analysed)."""
+        if not self.threshold_table:
+            return None
+        row = conn.execute(sqlfiles.statement(QUERIES, "estimated_rows"), {"table": self.threshold_table}).fetchone()
+        return None if row is None or row[0] is None or int(row[0]) < 0 else int(row[0])
+
+    def large(self, conn: psycopg.Connection) -> bool:
+        """True when the threshold table's row estimate exceeds the threshold."""
+        estimate = self.estimated_rows(conn)
+        return estimate is not None and estimate > self.threshold_rows
+
+    def path(self, conn: psycopg.Connection, online: str = "auto") -> str:
+        """Which path ``apply`` takes on this database, in words (for ``migrate plan``)."""
+        if not self.has_online_phases or online == "never":
+            return "one transaction"
+        if online == "always":
+            return "phased (forced)"
+        estimate = self.estimated_rows(conn)
+        size = "size unknown (never analysed)" if estimate is None else f"~{estimate:,} rows"
+        kind = "phased" if self.large(conn) else "one transaction"
+        return f"{kind} ({self.threshold_table} {size}; phased above {self.threshold_rows:,})"
+
+
+def parse_phases(text: str) -> PhasedMigration | None:
+    """Split migration text at ``--@phase`` markers; ``None`` when it has none."""
+    markers = list(_PHASE.finditer(text))
+    if not markers:
+        return None
+    phases = []
+    for index, marker in enumerate(markers):
+        end = markers[index + 1].start() if index + 1 < len(markers) else len(text)
+        phases.append(Phase(marker["name"], marker["mode"] or "tx", text[marker.end():end].strip()))
+    names = [p.name for p in phases]
+    if len(names) != len(set(names)):
+        raise ValueError(f"duplicate phase names: {names}")
+    if phases[-1].name == "abort":
+        apply_phases = phases[:-1]
+    else:
+        apply_phases = phases
+    if not apply_phases or apply_phases[-1].mode != "tx":
+        raise ValueError("the last phase to apply must be a transaction (mode tx)")
+    threshold = _THRESHOLD.search(text)
+    return PhasedMigration(
+        tuple(phases),
+        threshold["table"] if threshold else None,
+        int(threshold["rows"]) if threshold else 0,
+    )
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration file.
+
+    Attributes:
+        version: the 4-digit number, the apply order.
+        name: the descriptive part of the file name.
+        path: path below ``sql/``.
+        sql: text as executed (includes expanded).
+        checksum: SHA-256 hex of ``sql``.
+        phased: its phases, or ``None`` for a plain one-transaction migration.
+    """
+
+    version: int
+    name: str
+    path: str
+
+    @property
+    def text(self) -> str:
+        """The migration's own text: includes expanded, ``--@apply`` lines as written (by name)."""
+        return sqlfiles.load(self.path)
+
+    @property
+    def checksum(self) -> str:
+        """SHA-256 of :attr:`text`: what the ledger records for this migration."""
+        return sqlfiles.checksum(self.text)
+
+    @property
+    def applies(self) -> tuple[FileApply, ...]:
+        """The function files this migration (re)applies, in order (``--@apply`` lines)."""
+        return parse_applies(self.text, self.label)
+
+    @property
+    def sql(self) -> str:
+        """The text as executed when this migration runs on its own (every ``--@apply`` expanded)."""
+        return self.executed()
+
+    def executed(self, skip: frozenset[str] = frozenset()) -> str:
+        """The text to execute: each ``--@apply`` line replaced by its file, except the files in
+        ``skip`` (a later migration of the same run applies them; the line stays, a comment)."""
+        if not self.applies:
+            return self.text
+
+        def expand(match: re.Match[str]) -> str:
+            path = _APPLY_LINE.match(match.group("rest"))
+            assert path is not None  # parse_applies checked every line
+            if path["path"] in skip:
+                return f"{match.group(0)} -- runs in a later migration of this run"
+            return sqlfiles.load(path["path"]).rstrip("\n")
+
+        return _APPLY.sub(expand, self.text)
+
+    @property
+    def label(self) -> str:
+        return f"{self.version:04d}_{self.name}"
+
+    @property
+    def phased(self) -> PhasedMigration | None:
+        return parse_phases(self.sql)
+
+    @property
+    def worker_protocol(self) -> int | None:
+        """The worker protocol this migration switches the database to (``--@worker-protocol N``)."""
+        match = _WORKER_PROTOCOL.search(self.sql)
+        return int(match.group(1)) if match else None
+
+    @property
+    def preflight_audit(self) -> bool:
+        """True when the file asks for ``pgflow audit``'s blocking rules to pass before any lock
+        (``--@preflight audit``); the migration rechecks them itself under its locks."""
+        return bool(_PREFLIGHT.search(self.sql))
+
+    def phases_for_single_transaction(self, skip: frozenset[str] = frozenset()) -> list[Phase]:
+        """What runs when the whole migration is one transaction (``notx`` phases skipped)."""
+        text = self.executed(skip)
+        phased = parse_phases(text)
+        if phased is None:
+            return [Phase("main", "tx", text)]
+        return [p for p in phased.apply_phases if p.mode != "notx"]
+
+
+@dataclass(frozen=True)
+class FileApply:
+    """One ``--@apply`` line of a migration.
+
+    Attributes:
+        path: the function file below ``sql/`` (``functions/<area>/<name>.sql``).
+        pinned: SHA-256 hex of the file's text when the migration was written.
+    """
+
+    path: str
+    pinned: str
+
+    @property
+    def checksum(self) -> str:
+        """SHA-256 hex of the file's text now (includes expanded)."""
+        return sqlfiles.checksum(sqlfiles.load(self.path))
+
+
+def parse_applies(text: str, label: str) -> tuple[FileApply, ...]:
+    """The ``--@apply`` lines of a migration's text.
+
+    Raises:
+        RuntimeError: a malformed line or a missing file (a packaging error: the message
+            gives the line to write).
+    """
+    found = []
+    for match in _APPLY.finditer(text):
+        line = _APPLY_LINE.match(match.group("rest"))
+        if line is None:
+            raise RuntimeError(f"{label}: malformed line {match.group(0)!r}: write "
+                               "'--@apply functions/<area>/<name>.sql sha256=<SHA-256 of the file>'")
+        if not (sqlfiles.sql_root() / line["path"]).is_file():
+            raise RuntimeError(f"{label}: --@apply names a missing file sql/{line['path']}")
+        found.append(FileApply(line["path"], line["sha"]))
+    paths = [f.path for f in found]
+    if len(paths) != len(set(paths)):
+        raise RuntimeError(f"{label}: a function file is applied twice")
+    return tuple(found)
+
+
+@lru_cache(maxsize=1)
+def available_migrations() -> tuple[Migration, ...]:
+    """Every migration shipped with this tool, in apply order."""
+    root = sqlfiles.sql_root() / "migrations"
+    found = []
+    for path in sorted(root.iterdir()):
+        match = _FILE.match(path.name)
+        if match:
+            found.append(Migration(int(match["version"]), match["name"], f"migrations/{path.name}"))
+    versions = [m.version for m in found]
+    if len(versions) != len(set(versions)):
+        raise RuntimeError(f"duplicate migration numbers in {root}")
+    return tuple(found)
+
+
+def versions(migrations: Sequence[Migration]) -> list[int]:
+    """Version numbers of ``migrations`` (helper for messages and tests)."""
+    return [m.version for m in migrations]

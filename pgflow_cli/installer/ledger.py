@@ -1,0 +1,211 @@
+"""The ledger (``pgflow.schema_migrations``) and the plan: shipped migrations against a database.
+
+Read-only: :func:`make_plan` compares the files with what a database recorded; nothing here
+writes (the runner records rows inside each migration's transaction).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgflow_cli import sqlfiles
+from pgflow_cli.errors import StateConflict
+from pgflow_cli.installer.files import QUERIES, Migration, available_migrations
+
+@dataclass(frozen=True)
+class DatabaseState:
+    """What a catalog probe found (no writes)."""
+
+    has_pgflow_schema: bool
+    has_ledger: bool
+    has_file_ledger: bool
+    has_flows_table: bool
+    has_pgmq_schema: bool
+    has_pgmq_meta: bool
+    pgmq_extension_version: str | None
+    pgmq_schema_comment: str | None
+    server_version_num: int
+    database_name: str
+
+    @property
+    def pgmq_version(self) -> str | None:
+        """PGMQ version: the extension's, or the one pgflow-cli recorded for a SQL-only install."""
+        if self.pgmq_extension_version:
+            return self.pgmq_extension_version
+        match = re.search(r"PGMQ (\S+)", self.pgmq_schema_comment or "")
+        return match.group(1) if match else None
+
+    @property
+    def foreign_pgflow(self) -> bool:
+        """A pgflow schema with tables that pgflow-cli did not install (no ledger)."""
+        return self.has_flows_table and not self.has_ledger
+
+
+def read_state(conn: psycopg.Connection) -> DatabaseState:
+    """Probe the catalog for the pgflow schema, the ledger and PGMQ."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sqlfiles.statement(QUERIES, "database_state"))
+        row = cur.fetchone()
+    assert row is not None
+    return DatabaseState(**row)
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    version: int
+    name: str
+    checksum: str
+    tool_version: str
+    applied_by: str
+    applied_at: Any
+    duration_ms: int
+    state: str = "applied"
+    phases_done: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MigrationStatus:
+    """A migration's state in one database.
+
+    ``state`` is one of ``applied``, ``pending``, ``in_progress`` (a phased migration that
+    committed some phases; applying resumes it), ``changed`` (file differs from the recorded
+    checksum) or ``unknown`` (recorded, but this tool has no such file).
+    """
+
+    version: int
+    name: str
+    state: str
+    file_checksum: str | None
+    recorded: LedgerRow | None = None
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    """A function file that migrations apply (``--@apply``), compared with what the database ran.
+
+    ``state``: ``current`` (the database ran this text), ``pending`` (a pending migration
+    applies it), ``differs`` (the database ran another text and no pending migration applies
+    this one: installed functions differ from the files) or ``missing`` (never run here and no
+    pending migration applies it).
+    """
+
+    path: str
+    state: str
+    file_checksum: str
+    recorded_checksum: str | None
+    recorded_version: int | None
+
+
+@dataclass
+class Plan:
+    """Comparison of shipped migrations with a database's ledger."""
+
+    state: DatabaseState
+    statuses: list[MigrationStatus] = field(default_factory=list)
+    files: list[FileStatus] = field(default_factory=list)
+
+    @property
+    def file_drift(self) -> list[FileStatus]:
+        """Applied function files whose installed text differs from the file, with no migration pending to fix it."""
+        return [f for f in self.files if f.state in ("differs", "missing")]
+
+    @property
+    def pending(self) -> list[Migration]:
+        by_version = {m.version: m for m in available_migrations()}
+        return [by_version[s.version] for s in self.statuses if s.state in ("pending", "in_progress")]
+
+    @property
+    def changed(self) -> list[MigrationStatus]:
+        return [s for s in self.statuses if s.state == "changed"]
+
+    @property
+    def unknown(self) -> list[MigrationStatus]:
+        return [s for s in self.statuses if s.state == "unknown"]
+
+    def refuse_reasons(self) -> StateConflict | None:
+        """The conflict that forbids applying anything, or ``None``."""
+        if self.state.foreign_pgflow:
+            return StateConflict(
+                "this database has a pgflow schema that pgflow-cli did not install (no pgflow.schema_migrations ledger)",
+                hint="run `pgflow audit` for the upgrade report; adopting an existing upstream installation "
+                "is not supported by this version (docs/upgrade.md)",
+            )
+        if self.unknown:
+            return StateConflict(
+                "the database is newer than this tool: it records migrations this version does not ship",
+                hint="upgrade pgflow-cli to the version that applied them",
+                detail=[f"{s.version:04d}_{s.name} (applied by pgflow-cli {s.recorded.tool_version if s.recorded else '?'})" for s in self.unknown],
+            )
+        if self.changed:
+            return StateConflict(
+                "migration files differ from what was applied (checksum mismatch)",
+                hint="reinstall the pgflow-cli version that applied them; never edit an applied migration",
+                detail=[f"sql/migrations/{s.version:04d}_{s.name}.sql: recorded {s.recorded.checksum[:12] if s.recorded else '?'}…, file {(s.file_checksum or '')[:12]}…" for s in self.changed],
+            )
+        return None
+
+
+def ledger(conn: psycopg.Connection) -> list[LedgerRow]:
+    """Rows of ``pgflow.schema_migrations`` (empty when there is no ledger)."""
+    if not read_state(conn).has_ledger:
+        return []
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sqlfiles.statement(QUERIES, "ledger_rows"))
+        return [LedgerRow(**row) for row in cur.fetchall()]
+
+
+def make_plan(conn: psycopg.Connection) -> Plan:
+    """Compare the shipped migrations with the database's ledger (read-only)."""
+    state = read_state(conn)
+    recorded = {row.version: row for row in (ledger(conn) if state.has_ledger else [])}
+    plan = Plan(state)
+    for migration in available_migrations():
+        row = recorded.pop(migration.version, None)
+        if row is None:
+            plan.statuses.append(MigrationStatus(migration.version, migration.name, "pending", migration.checksum))
+        elif row.checksum != migration.checksum:
+            plan.statuses.append(MigrationStatus(migration.version, migration.name, "changed", migration.checksum, row))
+        elif row.state == "in_progress":
+            plan.statuses.append(MigrationStatus(migration.version, migration.name, "in_progress", migration.checksum, row))
+        else:
+            plan.statuses.append(MigrationStatus(migration.version, migration.name, "applied", migration.checksum, row))
+    for row in recorded.values():
+        plan.statuses.append(MigrationStatus(row.version, row.name, "unknown", None, row))
+    plan.statuses.sort(key=lambda s: s.version)
+    plan.files = _file_statuses(conn, state, plan)
+    return plan
+
+
+def _file_statuses(conn: psycopg.Connection, state: DatabaseState, plan: Plan) -> list[FileStatus]:
+    """Compare every ``--@apply`` file with the newest text the database recorded for it."""
+    applied_anywhere = {a.path for m in available_migrations() for a in m.applies}
+    if not applied_anywhere or not state.has_ledger:
+        return []
+    ran: dict[str, tuple[int, str]] = {}
+    if state.has_file_ledger:
+        with conn.cursor(row_factory=dict_row) as cur:
+            for row in cur.execute(sqlfiles.statement(QUERIES, "ledger_files")).fetchall():
+                ran[row["path"]] = (row["version"], row["checksum"])
+    pending = {a.path for m in plan.pending for a in m.applies}
+    applied_versions = {s.version for s in plan.statuses if s.state == "applied"}
+    files = []
+    for path in sorted(applied_anywhere):
+        current = sqlfiles.checksum(sqlfiles.load(path))
+        version, recorded = ran.get(path, (None, None))
+        if path in pending:
+            status = "pending"
+        elif recorded == current:
+            status = "current"
+        elif recorded is None:
+            # released 0001-0003 install the file's text without a per-file record
+            appliers = [m.version for m in available_migrations() if any(a.path == path for a in m.applies)]
+            status = "missing" if any(v in applied_versions for v in appliers) else "current"
+        else:
+            status = "differs"
+        files.append(FileStatus(path, status, current, recorded, version))
+    return files

@@ -1,0 +1,406 @@
+"""The runner: applies pending migrations (phases, locks, retries) and records them.
+
+Every migration runs in one transaction with its ledger row, or phase by phase when it is
+large (:class:`~pgflow_cli.installer.files.PhasedMigration`); a session advisory lock keeps two
+migrators apart; lock timeouts and deadlocks roll back and retry a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgflow_cli import __version__, sqlfiles
+from pgflow_cli.db import first_line, retry_on_lock, transaction
+from pgflow_cli.errors import LockTimeout, SchemaMissing, StateConflict
+from pgflow_cli.installer.files import (
+    MAX_BATCH_PAGES,
+    QUERIES,
+    Migration,
+    Phase,
+    available_migrations,
+    parse_phases,
+)
+from pgflow_cli.installer.ledger import LedgerRow, make_plan
+from pgflow_cli.installer.pgmq_bootstrap import ensure_pgmq
+
+def file_runs(migrations: Sequence[Migration], todo: Sequence[Migration]) -> dict[int, frozenset[str]]:
+    """Which ``--@apply`` files each migration of ``todo`` skips: each file runs once, in the last
+    migration of ``todo`` that applies it.
+
+    Args:
+        migrations: every shipped migration (to tell whether a later one changes a file again).
+        todo: the migrations this run applies, in order.
+
+    Returns:
+        version -> paths that migration leaves to a later migration of the run.
+
+    Raises:
+        StateConflict: the run stops below a later change of a file it applies, so the file's
+            text for that level is not shipped (exit 6); or a file differs from the text its
+            newest migration pins (a packaging error).
+    """
+    last: dict[str, Migration] = {}
+    for migration in todo:
+        for applied in migration.applies:
+            last[applied.path] = migration
+    newest: dict[str, Migration] = {}
+    for migration in migrations:
+        for applied in migration.applies:
+            newest[applied.path] = migration
+    for path, migration in last.items():
+        pinned = next(a.pinned for a in migration.applies if a.path == path)
+        current = sqlfiles.checksum(sqlfiles.load(path))
+        if pinned == current:
+            continue
+        if newest[path].version == migration.version:
+            raise StateConflict(
+                f"sql/{path} differs from the text migration {migration.label} pins",
+                hint="this pgflow-cli build is inconsistent; reinstall it (developers: add the file to a new "
+                "migration, docs/architecture.md \"How to change a function\")",
+            )
+        raise StateConflict(
+            f"cannot stop at migration {todo[-1].label}: sql/{path} was changed again by "
+            f"{newest[path].label}, and this tool ships only its newest text",
+            hint=f"apply up to {newest[path].label} or later, or use the pgflow-cli release that shipped "
+            f"{todo[-1].label} as its newest migration",
+        )
+    return {m.version: frozenset(a.path for a in m.applies if last[a.path].version != m.version) for m in todo}
+
+
+ProgressFn = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class Applied:
+    """Result of applying one migration.
+
+    Attributes:
+        migration: the migration.
+        duration_ms: wall time of this call, milliseconds.
+        attempts: transaction attempts used (lock-timeout retries included).
+        online: whether the phased (online) path ran.
+        notices: server notices raised while applying.
+    """
+
+    migration: Migration
+    duration_ms: int
+    attempts: int
+    online: bool = False
+    notices: list[str] = field(default_factory=list)
+
+
+def apply(
+    conn: psycopg.Connection,
+    *,
+    target: int | None = None,
+    lock_timeout: float = 5.0,
+    attempts: int = 5,
+    progress: ProgressFn | None = None,
+    lock_wait: float = 30.0,
+    before_commit: Callable[[psycopg.Connection, Migration], None] | None = None,
+    dry_run: bool = False,
+    online: str = "auto",
+    batch_pages: int = 64,
+    batch_seconds: float = 0.2,
+) -> list[Applied]:
+    """Apply pending migrations in order, each atomically with its ledger row.
+
+    Args:
+        conn: an autocommit connection (its session takes the migrator lock).
+        target: apply up to and including this version (default: all).
+        lock_timeout: seconds each statement may wait for a lock before the transaction
+            is rolled back and retried.
+        attempts: tries per transaction on lock timeouts and deadlocks.
+        progress: ``progress(event, data)`` callback for stderr reporting (events:
+            ``lock_wait``, ``start``, ``retry``, ``phase``, ``batch``, ``done``).
+        lock_wait: seconds to wait for another migrator's session lock.
+        before_commit: hook run inside a migration's (final) transaction just before it
+            commits (used by ``--dry-run`` reporting).
+        dry_run: run the next pending migration in one transaction and roll it back.
+        online: ``auto`` (phased when a migration's threshold table is large), ``always``
+            or ``never`` (see :class:`PhasedMigration`).
+        batch_pages: heap pages of the first backfill batch (later ones adapt).
+        batch_seconds: time each backfill batch aims at, seconds: how long its rows stay locked.
+
+    Returns:
+        One :class:`Applied` per migration applied (or tried, in a dry run).
+
+    Raises:
+        StateConflict: ledger mismatch, unknown migrations, foreign pgflow schema (exit 6).
+        SchemaMissing: PGMQ is not installed (exit 3).
+        LockTimeout: a lock could not be taken within the retries (exit 4).
+    """
+    if online not in ("auto", "always", "never"):
+        raise ValueError(f"online must be auto, always or never, not {online!r}")
+    emit = progress or (lambda event, data: None)
+    _take_migrator_lock(conn, lock_wait, emit)
+    try:
+        plan = make_plan(conn)
+        conflict = plan.refuse_reasons()
+        if conflict:
+            raise conflict
+        if not plan.state.has_pgmq_meta:
+            raise SchemaMissing(
+                "PGMQ is not installed in this database",
+                hint="install the pgmq extension (CREATE EXTENSION pgmq) or rerun with --install-pgmq "
+                "to install the PGMQ SQL bundled with pgflow-cli",
+            )
+        in_progress = {s.version: s.recorded for s in plan.statuses if s.state == "in_progress"}
+        todo = [m for m in plan.pending if target is None or m.version <= target]
+        skips = file_runs(available_migrations(), todo)
+        if dry_run:
+            todo = todo[:1]
+        results = []
+        for migration in todo:
+            runner = _Runner(conn, migration, lock_timeout, attempts, emit, before_commit, batch_pages, batch_seconds,
+                             skips[migration.version])
+            phased = parse_phases(migration.executed(skips[migration.version]))
+            resume = in_progress.get(migration.version)
+            use_online = bool(phased and phased.has_online_phases and not dry_run and (
+                resume is not None or online == "always" or (online == "auto" and phased.large(conn))))
+            results.append(runner.run_online(resume) if use_online else runner.run_single(dry_run))
+        return results
+    finally:
+        if not conn.closed:
+            conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))
+
+
+class _DryRunRollback(Exception):
+    pass
+
+
+class _Runner:
+    """Applies one migration: in one transaction, or phase by phase (online)."""
+
+    def __init__(self, conn: psycopg.Connection, migration: Migration, lock_timeout: float, attempts: int,
+                 emit: ProgressFn, before_commit: Callable[[psycopg.Connection, Migration], None] | None,
+                 batch_pages: int, batch_seconds: float, skip: frozenset[str] = frozenset()) -> None:
+        self.conn = conn
+        self.migration = migration
+        self.skip = skip
+        self.lock_timeout = lock_timeout
+        self.attempts = attempts
+        self.emit = emit
+        self.before_commit = before_commit
+        self.batch_pages = max(1, batch_pages)
+        self.batch_seconds = batch_seconds if batch_seconds > 0 else 0.2
+        self.tries = 0
+        self.notices: list[str] = []
+
+    # shared -------------------------------------------------------------------------
+    def _retrying(self, action: Callable[[], Any]) -> Any:
+        def on_retry(number: int, exc: BaseException, delay: float) -> None:
+            self.emit("retry", {"migration": self.migration.label, "attempt": number, "error": first_line(exc),
+                                "sleep": round(delay, 2)})
+
+        def counted() -> Any:
+            self.tries += 1
+            return action()
+
+        def collect(diag: psycopg.errors.Diagnostic) -> None:
+            if diag.message_primary:
+                self.notices.append(diag.message_primary)
+
+        self.conn.add_notice_handler(collect)
+        try:
+            return retry_on_lock(counted, attempts=self.attempts, on_retry=on_retry)
+        finally:
+            self.conn.remove_notice_handler(collect)
+
+    def _record(self, *, state: str, phases_done: list[str], duration_ms: int) -> None:
+        """Create the ledger if needed and record this migration's state (inside the caller's transaction)."""
+        self.conn.execute(sqlfiles.statement(QUERIES, "ledger_bootstrap"))
+        self.conn.execute(sqlfiles.statement(QUERIES, "ledger_record"), {
+            "version": self.migration.version,
+            "name": self.migration.name,
+            "checksum": self.migration.checksum,
+            "tool_version": __version__,
+            "duration_ms": duration_ms,
+            "state": state,
+            "phases_done": phases_done,
+        })
+        ran = [a for a in self.migration.applies if a.path not in self.skip] if state == "applied" else []
+        if ran:
+            self.conn.execute(sqlfiles.statement(QUERIES, "ledger_files_bootstrap"))
+            for applied in ran:
+                self.conn.execute(sqlfiles.statement(QUERIES, "ledger_file_record"), {
+                    "version": self.migration.version, "path": applied.path, "checksum": applied.checksum})
+
+    def _backfill(self, phase: "Phase", *, own_transactions: bool) -> None:
+        """Run a ``batch`` phase over the whole heap, one range of pages per statement.
+
+        Each range is sized so that its statement takes about ``batch_seconds`` (the rows it
+        updates stay locked that long): the next range's page count is the last one's scaled by
+        budget / elapsed, at most doubled or quartered per step, between 1 and 16,384 pages.
+        On the phased path every range is its own transaction (retried on lock timeouts).
+        """
+        label = self.migration.label
+        first_page, pages = 0, self.batch_pages
+        while True:
+            def one(first_page: int = first_page, pages: int = pages) -> tuple[int, int]:
+                params = {"first_page": first_page, "pages": pages}
+                if own_transactions:
+                    with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                        row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
+                else:
+                    row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
+                return (int(row[0]), int(row[1])) if row else (0, 0)
+
+            started = time.monotonic()
+            updated, relation_pages = self._retrying(one) if own_transactions else one()
+            elapsed = time.monotonic() - started
+            self.emit("batch", {"migration": label, "phase": phase.name, "first_page": first_page, "pages": pages,
+                                "relation_pages": relation_pages, "rows": updated, "ms": int(elapsed * 1000)})
+            first_page += pages
+            if first_page >= relation_pages:
+                return
+            wanted = pages * self.batch_seconds / elapsed if elapsed > 0 else pages * 2
+            pages = int(max(pages / 4, min(pages * 2, wanted)))
+            pages = max(1, min(MAX_BATCH_PAGES, pages))
+
+    # one transaction ------------------------------------------------------------------
+    def run_single(self, dry_run: bool) -> Applied:
+        """Every phase in one transaction with the ledger row: all or nothing."""
+        label = self.migration.label
+        started = time.monotonic()
+
+        def attempt() -> None:
+            self.notices.clear()
+            self.emit("start", {"migration": label, "attempt": self.tries, "online": False})
+            t0 = time.monotonic()
+            try:
+                with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    for phase in self.migration.phases_for_single_transaction(self.skip):
+                        if phase.mode == "batch":
+                            self._backfill(phase, own_transactions=False)
+                        else:
+                            self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+                    self._record(state="applied", phases_done=[], duration_ms=int((time.monotonic() - t0) * 1000))
+                    if self.before_commit:
+                        self.before_commit(self.conn, self.migration)
+                    if dry_run:
+                        raise _DryRunRollback()
+            except _DryRunRollback:
+                pass
+
+        self._retrying(attempt)
+        duration = int((time.monotonic() - started) * 1000)
+        self.emit("done", {"migration": label, "duration_ms": duration, "attempts": self.tries, "dry_run": dry_run,
+                           "online": False})
+        return Applied(self.migration, duration, self.tries, False, list(self.notices))
+
+    # phase by phase ---------------------------------------------------------------------
+    def run_online(self, resume: "LedgerRow | None") -> Applied:
+        """Each phase in its own transaction(s); the ledger tracks progress so a rerun resumes."""
+        label = self.migration.label
+        phased = parse_phases(self.migration.executed(self.skip))
+        assert phased is not None
+        done = list(resume.phases_done) if resume else []
+        started = time.monotonic()
+        self.emit("start", {"migration": label, "attempt": 1, "online": True, "resumed_after": done})
+        for phase in phased.apply_phases:
+            if phase.name in done:
+                continue
+            self.emit("phase", {"migration": label, "phase": phase.name, "mode": phase.mode})
+            t0 = time.monotonic()
+            final = phase is phased.apply_phases[-1]
+            if phase.mode == "notx":
+                self._retrying(lambda: self._notx(phase))
+                with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    self._record(state="in_progress", phases_done=done + [phase.name],
+                                 duration_ms=int((time.monotonic() - t0) * 1000))
+            elif phase.mode == "batch":
+                self._backfill(phase, own_transactions=True)
+                with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    self._record(state="in_progress", phases_done=done + [phase.name],
+                                 duration_ms=int((time.monotonic() - t0) * 1000))
+            else:
+                def run_tx(phase: Phase = phase, final: bool = final) -> None:
+                    with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                        self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+                        self._record(state="applied" if final else "in_progress",
+                                     phases_done=[] if final else done + [phase.name],
+                                     duration_ms=int((time.monotonic() - t0) * 1000))
+                        if final and self.before_commit:
+                            self.before_commit(self.conn, self.migration)
+
+                self._retrying(run_tx)
+            done.append(phase.name)
+            self.emit("phase_done", {"migration": label, "phase": phase.name,
+                                     "duration_ms": int((time.monotonic() - t0) * 1000)})
+        duration = int((time.monotonic() - started) * 1000)
+        self.emit("done", {"migration": label, "duration_ms": duration, "attempts": self.tries, "dry_run": False,
+                           "online": True})
+        return Applied(self.migration, duration, self.tries, True, list(self.notices))
+
+    def _notx(self, phase: "Phase") -> None:
+        # Outside a transaction (CREATE INDEX CONCURRENTLY); a session lock_timeout still applies.
+        timeout = sqlfiles.statement(QUERIES, "session_lock_timeout")
+        self.conn.execute(timeout, {"value": f"{int(self.lock_timeout * 1000)}ms"})
+        try:
+            self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+        finally:
+            self.conn.execute(timeout, {"value": "0"})
+
+
+def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
+          progress: ProgressFn | None = None) -> Migration:
+    """Undo a phased migration that is in progress (its ``abort`` phase), in one transaction.
+
+    Raises:
+        StateConflict: the migration is not in progress, or has no abort phase (exit 6).
+    """
+    emit = progress or (lambda event, data: None)
+    _take_migrator_lock(conn, 30.0, emit)
+    try:
+        plan = make_plan(conn)
+        status = next((s for s in plan.statuses if s.version == version), None)
+        if status is None or status.state != "in_progress":
+            raise StateConflict(f"migration {version:04d} is not in progress; nothing to abort",
+                                hint="`pgflow migrate status` shows every migration's state")
+        migration = next(m for m in available_migrations() if m.version == version)
+        phased = migration.phased
+        if phased is None or phased.abort is None:
+            raise StateConflict(f"migration {migration.label} has no abort phase")
+        with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+            conn.execute(phased.abort.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+            conn.execute(sqlfiles.statement(QUERIES, "ledger_forget"), {"version": version})
+        return migration
+    finally:
+        if not conn.closed:
+            conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))
+
+
+def _take_migrator_lock(conn: psycopg.Connection, wait: float, emit: ProgressFn) -> None:
+    deadline = time.monotonic() + wait
+    announced = False
+    while True:
+        row = conn.execute(sqlfiles.statement(QUERIES, "migrator_try_lock")).fetchone()
+        if row and row[0]:
+            return
+        with conn.cursor(row_factory=dict_row) as cur:
+            holders = cur.execute(sqlfiles.statement(QUERIES, "migrator_lock_holder")).fetchall()
+        if not announced:
+            emit("lock_wait", {"holders": holders})
+            announced = True
+        if time.monotonic() >= deadline:
+            raise LockTimeout(
+                "another migrator holds the pgflow migration lock",
+                hint="wait for it to finish; the holder is listed below",
+                detail=[f"pid {h['pid']} ({h['application_name'] or 'no application name'}), {h['state']}, connected {h['connected_seconds']}s" for h in holders],
+            )
+        time.sleep(0.5)
+
+
+def install(conn: psycopg.Connection, *, target: int | None = None, with_pgmq: bool = True,
+            progress: ProgressFn | None = None) -> list[Applied]:
+    """Install PGMQ (if asked and missing) and apply pending migrations: the sandbox/test entry point."""
+    if with_pgmq:
+        ensure_pgmq(conn)
+    return apply(conn, target=target, progress=progress)
