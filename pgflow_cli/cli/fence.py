@@ -73,6 +73,13 @@ IntervalOption = Annotated[
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Show the rows it would change, then roll back; changes nothing.")
 ]
+LockTimeoutOption = Annotated[
+    float, typer.Option("--lock-timeout", min=0.1, max=600, metavar="SECONDS",
+                        help="Seconds to wait for a function row's lock (a registering worker holds it briefly).")
+]
+RetriesOption = Annotated[
+    int, typer.Option("--retries", min=1, max=50, metavar="N", help="Attempts on lock timeouts and deadlocks (exit 4 after).")
+]
 
 
 def register(root: typer.Typer) -> None:
@@ -139,6 +146,8 @@ def disable(
     dry_run: DryRunOption = False,
     heartbeat_window: WindowOption = fence_op.DEFAULT_WINDOW,
     interval: IntervalOption = 1.0,
+    lock_timeout: LockTimeoutOption = 5.0,
+    retries: RetriesOption = 5,
     dsn: DsnOption = None,
     sandbox: SandboxOption = False,
     connect_timeout: ConnectTimeoutOption = 10,
@@ -153,14 +162,16 @@ def disable(
     in flight (a dead worker's started tasks are reported as stranded: stalled recovery requeues
     them). Running it again on the same functions changes nothing and waits again.
 
-    Exit 0 drained (or --detach, --dry-run); 5 --timeout reached with work in flight (named); 6 an
-    unknown function or flow, or a fence that no longer matches its row; 130 Ctrl-C (the fence stays).
+    Exit 0 drained (or --detach, --dry-run); 4 a function row stayed locked (nothing changed); 5
+    --timeout reached with work in flight (named); 6 an unknown function or flow, or a fence that no
+    longer matches its row; 130 Ctrl-C (the fence stays).
     """
     STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == FenceFormat.json
     with _connection(dsn, sandbox, connect_timeout) as conn:
         selection = fence_op.select(conn, function or [], flow or [], every=every)
-        result = fence_op.disable(conn, selection, reason, dry_run=dry_run)
+        result = fence_op.disable(conn, selection, reason, dry_run=dry_run, lock_timeout=lock_timeout,
+                                  attempts=retries)
         if not as_json:
             _print_disable(result, render.stdout_console())
         if dry_run or detach:
@@ -349,6 +360,8 @@ def restore(
     dry_run: DryRunOption = False,
     heartbeat_window: WindowOption = fence_op.DEFAULT_WINDOW,
     interval: IntervalOption = 1.0,
+    lock_timeout: LockTimeoutOption = 5.0,
+    retries: RetriesOption = 5,
     dsn: DsnOption = None,
     sandbox: SandboxOption = False,
     connect_timeout: ConnectTimeoutOption = 10,
@@ -368,7 +381,7 @@ def restore(
     as_json = output_format == FenceFormat.json
     with _connection(dsn, sandbox, connect_timeout) as conn:
         selection = fence_op.restore_selection(conn, function or [], flow or [], every)
-        result = fence_op.restore(conn, selection, dry_run=dry_run)
+        result = fence_op.restore(conn, selection, dry_run=dry_run, lock_timeout=lock_timeout, attempts=retries)
         if not as_json:
             _print_restore(result, render.stdout_console())
         conflict = result.conflict_error()
