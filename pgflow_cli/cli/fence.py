@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, Optional
 
+import psycopg
 import typer
 from rich.console import Console, Group
 from rich.live import Live
@@ -98,21 +99,15 @@ def application_name() -> str:
 
 
 @contextmanager
-def _connection(dsn: str | None, sandbox: bool, connect_timeout: int) -> Iterator[Any]:
+def _connection(dsn: str | None, sandbox: bool, connect_timeout: int) -> Iterator[psycopg.Connection]:
+    """Connect as ``pgflow fence (user@host)``, check the fence record exists, map database errors."""
     target = resolve(dsn, sandbox)
     conn = db.connect(target, application_name=application_name(), connect_timeout=connect_timeout)
     try:
-        try:
-            fence_op.require_installed(conn)
-            yield conn
-        except PgflowError:
-            raise
-        except Exception as exc:
-            import psycopg
-
-            if isinstance(exc, psycopg.Error):
-                raise db.map_database_error(exc, target=target) from None
-            raise
+        fence_op.require_installed(conn)
+        yield conn
+    except psycopg.Error as exc:
+        raise db.map_database_error(exc, target=target) from None
     finally:
         conn.close()
 
