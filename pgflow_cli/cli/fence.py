@@ -242,7 +242,7 @@ def _print_disable(result: fence_op.DisableResult, console: Console) -> None:
     title = "dry run: would fence" if result.dry_run else "fenced"
     table = Table(title=render.text(f"{title} {len(result.changes)} worker function(s)"), title_justify="left")
     for column in ("function", "action", "before", "now", "fence", "workers deprecated", "flows served"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column == "function")
     for change in result.changes:
         action = change.action if not result.dry_run else ("would fence" if change.action == "fenced" else change.action)
         now = "disabled" if result.dry_run else _yes_no(change.enabled)
@@ -430,7 +430,7 @@ def _print_restore(result: fence_op.RestoreResult, console: Console) -> None:
     title = "dry run: restore" if result.dry_run else "restore"
     table = Table(title=render.text(f"{title} of {len(result.changes)} fence(s)"), title_justify="left")
     for column in ("function", "outcome", "recorded", "now", "fence", "fenced", "detail"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column == "function")
     styles = {"restored": "green", "kept_disabled": None, "conflict": "bold red"}
     for change in result.changes:
         table.add_row(
@@ -510,7 +510,7 @@ def _status_view(report: fence_op.StatusReport) -> Group:
     table = Table(title=render.text(f"{len(report.fences)} active fence(s)"), title_justify="left")
     for column in ("function", "age", "by", "reason", "recorded", "now", "live workers", "in flight", "stranded",
                    "restore would"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column == "function")
     drain = report.drain
     for fence in report.fences:
         live = sum(1 for w in drain.workers if w.function_name == fence.function_name) if drain else 0
@@ -518,7 +518,7 @@ def _status_view(report: fence_op.StatusReport) -> Group:
         stranded = sum(s.stranded for s in drain.steps if s.function_name == fence.function_name) if drain else 0
         table.add_row(
             render.text(fence.function_name, "bold"), render.text(_age(fence.age_seconds)),
-            render.text(f"{fence.fenced_by} ({fence.fenced_application or '-'}, {fence.fenced_client or '-'})"),
+            render.text(fence.fenced_by + (f" via {fence.fenced_application}" if fence.fenced_application else "")),
             render.text(fence.reason), render.text(_yes_no(fence.previous_enabled)), render.text(_yes_no(fence.enabled)),
             render.text(live), render.text(flying), render.text(stranded),
             render.text(fence.restore_outlook(), None if fence.holds else "bold red"),
