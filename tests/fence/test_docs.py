@@ -13,7 +13,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 def _documented_commands() -> list[list[str]]:
     commands = []
-    for name in ("rollout.md", "upgrade.md", "claim-protocol.md"):
+    for name in ("rollout.md", "upgrade.md", "claim-protocol.md", "step-queues.md"):
         for line in (DOCS / name).read_text(encoding="utf-8").splitlines():
             for match in re.finditer(r"pgflow fence (disable|restore|status)([^`#\n]*)", line):
                 commands.append(shlex.split(match.group(0).replace("$DATABASE_URL", "x")))
