@@ -9,7 +9,6 @@
 --   * pgflow.fence_disable(text[], text) records, disables and deprecates under the function
 --     rows' locks; pgflow.fence_restore(text[]) writes back exactly the recorded values where the
 --     rows are unchanged, never lifts a fatal claim's pause, and closes each fence;
---   * register_worker's refusal (PF001) points at `pgflow fence status`;
 --   * an index on workers.function_name (the drain view and deprecation look workers up by it).
 -- Nothing is granted to PUBLIC; docs/permissions.md has the operator grants. Existing rows keep
 -- their values (enabled_changes starts at 0). Locks: ACCESS EXCLUSIVE on pgflow.worker_functions
@@ -64,4 +63,3 @@ CREATE INDEX idx_workers_function_name ON pgflow.workers (function_name);
 --@apply functions/workers/_fence_lock.sql sha256=e157cc741004f13a5f56310e4df4c3ef9f93192707e2f22d5474b4577d2b1038
 --@apply functions/workers/fence_disable.sql sha256=8ef56dc667f1f3848d8d17e8a38bc345018a505a59dacbff3281d6c1317fea83
 --@apply functions/workers/fence_restore.sql sha256=0d304155651edacf30f1920865ba201b7b5b157a989e1d08623e2a61406f59e7
---@apply functions/workers/register_worker.sql sha256=53032f8794b408c7a447e37f56b399b20e6fd262d4313b7c755da963e02ac99c

@@ -54,7 +54,7 @@ def test_fenced_function_refuses_registration_pointing_at_paused_reason(rt):
         f'worker function "fenced-fn" is disabled (pgflow.worker_functions.enabled = false): worker {wid} may not register'
     )
     hint = caught.error.diag.message_hint
-    assert "worker_functions.paused_reason" in hint and "pgflow fence status" in hint
+    assert "worker_functions.paused_reason" in hint and "docs/upgrade.md step 7" in hint
     assert rt.val("SELECT count(*) FROM pgflow.workers") == 0
 
 

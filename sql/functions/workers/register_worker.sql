@@ -64,7 +64,7 @@ BEGIN
     RAISE EXCEPTION 'worker function "%" is disabled (pgflow.worker_functions.enabled = false): worker % may not register',
       register_worker.function_name, register_worker.worker_id
       USING ERRCODE = 'PF001',
-            HINT = 'a rollout fence or a fatal claim disabled this function: `pgflow fence status` shows an active fence, `pgflow fence restore` enables it again (docs/rollout.md); a fatal claim''s reason is in worker_functions.paused_reason (docs/claim-protocol.md)';
+            HINT = 'a rollout fence or a fatal claim paused this function (see worker_functions.paused_reason); enable it again when the rollout is done (docs/upgrade.md step 7) or once the cause is fixed (docs/claim-protocol.md)';
   END IF;
 
   INSERT INTO pgflow.workers (worker_id, queue_name, function_name, flow_slug, step_slug, started_at, last_heartbeat_at,

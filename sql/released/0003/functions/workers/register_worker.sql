@@ -4,10 +4,7 @@
 -- queue (PF004 otherwise), so coverage can trust worker rows.
 --@include functions/workers/register_worker.sql lines=5-9
   step_slug text DEFAULT NULL
---@include functions/workers/register_worker.sql lines=12-66
-            HINT = 'a rollout fence or a fatal claim paused this function (see worker_functions.paused_reason); enable it again when the rollout is done (docs/upgrade.md step 7) or once the cause is fixed (docs/claim-protocol.md)';
-  END IF;
-
+--@include functions/workers/register_worker.sql lines=12-69
   INSERT INTO pgflow.workers (worker_id, queue_name, function_name, flow_slug, step_slug, started_at, last_heartbeat_at)
   VALUES (register_worker.worker_id, register_worker.queue_name, register_worker.function_name,
           register_worker.flow_slug, register_worker.step_slug, pg_catalog.now(), pg_catalog.clock_timestamp());
