@@ -53,8 +53,9 @@ class FlowShapeMismatch(WorkerStartupError):
 def _fenced(function_name: str) -> WorkerFenced:
     return WorkerFenced(
         f"worker function {function_name!r} is disabled (worker_functions.enabled = false): not starting",
-        hint="a rollout fence is active (lift it when the rollout is done: docs/upgrade.md step 7), or a fatal "
-        "claim paused the function (see worker_functions.paused_reason and docs/claim-protocol.md)",
+        hint="a rollout fence or a fatal claim disabled it: `pgflow fence status` shows an active fence (its reason, "
+        "who, since when; `pgflow fence restore` lifts it, docs/rollout.md); otherwise see "
+        "worker_functions.paused_reason and docs/claim-protocol.md",
     )
 
 

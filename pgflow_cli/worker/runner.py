@@ -10,7 +10,8 @@ Lifecycle (states: created -> starting -> running -> draining -> stopped):
    pool of ``max_concurrent`` handlers. Every ``heartbeat_interval`` seconds it records a
    heartbeat; a deprecated worker stops polling.
 3. **draining**: no more polling; in-flight handlers finish and report (up to
-   ``drain_timeout`` seconds). Triggered by :meth:`Worker.stop`, SIGTERM/SIGINT in
+   ``drain_timeout`` seconds) while heartbeats go on, so a draining worker is told apart
+   from a dead one (``pgflow fence`` waits for the first and reports the second). Triggered by :meth:`Worker.stop`, SIGTERM/SIGINT in
    :meth:`Worker.run`, deprecation, or a fatal claim outcome.
 4. **stopped**: the worker row is marked stopped. Tasks whose handlers were still running
    stay ``started`` and are recovered by stalled-task recovery.
@@ -509,10 +510,24 @@ class Worker:
                   task.run_id, task.step_slug, task.task_index)
 
     # shutdown -------------------------------------------------------------------------
+    def _drain_heartbeat(self) -> None:
+        """Heartbeat while handlers finish: a draining worker is still running tasks, and the rollout
+        fence (``pgflow fence``) tells a live drain from a dead worker by its heartbeat."""
+        try:
+            if self._pool:
+                with self._pool.connection(timeout=5) as conn:
+                    self.protocol.heartbeat(conn, self.worker_id)
+        except Exception as exc:  # best effort: the handlers' reports matter more
+            log.warning("worker %s: heartbeat while draining failed: %s", self.worker_id, type(exc).__name__)
+
     def _drain(self) -> None:
         self.state = "draining"
         deadline = time.monotonic() + self.drain_timeout
+        next_heartbeat = time.monotonic() + self.heartbeat_interval
         while self._free_slots() < self.max_concurrent and time.monotonic() < deadline:
+            if time.monotonic() >= next_heartbeat:
+                self._drain_heartbeat()
+                next_heartbeat = time.monotonic() + self.heartbeat_interval
             time.sleep(0.05)
         left = self.max_concurrent - self._free_slots()
         if left:
