@@ -15,6 +15,14 @@ Handler input (same rules as the database builds them):
 
 Every handler is called as ``handler(input, context)`` with a :class:`TaskContext`
 and must return a JSON-serialisable value (the task output).
+
+Manual steps (``manual=True``, no handler; docs/manual-tasks.md) have no queue and no worker:
+when one becomes ready the database creates its task rows (one for a single step, one per item
+for a map step) and trusted server code finishes them with ``pgflow.complete_manual_task`` /
+``pgflow.fail_manual_task`` (:mod:`pgflow_cli.operations.manual_tasks`). A manual single step
+whose output is an array can feed a map step (an "array" step). The shape marks such a step
+``"executionMode": "manual"``; switching a step between manual and queue-backed is a shape change
+(a new concrete flow slug in production).
 """
 
 from __future__ import annotations
@@ -59,10 +67,10 @@ Handler = Callable[[Any, TaskContext], Any]
 
 @dataclass(frozen=True)
 class StepDefinition:
-    """One step of a flow (immutable once added)."""
+    """One step of a flow (immutable once added). ``handler`` is ``None`` exactly for a manual step."""
 
     slug: str
-    handler: Handler
+    handler: Handler | None
     step_type: str
     dependencies: tuple[str, ...]
     max_attempts: int | None = None
@@ -73,6 +81,7 @@ class StepDefinition:
     forbidden_input_pattern: Mapping[str, Any] | None = None
     when_unmet: str = "skip"
     when_exhausted: str = "fail"
+    manual: bool = False
 
     def shape(self) -> dict[str, Any]:
         """The step's part of the startup shape document."""
@@ -86,7 +95,7 @@ class StepDefinition:
             )
             if value is not None
         }
-        return {
+        shape = {
             "slug": self.slug,
             "stepType": self.step_type,
             "dependencies": sorted(self.dependencies),
@@ -96,6 +105,9 @@ class StepDefinition:
             "requiredInputPattern": _pattern(self.required_input_pattern),
             "forbiddenInputPattern": _pattern(self.forbidden_input_pattern),
         }
+        if self.manual:  # queue-backed steps keep the released shape (the database's _get_flow_shape)
+            shape["executionMode"] = "manual"
+        return shape
 
 
 def _pattern(value: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -134,8 +146,9 @@ class Flow:
     def step(
         self,
         slug: str,
-        handler: Handler,
+        handler: Handler | None = None,
         *,
+        manual: bool = False,
         depends_on: Iterable[str] = (),
         max_attempts: int | None = None,
         base_delay: int | None = None,
@@ -146,11 +159,17 @@ class Flow:
         when_unmet: str = "skip",
         when_exhausted: str = "fail",
     ) -> "Flow":
-        """Add a single step (one task per run). Returns the flow for chaining."""
+        """Add a single step (one task per run). Returns the flow for chaining.
+
+        ``manual=True`` declares a manual step: no handler (``handler`` must be omitted), no queue,
+        its one task (index 0) is completed by trusted code; options other than the conditions and
+        ``when_*`` policies have no effect on it. Otherwise ``handler`` is required.
+        """
         return self._add(
             StepDefinition(
                 slug=slug,
                 handler=handler,
+                manual=manual,
                 step_type="single",
                 dependencies=tuple(depends_on),
                 max_attempts=max_attempts,
@@ -167,8 +186,9 @@ class Flow:
     def map(
         self,
         slug: str,
-        handler: Handler,
+        handler: Handler | None = None,
         *,
+        manual: bool = False,
         array: str | None = None,
         max_attempts: int | None = None,
         base_delay: int | None = None,
@@ -177,11 +197,16 @@ class Flow:
         when_unmet: str = "skip",
         when_exhausted: str = "fail",
     ) -> "Flow":
-        """Add a map step: one task per element of ``array`` (a dependency slug) or of the run input."""
+        """Add a map step: one task per element of ``array`` (a dependency slug) or of the run input.
+
+        ``manual=True``: no handler; one manual task per element (task_index = element index), the
+        step's output is the task outputs in task_index order.
+        """
         return self._add(
             StepDefinition(
                 slug=slug,
                 handler=handler,
+                manual=manual,
                 step_type="map",
                 dependencies=(array,) if array else (),
                 max_attempts=max_attempts,
@@ -195,6 +220,11 @@ class Flow:
 
     def _add(self, step: StepDefinition) -> "Flow":
         self._check_slug(step.slug, "step slug")
+        if step.manual and step.handler is not None:
+            raise UsageError(f"flow {self.slug!r}: manual step {step.slug!r} has no handler (trusted code completes it)",
+                             hint="drop the handler, or drop manual=True for a queue-backed step")
+        if not step.manual and not callable(step.handler):
+            raise UsageError(f"flow {self.slug!r}: step {step.slug!r} needs a handler, or manual=True")
         existing = {s.slug for s in self.steps}
         if step.slug in existing:
             raise UsageError(f"flow {self.slug!r}: step {step.slug!r} is defined twice")

@@ -268,7 +268,9 @@ class ProtocolV2(ProtocolV1):
     def compile(self, conn: psycopg.Connection, flow_slug: str, shape: dict[str, Any], step_slug: str | None) -> dict[str, Any]:
         """Protocol-2 startup compilation with the route map this worker derived (checked by SQL)."""
         queue = self.queue_name(flow_slug, None)
-        route_map = [{"stepSlug": step["slug"], "queueName": queue} for step in shape["steps"]]
+        # a manual step has no route (docs/manual-tasks.md); the database derives the same map
+        route_map = [{"stepSlug": step["slug"], "queueName": None if step.get("executionMode") == "manual" else queue}
+                     for step in shape["steps"]]
         row = conn.execute(sqlfiles.statement(self.v2_queries, "compile"), {
             "flow_slug": flow_slug, "shape": Jsonb(shape), "queue_mode": "flow", "route_map": Jsonb(route_map),
         }).fetchone()

@@ -24,7 +24,7 @@ BEGIN
     RETURN pg_catalog.jsonb_build_object('status', 'verified', 'differences', '[]'::jsonb);
   END IF;
 
---@include functions/definitions/ensure_flow_compiled.sql lines=94-96
+--@include functions/definitions/ensure_flow_compiled.sql lines=96-98
     RETURN pg_catalog.jsonb_build_object('status', 'recompiled', 'differences', pg_catalog.to_jsonb(v_diffs));
   END IF;
 

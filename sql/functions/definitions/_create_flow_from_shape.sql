@@ -45,6 +45,9 @@ BEGIN
                                       THEN v_step -> 'forbiddenInputPattern' -> 'value' END,
       when_unmet => coalesce(v_step ->> 'whenUnmet', 'skip'),
       when_exhausted => coalesce(v_step ->> 'whenExhausted', 'fail'));
+    IF v_step ->> 'executionMode' = 'manual' THEN
+      PERFORM pgflow._set_step_manual(p_flow_slug, v_step ->> 'slug');
+    END IF;
   END LOOP;
 END;
 $$;

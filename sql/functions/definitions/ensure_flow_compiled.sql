@@ -50,7 +50,8 @@ BEGIN
       USING ERRCODE = 'PF003', DETAIL = pg_catalog.array_to_string(v_problems, E'\n'),
             HINT = 'slugs use ASCII letters, digits and single inner underscores, start with a letter, and are unique ignoring case';
   END IF;
-  SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', x.e ->> 'slug', 'queueName', v_queue) ORDER BY x.n), '[]'::jsonb)
+  SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', x.e ->> 'slug', 'queueName',
+                   CASE WHEN x.e ->> 'executionMode' = 'manual' THEN NULL ELSE v_queue END) ORDER BY x.n), '[]'::jsonb)
   INTO v_routes
   FROM pg_catalog.jsonb_array_elements(ensure_flow_compiled.shape -> 'steps') WITH ORDINALITY AS x (e, n);
   IF ensure_flow_compiled.route_map IS NOT NULL AND ensure_flow_compiled.route_map IS DISTINCT FROM v_routes THEN
@@ -71,7 +72,8 @@ BEGIN
   END IF;
 
   v_diffs := pgflow._compare_flow_shapes(ensure_flow_compiled.shape, pgflow._get_flow_shape(ensure_flow_compiled.flow_slug));
-  SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', s.step_slug, 'queueName', s.queue_name)
+  SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', s.step_slug, 'queueName',
+                   CASE WHEN s.execution_mode = 'manual' THEN NULL ELSE s.queue_name END)
                                        ORDER BY s.step_index), '[]'::jsonb)
   INTO v_stored
   FROM pgflow.steps AS s WHERE s.flow_slug = ensure_flow_compiled.flow_slug;
