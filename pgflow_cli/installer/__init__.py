@@ -60,12 +60,13 @@ from pgflow_cli.installer.ledger import (
     read_state,
 )
 from pgflow_cli.installer.pgmq_bootstrap import PGMQ_SQL_SHA256, PGMQ_SQL_VERSION, bundled_pgmq_sql, ensure_pgmq
-from pgflow_cli.installer.runner import Applied, ProgressFn, abort, apply, file_runs, install
+from pgflow_cli.installer.runner import Applied, ProgressFn, abort, apply, file_runs, install, migrator_lock
 
 __all__ = [
     "BASELINE_VERSION", "MAX_BATCH_PAGES", "PGMQ_SQL_SHA256", "PGMQ_SQL_VERSION", "QUERIES", "RELEASED_CHECKSUMS",
     "Applied", "DatabaseState", "FileApply", "FileStatus", "LedgerRow", "Migration", "MigrationStatus", "Phase",
     "PhasedMigration", "Plan", "ProgressFn", "abort", "apply", "available_migrations", "bundled_pgmq_sql",
-    "ensure_pgmq", "file_runs", "install", "ledger", "make_plan", "parse_applies", "parse_phases", "read_state",
+    "ensure_pgmq", "file_runs", "install", "ledger", "make_plan", "migrator_lock", "parse_applies", "parse_phases",
+    "read_state",
     "versions",
 ]

@@ -29,6 +29,7 @@ from psycopg.rows import dict_row
 from pgflow_cli import installer, sqlfiles
 from pgflow_cli.db import Target, connect
 from pgflow_cli.errors import LockTimeout, Refused, StateConflict
+from pgflow_cli.operations import upstream
 
 QUERIES = "queries/migrate.sql"
 Progress = Callable[[str, dict[str, Any]], None]
@@ -61,6 +62,7 @@ class MigrateResult:
     phases: list[Phase] = field(default_factory=list)
     blockers_seen: list[dict[str, Any]] = field(default_factory=list)
     protocol_change: dict[str, int] | None = None
+    adoption: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +71,7 @@ class MigrateResult:
             "phases": [p.to_dict() for p in self.phases],
             "blockers_seen": self.blockers_seen,
             "protocol_change": self.protocol_change,
+            "adoption": self.adoption,
         }
 
 
@@ -191,8 +194,15 @@ def apply(
     progress: Progress | None = None,
     online: str = "auto",
     batch_seconds: float = 0.2,
+    assume_release: str | None = None,
 ) -> MigrateResult:
     """Apply (or dry-run) pending migrations with a lock watcher; see the module docstring.
+
+    A database installed by a published pgflow release (no ledger) is adopted first
+    (:mod:`pgflow_cli.operations.upstream`): the preflight audit runs before it, the adoption is
+    one transaction under the migrator lock with the same lock timeout and retries, and the
+    pending migrations after the baseline follow. In a dry run only the adoption runs (and is
+    rolled back): the migrations after it need it committed.
 
     Args:
         conn: autocommit connection of the migrator.
@@ -205,12 +215,16 @@ def apply(
         online: phased-migration choice (``auto``, ``always``, ``never``).
         batch_seconds: time each backfill batch aims at (how long its rows stay locked), seconds.
         progress: ``progress(event, data)`` for stderr reporting.
+        assume_release: ``--assume-release``: the release the operator asserts for an unrecognised
+            upstream schema (recorded with the adoption).
 
     Returns:
-        A :class:`MigrateResult` with one phase per migration.
+        A :class:`MigrateResult` with one phase per migration (and one for the adoption).
 
     Raises:
-        StateConflict, SchemaMissing, LockTimeout: see :func:`pgflow_cli.installer.apply`.
+        StateConflict, SchemaMissing, LockTimeout: see :func:`pgflow_cli.installer.apply`;
+            StateConflict also for an unrecognised upstream schema without ``assume_release``.
+        UsageError: ``assume_release`` is not a release pgflow-cli knows.
     """
     emit = progress or (lambda event, data: None)
     result = MigrateResult(dry_run=dry_run)
@@ -230,12 +244,13 @@ def apply(
                 result.applied.append(label)
         emit(event, data)
 
-    def measure(c: psycopg.Connection, migration: installer.Migration) -> None:
+    def measure(c: psycopg.Connection, migration: installer.Migration | str) -> None:
+        label = migration if isinstance(migration, str) else migration.label
         with c.cursor(row_factory=dict_row) as cur:
             changes = cur.execute(sqlfiles.statement(QUERIES, "transaction_changes")).fetchall()
             locks = cur.execute(sqlfiles.statement(QUERIES, "transaction_locks")).fetchall()
-        held_ms = int((time.monotonic() - starts.get(migration.label, time.monotonic())) * 1000)
-        measured[migration.label] = {
+        held_ms = int((time.monotonic() - starts.get(label, time.monotonic())) * 1000)
+        measured[label] = {
             "rows_touched": changes,
             "locks_held": [{**lock, "held_ms": held_ms} for lock in locks],
         }
@@ -243,11 +258,17 @@ def apply(
     def on_blockers(blockers: list[dict[str, Any]], waiting: dict[str, Any] | None) -> None:
         emit("blocked", {"blockers": blockers, "waiting_on": waiting})
 
+    found = upstream.inspect(conn, assume_release=assume_release)
+    refused = upstream.refusal(found)
+    if refused:
+        raise refused
+    adopting = found.adoption_pending
     plan = installer.make_plan(conn)
-    conflict = plan.refuse_reasons()
+    conflict = None if adopting else plan.refuse_reasons()
     if conflict:
         raise conflict
-    pending = [m for m in plan.pending if target_version is None or m.version <= target_version]
+    pending = [m for m in plan.pending if (target_version is None or m.version <= target_version)
+               and not (adopting and m.version <= installer.BASELINE_VERSION)]
     in_progress = [s for s in plan.statuses if s.state == "in_progress"]
     if dry_run and in_progress:
         raise StateConflict(
@@ -259,11 +280,33 @@ def apply(
     if checked is not None:
         result.phases.append(checked)
         emit("preflight", checked.detail)
-    workers = live_workers(conn, pending)
+    if adopting:
+        protocols = [m.worker_protocol for m in pending if m.worker_protocol]
+        workers = {**upstream.live_workers(conn), "enabled_functions": 0, "protocol": max(protocols or [1])}
+    else:
+        workers = live_workers(conn, pending)
     if workers is not None:
         result.protocol_change = workers
         if workers["alive"] or workers["enabled_functions"]:
             emit("workers_alive", workers)
+    if adopting or found.completion:
+        from pgflow_cli.upstream.adopt import adoption_label
+
+        label = adoption_label(found.recognition)
+        with LockWatcher(target, pid, on_blockers) as watcher, installer.migrator_lock(conn, progress=emit):
+            try:
+                outcome = upstream.run(conn, found, assume_release=assume_release, lock_timeout=lock_timeout,
+                                       attempts=attempts, dry_run=dry_run, online=online, batch_seconds=batch_seconds,
+                                       progress=on_event, before_commit=lambda c: measure(c, label))
+            except LockTimeout as exc:
+                exc.detail.extend(f"blocked by {describe_blocker(b)}" for b in watcher.seen)
+                raise
+        if adopting and outcome is not None and not isinstance(outcome, int):
+            result.adoption = {"release": outcome.release, "releases": list(outcome.releases),
+                               "assumed": outcome.assumed, "differences": outcome.differences,
+                               "online": outcome.online, "dry_run": outcome.dry_run}
+        if dry_run and adopting:
+            return result  # the migrations after the baseline need the adoption committed
     with LockWatcher(target, pid, on_blockers) as watcher:
         try:
             installer.apply(

@@ -121,7 +121,7 @@
 
 --@include baseline/workers/register_worker.sql as-create
 
---@include functions/workers/send_heartbeat.sql as-create
+--@include released/0002/functions/workers/send_heartbeat.sql as-create
 
 --@include functions/workers/mark_worker_stopped.sql as-create
 

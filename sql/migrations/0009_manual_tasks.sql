@@ -51,17 +51,57 @@ CREATE INDEX idx_step_tasks_manual_waiting ON pgflow.step_tasks (started_at)
 --@apply functions/runtime/start_ready_steps.sql sha256=20e2a3ef1947dd5cc54aa39b684c610179e99583adc70426392fd36c215fbadd
 --@apply functions/maintenance/requeue_stalled_tasks.sql sha256=f541b04f6d87435c105e080050fc4d8a640ee54344a995920da1db93240d3e62
 --@apply functions/runtime/_forbid_execution_mode_change.sql sha256=f93273a50373d15aed3a2d3f29e1ad93be5dd07171f754b1fdd382545acf915f
--- the shape carries executionMode; startup compilation validates, compares and persists it
+-- the shape carries executionMode; startup compilation validates, compares and persists it (a
+-- manual step of a step-queued flow gets no private queue and routes nowhere)
 --@apply functions/definitions/_set_step_manual.sql sha256=167c61e88a4505f1c5c57c5731df2c1f751835009bf28c76bac557d4ca85980c
 --@apply functions/definitions/_shape_problems.sql sha256=a30da2bdc9b6f5f7cfa19f1f4447f6d3ac316742188b129e19a4f1cdf14d0bf2
 --@apply functions/definitions/_get_flow_shape.sql sha256=64db0fe32250d9123a5eb6d7675c2c782fb568330756b8d3d136874f4d41b95e
 --@apply functions/definitions/_compare_flow_shapes.sql sha256=34060be478bef32119c67c8d5cc7941f4d725f3c3d9ae511aa8e2b997d92b51f
---@apply functions/definitions/_create_flow_from_shape.sql sha256=4bcdc0b059565eeb1fa06dc7517aa7bc6fbf5a21258c7abe9dce1b423eec0b25
---@apply functions/definitions/ensure_flow_compiled.sql sha256=966d0cb00665a5d6dc722b20a648c7ba6faa8671c5310748a9c24d79a43bb2e3
+--@apply functions/queues/_reserve_private_queues.sql sha256=a891d87f7f098ae6014a864afe3ca4ca8ca551b46995db9802e08c45f863a954
+--@apply functions/definitions/_step_queue_routes.sql sha256=6767826ad066dc20ab8e0d40dea9e188ad9552d4dac0d542c544835736efad74
+--@apply functions/definitions/_create_flow_from_shape.sql sha256=3da9791f4eb63c1aab59e73ba0c736a64c7fc5426714ba7051f6a57d5a81f46c
+--@apply functions/definitions/ensure_flow_compiled.sql sha256=da0c457633f7884ab2c6b651dbc09eee8c8de45414336196af84ce74fe8eb3c7
 -- the two server-side entry points (SECURITY INVOKER, revoked from PUBLIC in their files)
 --@apply functions/runtime/_lock_manual_task.sql sha256=5328a697e2332adf9324356fdd80853c9ba16f0504eec13a63642926ecdef259
 --@apply functions/runtime/complete_manual_task.sql sha256=d2860875f8f5c83a327606325a9b76616fcc5792882c9002cf9c9e2134d85ec1
 --@apply functions/runtime/fail_manual_task.sql sha256=03eed89b93b736ab66a203dbf8e67cea7aa3233c04f2f7a67e1a2bc1b0d60c3a
+
+-- The internal functions the worker paths now call get granted to the roles that can already
+-- call those paths, so an upgrade takes no right away from an existing worker role (the recipe of
+-- docs/permissions.md grants EXECUTE on the schema's functions once, before the upgrade). In an
+-- upgrade from below 0005, 0005 also left its step-queue provisioning functions to this migration
+-- (each file runs once, in the last pending migration that applies it): the same rule grants them.
+-- Re-granting what a role already has changes nothing. PUBLIC gets nothing; the manual entry
+-- points are granted by nobody here (docs/manual-tasks.md: a trusted role, on purpose).
+DO $grants$
+DECLARE
+  v_grant record;
+BEGIN
+  FOR v_grant IN
+    SELECT r.rolname::text AS rolname, g.fn
+    FROM (VALUES
+      ('pgflow.complete_task(uuid, text, integer, jsonb)', 'pgflow._complete_task_progress(uuid, text, integer, jsonb)'),
+      ('pgflow.complete_task(uuid, text, integer, jsonb)', 'pgflow._refuse_worker_report_of_manual_task(text, pgflow.step_tasks)'),
+      ('pgflow.fail_task(uuid, text, integer, text)', 'pgflow._fail_task_exhausted(uuid, text, integer, text)'),
+      ('pgflow.fail_task(uuid, text, integer, text)', 'pgflow._refuse_worker_report_of_manual_task(text, pgflow.step_tasks)'),
+      ('pgflow.start_ready_steps(uuid)', 'pgflow._start_manual_tasks(uuid, text)'),
+      ('pgflow.ensure_flow_compiled(text, jsonb, integer, text, jsonb)', 'pgflow._set_step_manual(text, text)'),
+      ('pgflow.ensure_flow_compiled(text, jsonb, integer, text, jsonb)', 'pgflow._create_flow_from_shape(text, jsonb, jsonb)'),
+      ('pgflow.ensure_flow_compiled(text, jsonb, integer, text, jsonb)', 'pgflow._reserve_private_queues(text, jsonb)'),
+      ('pgflow.ensure_flow_compiled(text, jsonb, integer, text, jsonb)', 'pgflow._step_queue_routes(text, jsonb)'),
+      ('pgflow.register_worker(uuid, text, text, text, text, text)', 'pgflow._create_flow_from_shape(text, jsonb, jsonb)'),
+      ('pgflow.register_worker(uuid, text, text, text, text, text)', 'pgflow._reserve_private_queues(text, jsonb)'),
+      ('pgflow.register_worker(uuid, text, text, text, text, text)', 'pgflow._step_queue_routes(text, jsonb)')
+    ) AS g (anchor, fn)
+    JOIN pg_catalog.pg_roles AS r
+      ON NOT r.rolsuper AND r.rolname <> current_user AND r.rolname !~ '^pg_'
+     AND pg_catalog.has_function_privilege(r.oid, g.anchor, 'EXECUTE')
+    ORDER BY 1, 2
+  LOOP
+    EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I', v_grant.fn, v_grant.rolname);
+  END LOOP;
+END
+$grants$;
 
 -- Server-only: never reachable by Supabase's client roles, whatever default privileges say.
 DO $revoke$

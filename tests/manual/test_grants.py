@@ -117,3 +117,27 @@ def test_the_doc_lists_exactly_these_grants():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "permissions.md").read_text(encoding="utf-8")
     for line in TRUSTED_GRANTS.strip().splitlines():
         assert line.format(role="pgflow_approvals") in doc, line
+
+
+def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db):
+    """A role granted every pgflow function before the upgrade (docs/permissions.md worker recipe)
+    can still call everything the worker paths reach afterwards: 0009 grants the internal
+    functions complete_task/fail_task/start_ready_steps/compilation now call, and, in a run from
+    below 0005, the step-queue provisioning functions 0005 left to 0009 (each file runs once, in
+    the last pending migration). Only the manual entry points and their lock stay out of reach.
+    Before the fix the upgrade itself failed (0005 granting a function not created yet)."""
+    from pgflow_cli import installer
+
+    admin = baseline_db.connect()
+    admin.autocommit = True
+    role = _role(admin, "upgraded_worker")
+    admin.execute(f'GRANT USAGE ON SCHEMA pgflow TO "{role}"; GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgflow TO "{role}"')
+    installer.apply(admin)
+    unreachable = admin.execute(
+        "SELECT coalesce(array_agg(p.oid::regprocedure::text ORDER BY 1), '{}') FROM pg_proc AS p "
+        "JOIN pg_namespace AS n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = 'pgflow' AND p.prorettype <> 'trigger'::regtype AND NOT has_function_privilege(%s, p.oid, 'EXECUTE')",
+        (role,)).fetchone()[0]
+    assert unreachable == ["pgflow._lock_manual_task(text,uuid,text,integer,text,jsonb,text)",
+                           "pgflow.complete_manual_task(uuid,text,integer,jsonb)",
+                           "pgflow.fail_manual_task(uuid,text,integer,text)"]
