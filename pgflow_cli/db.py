@@ -510,6 +510,10 @@ PGFLOW_SQLSTATES: dict[str, type[PgflowError]] = {
     "PF006": StateConflict,  # unknown flow or run
     "PF007": StateConflict,  # worker not registered
     "PF008": Refused,  # whole-flow deletion refused: the flow is still active (no force)
+    "PF009": StateConflict,  # manual task not found
+    "PF010": StateConflict,  # execution mode mismatch: manual API on a queue task, worker API on a manual task
+    "PF011": StateConflict,  # manual task no longer active
+    "PF012": StateConflict,  # manual task already has another outcome
 }
 """Exit-code class of each pgflow SQLSTATE (docs/architecture.md "Errors raised by pgflow SQL")."""
 

@@ -26,7 +26,7 @@ reasons of a name are reported in that fixed order, not only the first.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from pgflow_cli.errors import UsageError
@@ -186,15 +186,18 @@ def step_queue_name(flow_slug: str, step_slug: str, step_index: int | None) -> Q
     return QueueName(None, "queue_name_too_long")
 
 
-def step_queue_routes(flow_slug: str, step_slugs: Iterable[str]) -> dict[str, str]:
+def step_queue_routes(flow_slug: str, step_slugs: Iterable[str], manual: Collection[str] = ()) -> dict[str, str]:
     """Derive the complete private route map of a step-queued flow, or reject it whole.
 
     Args:
         flow_slug: the concrete flow slug.
         step_slugs: the step slugs in definition order (index = position).
+        manual: slugs of manual steps (docs/manual-tasks.md): checked like every slug, but they
+            get no queue, so their names' length never rejects the flow (the same rule as SQL's
+            ``_step_queue_routes``).
 
     Returns:
-        ``{step_slug: queue_name}`` in definition order.
+        ``{step_slug: queue_name}`` in definition order, for the queue-backed steps only.
 
     Raises:
         UsageError: listing every step whose name is invalid, every case-only
@@ -217,7 +220,7 @@ def step_queue_routes(flow_slug: str, step_slugs: Iterable[str]) -> dict[str, st
             problems.append(f"step {step!r}: differs from step {seen[key]!r} only by case")
             continue
         seen[key] = step
-        if flow_reasons:
+        if flow_reasons or step in manual:
             continue
         queue = step_queue_name(flow_slug, step, index)
         if queue.name is None:

@@ -56,7 +56,7 @@ def _register() -> None:
     from pgflow_cli.cli import sandbox as sandbox_cli
 
     app.add_typer(sandbox_cli.app, name="sandbox")
-    for module_name in ("audit", "migrate", "drop_flow", "fence"):
+    for module_name in ("audit", "migrate", "drop_flow", "fence", "task"):
         try:
             module = __import__(f"pgflow_cli.cli.{module_name}", fromlist=["register"])
         except ModuleNotFoundError as exc:  # command not built yet

@@ -15,6 +15,14 @@ Handler input (same rules as the database builds them):
 
 Every handler is called as ``handler(input, context)`` with a :class:`TaskContext`
 and must return a JSON-serialisable value (the task output).
+
+Manual steps (``manual=True``, no handler; docs/manual-tasks.md) have no queue and no worker:
+when one becomes ready the database creates its task rows (one for a single step, one per item
+for a map step) and trusted server code finishes them with ``pgflow.complete_manual_task`` /
+``pgflow.fail_manual_task`` (:mod:`pgflow_cli.operations.manual_tasks`). A manual single step
+whose output is an array can feed a map step (an "array" step). The shape marks such a step
+``"executionMode": "manual"``; switching a step between manual and queue-backed is a shape change
+(a new concrete flow slug in production).
 """
 
 from __future__ import annotations
@@ -67,10 +75,10 @@ Handler = Callable[[Any, TaskContext], Any]
 
 @dataclass(frozen=True)
 class StepDefinition:
-    """One step of a flow (immutable once added)."""
+    """One step of a flow (immutable once added). ``handler`` is ``None`` exactly for a manual step."""
 
     slug: str
-    handler: Handler
+    handler: Handler | None
     step_type: str
     dependencies: tuple[str, ...]
     max_attempts: int | None = None
@@ -81,6 +89,7 @@ class StepDefinition:
     forbidden_input_pattern: Mapping[str, Any] | None = None
     when_unmet: str = "skip"
     when_exhausted: str = "fail"
+    manual: bool = False
 
     def shape(self) -> dict[str, Any]:
         """The step's part of the startup shape document."""
@@ -94,7 +103,7 @@ class StepDefinition:
             )
             if value is not None
         }
-        return {
+        shape = {
             "slug": self.slug,
             "stepType": self.step_type,
             "dependencies": sorted(self.dependencies),
@@ -104,6 +113,9 @@ class StepDefinition:
             "requiredInputPattern": _pattern(self.required_input_pattern),
             "forbiddenInputPattern": _pattern(self.forbidden_input_pattern),
         }
+        if self.manual:  # queue-backed steps keep the released shape (the database's _get_flow_shape)
+            shape["executionMode"] = "manual"
+        return shape
 
 
 def _pattern(value: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -150,8 +162,9 @@ class Flow(Generic[StepSlug]):
     def step(
         self,
         slug: StepSlug,
-        handler: Handler,
+        handler: Handler | None = None,
         *,
+        manual: bool = False,
         depends_on: Iterable[StepSlug] = (),
         max_attempts: int | None = None,
         base_delay: int | None = None,
@@ -162,11 +175,17 @@ class Flow(Generic[StepSlug]):
         when_unmet: str = "skip",
         when_exhausted: str = "fail",
     ) -> "Flow[StepSlug]":
-        """Add a single step (one task per run). Returns the flow for chaining."""
+        """Add a single step (one task per run). Returns the flow for chaining.
+
+        ``manual=True`` declares a manual step: no handler (``handler`` must be omitted), no queue,
+        its one task (index 0) is completed by trusted code; options other than the conditions and
+        ``when_*`` policies have no effect on it. Otherwise ``handler`` is required.
+        """
         return self._add(
             StepDefinition(
                 slug=slug,
                 handler=handler,
+                manual=manual,
                 step_type="single",
                 dependencies=tuple(depends_on),
                 max_attempts=max_attempts,
@@ -183,8 +202,9 @@ class Flow(Generic[StepSlug]):
     def map(
         self,
         slug: StepSlug,
-        handler: Handler,
+        handler: Handler | None = None,
         *,
+        manual: bool = False,
         array: StepSlug | None = None,
         max_attempts: int | None = None,
         base_delay: int | None = None,
@@ -193,11 +213,16 @@ class Flow(Generic[StepSlug]):
         when_unmet: str = "skip",
         when_exhausted: str = "fail",
     ) -> "Flow[StepSlug]":
-        """Add a map step: one task per element of ``array`` (a dependency slug) or of the run input."""
+        """Add a map step: one task per element of ``array`` (a dependency slug) or of the run input.
+
+        ``manual=True``: no handler; one manual task per element (task_index = element index), the
+        step's output is the task outputs in task_index order.
+        """
         return self._add(
             StepDefinition(
                 slug=slug,
                 handler=handler,
+                manual=manual,
                 step_type="map",
                 dependencies=(array,) if array else (),
                 max_attempts=max_attempts,
@@ -211,6 +236,11 @@ class Flow(Generic[StepSlug]):
 
     def _add(self, step: StepDefinition) -> "Flow[StepSlug]":
         self._check_slug(step.slug, "step slug")
+        if step.manual and step.handler is not None:
+            raise UsageError(f"flow {self.slug!r}: manual step {step.slug!r} has no handler (trusted code completes it)",
+                             hint="drop the handler, or drop manual=True for a queue-backed step")
+        if not step.manual and not callable(step.handler):
+            raise UsageError(f"flow {self.slug!r}: step {step.slug!r} needs a handler, or manual=True")
         existing = {s.slug for s in self.steps}
         if step.slug in existing:
             raise UsageError(f"flow {self.slug!r}: step {step.slug!r} is defined twice")
@@ -298,7 +328,8 @@ class StepQueuedFlow(Generic[StepSlug]):
     Attributes:
         slug: the concrete flow slug.
         steps: the step definitions in definition order (index = ``step_index``).
-        routes: ``{step_slug: queue_name}`` in definition order.
+        routes: ``{step_slug: queue_name}`` in definition order, for the queue-backed steps (a
+            manual step has no queue and no worker; the route map lists it with queueName null).
     """
 
     queue_mode: ClassVar[str] = "step"
@@ -330,8 +361,15 @@ class StepQueuedFlow(Generic[StepSlug]):
         """The private queue of one step.
 
         Raises:
-            UsageError: the flow has no such step (exit 2), naming the steps it has.
+            UsageError: the flow has no such step, or the step is manual (no queue, no worker;
+                exit 2), naming the steps a worker can serve.
         """
+        if step_slug in self.step_slugs and step_slug not in self.routes:
+            raise UsageError(
+                f"step {step_slug!r} of flow {self.slug!r} is manual: it has no queue and no worker",
+                hint="trusted code completes its tasks (docs/manual-tasks.md); a step worker serves one of: "
+                + ", ".join(self.routes),
+            )
         try:
             return self.routes[step_slug]
         except KeyError:
@@ -340,9 +378,10 @@ class StepQueuedFlow(Generic[StepSlug]):
                 hint="a step worker serves one of: " + ", ".join(self.routes),
             ) from None
 
-    def route_map(self) -> list[dict[str, str]]:
-        """The ordered route map sent at startup: ``[{"stepSlug", "queueName"}, ...]``."""
-        return [{"stepSlug": step, "queueName": queue} for step, queue in self.routes.items()]
+    def route_map(self) -> list[dict[str, str | None]]:
+        """The ordered route map sent at startup: ``[{"stepSlug", "queueName"}, ...]`` (every step in
+        definition order; ``queueName`` is ``None`` for a manual step, as the database derives it)."""
+        return [{"stepSlug": step, "queueName": self.routes.get(step)} for step in self.step_slugs]
 
     def shape(self) -> dict[str, Any]:
         """The structural definition sent at worker startup, the same as the plain flow's."""
@@ -358,7 +397,7 @@ def with_step_queues(flow: Flow[StepSlug]) -> StepQueuedFlow[StepSlug]:
     Returns:
         A :class:`StepQueuedFlow` with exactly the same step slugs (and the same step-slug
         type) whose every step gets the generated queue ``lower(flow__step)``, or
-        ``lower(flow__<index>)`` when that does not fit 47 characters.
+        ``lower(flow__<index>)`` when that does not fit 47 characters; manual steps get none.
 
     Raises:
         UsageError: the flow has no steps, was built with ``legacy_slugs``, or any step
@@ -372,7 +411,8 @@ def with_step_queues(flow: Flow[StepSlug]) -> StepQueuedFlow[StepSlug]:
     if not flow.steps:
         raise UsageError(f"flow {flow.slug!r} has no steps", hint="add its steps before with_step_queues()")
     frozen = dataclasses.replace(flow, steps=list(flow.steps))
-    return StepQueuedFlow(frozen, naming.step_queue_routes(flow.slug, frozen.step_slugs))
+    manual = {s.slug for s in frozen.steps if s.manual}
+    return StepQueuedFlow(frozen, naming.step_queue_routes(flow.slug, frozen.step_slugs, manual))
 
 
 FlowDefinition = Flow[Any] | StepQueuedFlow[Any]

@@ -357,11 +357,13 @@ class ProtocolV2(ProtocolV1):
     def compile(self, conn: psycopg.Connection, flow_slug: str, shape: dict[str, Any], step_slug: str | None) -> dict[str, Any]:
         """Protocol-2 startup compilation of a plain flow with the route map this worker derived (checked by SQL)."""
         queue = self.queue_name(flow_slug, None)
-        route_map = [{"stepSlug": step["slug"], "queueName": queue} for step in shape["steps"]]
+        # a manual step has no route (docs/manual-tasks.md); the database derives the same map
+        route_map = [{"stepSlug": step["slug"], "queueName": None if step.get("executionMode") == "manual" else queue}
+                     for step in shape["steps"]]
         return self._compile(conn, flow_slug, shape, "flow", route_map)
 
     def _compile(self, conn: psycopg.Connection, flow_slug: str, shape: dict[str, Any], queue_mode: str,
-                 route_map: list[dict[str, str]]) -> dict[str, Any]:
+                 route_map: list[dict[str, str | None]]) -> dict[str, Any]:
         row = conn.execute(sqlfiles.statement(self.v2_queries, "compile"), {
             "flow_slug": flow_slug, "shape": Jsonb(shape), "queue_mode": queue_mode, "route_map": Jsonb(route_map),
         }).fetchone()

@@ -1,5 +1,6 @@
 -- Fragment of sql/queries/coverage.sql: the CTEs both coverage statements read.
--- all_routes(flow_slug, step_slug, step_index, queue_mode, queue_name): every persisted route;
+-- all_routes(flow_slug, step_slug, step_index, queue_mode, queue_name): every persisted route
+-- (a manual step of a step-queued flow has none);
 -- selected_routes: those of the flows filter (all when it is NULL);
 -- workers_x: worker rows with worker_version (NULL where the column does not exist) and their
 -- liveness against the heartbeat window; pgmq_rel: the PGMQ tables.
@@ -13,6 +14,7 @@ all_routes AS (
   FROM pgflow.steps AS s
   JOIN pgflow.flows AS f ON f.flow_slug = s.flow_slug
   WHERE f.queue_mode = 'step'
+    AND pg_catalog.to_jsonb(s) ->> 'execution_mode' IS DISTINCT FROM 'manual'  -- no queue, no worker (0009)
 ), selected_routes AS (
   SELECT r.* FROM all_routes AS r
   WHERE %(flows)s::text[] IS NULL OR r.flow_slug = ANY (%(flows)s::text[])

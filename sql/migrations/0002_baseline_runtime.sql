@@ -63,7 +63,7 @@
 
 --@include functions/definitions/_normalize_shape_pattern.sql as-create
 
---@include functions/definitions/_compare_flow_shapes.sql as-create
+--@include released/0002/functions/definitions/_compare_flow_shapes.sql as-create
 
 --@include released/0002/functions/definitions/_create_flow_from_shape.sql as-create
 
@@ -103,9 +103,9 @@
 
 --@include released/0002/functions/runtime/complete_task.sql as-create
 
---@include functions/runtime/fail_task.sql as-create
+--@include released/0002/functions/runtime/fail_task.sql as-create
 
---@include functions/maintenance/requeue_stalled_tasks.sql as-create
+--@include released/0002/functions/maintenance/requeue_stalled_tasks.sql as-create
 
 --@include functions/runtime/get_run_with_states.sql as-create
 

@@ -43,10 +43,20 @@ DROP FUNCTION pgflow._create_flow_from_shape(text, jsonb);
 
 -- Roles that could compile flows or register workers get the new and recreated functions, so the
 -- upgrade takes no right away from an existing worker role (docs/permissions.md). Nobody else does.
+-- A function whose file a later migration of the same run applies does not exist yet here (each
+-- file runs once, in the last pending migration that applies it): that migration grants it.
 DO $grants$
 DECLARE
   v_role text;
+  v_functions text;
 BEGIN
+  SELECT pg_catalog.string_agg(f, ', ' ORDER BY n) INTO v_functions
+  FROM pg_catalog.unnest(ARRAY['pgflow.register_worker(uuid, text, text, text, text, text)',
+                               'pgflow._create_flow_from_shape(text, jsonb, jsonb)',
+                               'pgflow._create_private_queue(text, text)',
+                               'pgflow._reserve_private_queues(text, jsonb)',
+                               'pgflow._step_queue_routes(text, jsonb)']) WITH ORDINALITY AS x (f, n)
+  WHERE pg_catalog.to_regprocedure(f) IS NOT NULL;
   FOR v_role IN
     SELECT g.rolname FROM pgflow_0005_register_grants AS g
     UNION
@@ -55,13 +65,8 @@ BEGIN
       AND pg_catalog.has_function_privilege(r.oid, 'pgflow.ensure_flow_compiled(text, jsonb, integer, text, jsonb)', 'EXECUTE')
     ORDER BY 1
   LOOP
-    EXECUTE pg_catalog.format(
-      'GRANT EXECUTE ON FUNCTION pgflow.register_worker(uuid, text, text, text, text, text),
-                                 pgflow._create_flow_from_shape(text, jsonb, jsonb),
-                                 pgflow._create_private_queue(text, text),
-                                 pgflow._reserve_private_queues(text, jsonb),
-                                 pgflow._step_queue_routes(text, jsonb)
-       TO %I', v_role);
+    EXIT WHEN v_functions IS NULL;
+    EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I', v_functions, v_role);
   END LOOP;
 END
 $grants$;

@@ -65,7 +65,9 @@ def test_freeze_moves_the_released_text_out_of_the_way_of_an_edit(tmp_path):
         "released/0003/functions/definitions/add_step.sql",
         "released/0003/optional/prune.sql",
     ]
-    # recipes reuse the current lines instead of copying them
-    assert all(len((sql / w).read_text(encoding="utf-8").splitlines()) < 40 for w in written)
+    # recipes reuse the current lines instead of copying them (except the lines of complete_task and
+    # fail_task that moved into the shared progression cores in 0009: written out, under other names)
+    longer = {"released/0002/functions/runtime/complete_task.sql": 70, "released/0002/functions/runtime/fail_task.sql": 50}
+    assert all(len((sql / w).read_text(encoding="utf-8").splitlines()) < longer.get(w, 40) for w in written)
     again = _run(copy, sys.executable, "-m", "pgflow_cli.sqlfreeze")
     assert again.returncode == 0 and again.stdout == ""

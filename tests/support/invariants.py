@@ -20,6 +20,9 @@ The rules (docs/runtime.md, "Invariants"):
    tasks cancelled); a started run's ``remaining_steps`` equals its number of created/started steps; a
    completed run has only completed or skipped steps; a failed run has at least one failed step.
 
+5. manual tasks (``execution_mode = 'manual'``, migration 0009) have no queue, no message and
+   are never ``queued``; rules 2 and 3 are about queue-backed tasks only.
+
 A task's queue is its ``queue_name`` snapshot where the schema has one (queue identity,
 migration 0003), else its ``flow_slug`` (the released baseline), read through
 ``to_jsonb(t) ->> 'queue_name'`` so one query serves both schema generations.
@@ -71,12 +74,18 @@ def check_runtime_invariants(conn: psycopg.Connection, *, require_live_messages:
             SELECT t.flow_slug, coalesce(to_jsonb(t) ->> 'queue_name', t.flow_slug) AS queue,
                    t.run_id, t.step_slug, t.task_index, t.status, t.message_id,
                    t.permanently_stalled_at IS NOT NULL AS dead,
+                   coalesce(to_jsonb(t) ->> 'execution_mode', 'queue') AS mode,
                    r.status AS run_status, ss.status AS step_status
             FROM pgflow.step_tasks t
             JOIN pgflow.runs r ON r.run_id = t.run_id
             JOIN pgflow.step_states ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
             """
         ).fetchall()
+        for t in [t for t in tasks if t["mode"] == "manual"]:
+            if t["message_id"] is not None or t["queue"] != t["flow_slug"] or t["status"] == "queued":
+                problems.append(f"manual task {t['step_slug']}[{t['task_index']}] of run {t['run_id']} has a queue, "
+                                f"a message or status queued ({t['queue']!r}, {t['message_id']}, {t['status']})")
+        tasks = [t for t in tasks if t["mode"] != "manual"]
         queues = sorted({t["queue"] for t in tasks})
         messages: dict[str, dict[int, dict] | None] = {}
         for queue in queues:

@@ -6,12 +6,13 @@
 -- flow's queue in one send_batch per step, delayed by the step's start_delay; message ids are
 -- paired with task indexes by ordinality; one queued step_tasks row per task.
 --@include functions/runtime/start_ready_steps.sql lines=1-13
---@include functions/runtime/start_ready_steps.sql lines=15-43
+--@include functions/runtime/start_ready_steps.sql lines=16-44
     SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0)
     INTO v_tasks, v_delay
---@include functions/runtime/start_ready_steps.sql lines=46-49
+--@include functions/runtime/start_ready_steps.sql lines=47-49
+
     INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id)
     SELECT v_flow, start_ready_steps.run_id, v_step, (m.n - 1)::integer, m.msg_id
     FROM pgmq.send_batch(
            v_flow,
---@include functions/runtime/start_ready_steps.sql lines=54-67
+--@include functions/runtime/start_ready_steps.sql lines=60-73

@@ -45,6 +45,10 @@ BEGIN
       v_diffs := v_diffs || pg_catalog.format('step %s ("%s"): step type differs: worker %s, database %s', i, v_slug,
                                               coalesce(v_a ->> 'stepType', 'single'), coalesce(v_b ->> 'stepType', 'single'));
     END IF;
+    IF coalesce(v_a ->> 'executionMode', 'queue') IS DISTINCT FROM coalesce(v_b ->> 'executionMode', 'queue') THEN
+      v_diffs := v_diffs || pg_catalog.format('step %s ("%s"): execution mode differs: worker %s, database %s', i, v_slug,
+                                              coalesce(v_a ->> 'executionMode', 'queue'), coalesce(v_b ->> 'executionMode', 'queue'));
+    END IF;
     SELECT coalesce(pg_catalog.jsonb_agg(x ORDER BY x), '[]'::jsonb) INTO v_deps_a
     FROM pg_catalog.jsonb_array_elements_text(coalesce(v_a -> 'dependencies', '[]'::jsonb)) AS x;
     SELECT coalesce(pg_catalog.jsonb_agg(x ORDER BY x), '[]'::jsonb) INTO v_deps_b

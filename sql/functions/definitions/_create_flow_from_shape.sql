@@ -6,6 +6,8 @@
 --   creation lock and refused when anything holds it (_reserve_private_queues, PF004); then the flow
 --   row is inserted without a default queue, the steps added, their persisted routes set, the
 --   mode switched to 'step' and one private queue created per step (_create_private_queue).
+--   A manual step (route queueName null) gets no private queue: its steps.queue_name keeps the
+--   flow's default name, which no task of it ever uses (docs/manual-tasks.md).
 -- Everything happens in the caller's transaction: a failure leaves nothing behind.
 CREATE OR REPLACE FUNCTION pgflow._create_flow_from_shape(p_flow_slug text, p_shape jsonb, p_routes jsonb DEFAULT NULL)
 RETURNS void
@@ -69,17 +71,23 @@ BEGIN
                                       THEN v_step -> 'forbiddenInputPattern' -> 'value' END,
       when_unmet => coalesce(v_step ->> 'whenUnmet', 'skip'),
       when_exhausted => coalesce(v_step ->> 'whenExhausted', 'fail'));
+    IF v_step ->> 'executionMode' = 'manual' THEN
+      PERFORM pgflow._set_step_manual(p_flow_slug, v_step ->> 'slug');
+    END IF;
   END LOOP;
 
   IF p_routes IS NOT NULL THEN
     UPDATE pgflow.steps AS s
        SET queue_name = r ->> 'queueName'
       FROM pg_catalog.jsonb_array_elements(p_routes) AS r
-     WHERE s.flow_slug = p_flow_slug AND s.step_slug = r ->> 'stepSlug';
+     WHERE s.flow_slug = p_flow_slug AND s.step_slug = r ->> 'stepSlug' AND r ->> 'queueName' IS NOT NULL;
     UPDATE pgflow.flows AS f SET queue_mode = 'step' WHERE f.flow_slug = p_flow_slug;
-    FOR v_queue IN SELECT s.queue_name FROM pgflow.steps AS s WHERE s.flow_slug = p_flow_slug ORDER BY s.step_index LOOP
+    FOR v_queue IN SELECT s.queue_name FROM pgflow.steps AS s
+                   WHERE s.flow_slug = p_flow_slug AND s.execution_mode = 'queue' ORDER BY s.step_index LOOP
       PERFORM pgflow._create_private_queue(p_flow_slug, v_queue);
     END LOOP;
   END IF;
 END;
 $$;
+
+REVOKE ALL ON FUNCTION pgflow._create_flow_from_shape(text, jsonb, jsonb) FROM PUBLIC;

@@ -22,6 +22,8 @@ AS $$
              'forbiddenInputPattern', CASE WHEN s.forbidden_input_pattern IS NULL
                                            THEN '{"defined": false}'::jsonb
                                            ELSE pg_catalog.jsonb_build_object('defined', true, 'value', s.forbidden_input_pattern) END)
+             -- a manual step says so (docs/manual-tasks.md); queue-backed steps keep the released shape
+             || CASE WHEN s.execution_mode = 'manual' THEN '{"executionMode": "manual"}'::jsonb ELSE '{}'::jsonb END
            ORDER BY s.step_index)
     FROM pgflow.steps AS s
     WHERE s.flow_slug = p_flow_slug), '[]'::jsonb))

@@ -1,5 +1,5 @@
 -- Every problem of a startup shape that the database would reject, before anything changes, in
--- step order: slug rules, case-only and exact duplicates, step type, dependencies (must name an
+-- step order: slug rules, case-only and exact duplicates, step type and execution mode, dependencies (must name an
 -- earlier step; a map step takes at most one), whenUnmet/whenExhausted and option values.
 CREATE OR REPLACE FUNCTION pgflow._shape_problems(p_flow_slug text, p_shape jsonb)
 RETURNS text[]
@@ -43,6 +43,11 @@ AS $$
                                        s.label, s.idx, s.e -> 'stepType')
     FROM steps AS s
     WHERE s.e ? 'stepType' AND (s.e ->> 'stepType') IS DISTINCT FROM 'single' AND (s.e ->> 'stepType') IS DISTINCT FROM 'map'
+    UNION ALL
+    SELECT s.idx, 3, pg_catalog.format('step %s (index %s): executionMode must be queue or manual, not %s',
+                                       s.label, s.idx, s.e -> 'executionMode')
+    FROM steps AS s
+    WHERE s.e ? 'executionMode' AND coalesce(s.e ->> 'executionMode', '') NOT IN ('queue', 'manual')
     UNION ALL
     SELECT s.idx, 4, pg_catalog.format('step %s (index %s): dependencies must be an array of step slugs', s.label, s.idx)
     FROM steps AS s

@@ -3,6 +3,8 @@
 -- fits 47 characters, else lower(flow__index)) and checked with pgmq.validate_queue_name(). The
 -- whole flow is rejected (PF003) when any step cannot get a name, listing every such step with the
 -- lengths of both candidates, or when it has no steps. Slugs are already valid (_shape_problems).
+-- A manual step ("executionMode": "manual", docs/manual-tasks.md) has no queue: its queueName is
+-- null, it is never rejected for its name's length and no queue name is checked for it.
 CREATE OR REPLACE FUNCTION pgflow._step_queue_routes(p_flow_slug text, p_shape jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -15,10 +17,14 @@ DECLARE
   v_queue text;
 BEGIN
   WITH route_input AS (
-    SELECT p_flow_slug AS flow_slug, x.e ->> 'slug' AS step_slug, (x.n - 1)::integer AS step_index
+    SELECT p_flow_slug AS flow_slug, x.e ->> 'slug' AS step_slug, (x.n - 1)::integer AS step_index,
+           coalesce(x.e ->> 'executionMode' = 'manual', false) AS manual
     FROM pg_catalog.jsonb_array_elements(p_shape -> 'steps') WITH ORDINALITY AS x (e, n)
-  ), named AS (
+  ), generated AS (
 --@include fragments/step_queue_names.sql
+  ), named AS (
+    SELECT g.step_slug, g.step_index, CASE WHEN ri.manual THEN NULL ELSE g.queue_name END AS queue_name, ri.manual
+    FROM generated AS g JOIN route_input AS ri ON ri.step_index = g.step_index
   )
   SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', nm.step_slug, 'queueName', nm.queue_name)
                               ORDER BY nm.step_index),
@@ -27,7 +33,7 @@ BEGIN
            nm.step_slug, nm.step_index, p_flow_slug, nm.step_slug,
            pg_catalog.length(p_flow_slug) + 2 + pg_catalog.length(nm.step_slug),
            p_flow_slug, nm.step_index, pg_catalog.length(p_flow_slug) + 2 + pg_catalog.length(nm.step_index::text))
-           ORDER BY nm.step_index) FILTER (WHERE nm.queue_name IS NULL)
+           ORDER BY nm.step_index) FILTER (WHERE nm.queue_name IS NULL AND NOT nm.manual)
   INTO v_routes, v_rejected
   FROM named AS nm;
   IF v_routes IS NULL THEN
@@ -39,7 +45,8 @@ BEGIN
       USING ERRCODE = 'PF003', DETAIL = pg_catalog.array_to_string(v_rejected, E'\n'),
             HINT = 'choose a shorter flow slug (or shorter step slugs) for a new concrete flow';
   END IF;
-  FOR v_queue IN SELECT r ->> 'queueName' FROM pg_catalog.jsonb_array_elements(v_routes) AS r LOOP
+  FOR v_queue IN SELECT r ->> 'queueName' FROM pg_catalog.jsonb_array_elements(v_routes) AS r
+                 WHERE r ->> 'queueName' IS NOT NULL LOOP
     PERFORM pgmq.validate_queue_name(v_queue);
   END LOOP;
   RETURN v_routes;

@@ -59,8 +59,10 @@ BEGIN
       USING ERRCODE = 'PF003', DETAIL = pg_catalog.array_to_string(v_problems, E'\n'),
             HINT = 'slugs use ASCII letters, digits and single inner underscores, start with a letter, and are unique ignoring case';
   END IF;
+  -- a manual step has no route: queueName null in both modes (docs/manual-tasks.md)
   IF ensure_flow_compiled.queue_mode = 'flow' THEN
-    SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', x.e ->> 'slug', 'queueName', v_key) ORDER BY x.n), '[]'::jsonb)
+    SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', x.e ->> 'slug', 'queueName',
+                     CASE WHEN x.e ->> 'executionMode' = 'manual' THEN NULL ELSE v_key END) ORDER BY x.n), '[]'::jsonb)
     INTO v_routes
     FROM pg_catalog.jsonb_array_elements(ensure_flow_compiled.shape -> 'steps') WITH ORDINALITY AS x (e, n);
   ELSE
@@ -91,7 +93,8 @@ BEGIN
   END IF;
 
   v_diffs := pgflow._compare_flow_shapes(ensure_flow_compiled.shape, pgflow._get_flow_shape(ensure_flow_compiled.flow_slug));
-  SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', s.step_slug, 'queueName', s.queue_name)
+  SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', s.step_slug, 'queueName',
+                   CASE WHEN s.execution_mode = 'manual' THEN NULL ELSE s.queue_name END)
                                        ORDER BY s.step_index), '[]'::jsonb)
   INTO v_stored
   FROM pgflow.steps AS s WHERE s.flow_slug = ensure_flow_compiled.flow_slug;
@@ -101,6 +104,7 @@ BEGIN
     -- the exact definition: reuse its queues, which must all still exist
     FOR v_queue IN
       SELECT DISTINCT r ->> 'queueName' FROM pg_catalog.jsonb_array_elements(v_routes) AS r
+      WHERE r ->> 'queueName' IS NOT NULL
       UNION SELECT v_key WHERE ensure_flow_compiled.queue_mode = 'flow'
       ORDER BY 1
     LOOP

@@ -1,4 +1,5 @@
--- Gives stalled tasks back to the queue. A task is stalled when it is started (and not
+-- Gives stalled tasks back to the queue. A queue-backed task (manual tasks are ignored: no worker,
+-- no message) is stalled when it is started (and not
 -- permanently stalled) in a started run and a started step, and its started_at is older than
 -- the effective timeout (coalesce(step, flow)) + 30 s. While requeued_count < 3 it goes back to
 -- queued (started_at and last_worker_id cleared, requeued_count + 1) and its message becomes
@@ -28,6 +29,7 @@ BEGIN
     JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
     JOIN pgflow.flows AS f ON f.flow_slug = t.flow_slug
     WHERE t.status = 'started'
+      AND t.execution_mode = 'queue'  -- a manual task has no worker and no message to recover
       AND t.permanently_stalled_at IS NULL
       AND r.status = 'started'
       AND ss.status = 'started'

@@ -1,22 +1,20 @@
--- Records a task's failure. Late calls behave as in complete_task. With attempts left
+-- Records a worker task's failure. Late calls behave as in complete_task (a manual task is
+-- refused, PF010). With attempts left
 -- (attempts_count < effective max_attempts) the task is queued again and its message becomes
 -- visible after calculate_retry_delay(effective base_delay, attempts_count) seconds. A task
 -- whose message no longer exists (a permanently stalled task) cannot be retried and is treated
--- as exhausted. An exhausted task fails, and its step's when_exhausted decides:
---   fail         -> the step and the run fail; every other unfinished task is cancelled
---   skip         -> the step is skipped (handler_failed), its other tasks skipped, children released
---   skip-cascade -> the step and everything below it are skipped
+-- as exhausted. An exhausted task goes through the progression core _fail_task_exhausted (its
+-- step's when_exhausted decides: fail, skip or skip-cascade), then its message is archived.
 CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text)
 --@include functions/runtime/parts/task_call_header.sql
   v_max_attempts integer;
   v_base_delay integer;
-  v_when_exhausted text;
   v_error text := fail_task.error_message;
 BEGIN
   --@include functions/runtime/parts/lock_and_load_task.sql fn=fail_task
 
-  SELECT coalesce(s.opt_max_attempts, f.opt_max_attempts), coalesce(s.opt_base_delay, f.opt_base_delay), s.when_exhausted
-  INTO v_max_attempts, v_base_delay, v_when_exhausted
+  SELECT coalesce(s.opt_max_attempts, f.opt_max_attempts), coalesce(s.opt_base_delay, f.opt_base_delay)
+  INTO v_max_attempts, v_base_delay
   FROM pgflow.steps AS s
   JOIN pgflow.flows AS f ON f.flow_slug = s.flow_slug
   WHERE s.flow_slug = v_run.flow_slug AND s.step_slug = fail_task.step_slug;
@@ -34,25 +32,8 @@ BEGIN
     v_error := v_error || ' (not retried: the task''s queue message no longer exists)';
   END IF;
 
-  UPDATE pgflow.step_tasks AS t
-     SET status = 'failed', failed_at = pg_catalog.now(), error_message = v_error
-   WHERE t.run_id = fail_task.run_id AND t.step_slug = fail_task.step_slug AND t.task_index = fail_task.task_index
-  RETURNING t.* INTO v_task;
-
-  IF v_when_exhausted = 'fail' THEN
-    PERFORM pgflow._fail_run(fail_task.run_id, fail_task.step_slug, v_error);
-  ELSE
-    IF v_when_exhausted = 'skip' THEN
-      PERFORM pgflow._skip_step(fail_task.run_id, fail_task.step_slug, 'handler_failed', v_error);
-    ELSE
-      PERFORM pgflow._cascade_force_skip_steps(fail_task.run_id, fail_task.step_slug, 'handler_failed');
-      UPDATE pgflow.step_states AS ss SET error_message = v_error
-       WHERE ss.run_id = fail_task.run_id AND ss.step_slug = fail_task.step_slug;
-    END IF;
-    PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
-    PERFORM pgflow._advance_run(fail_task.run_id);
-  END IF;
-
+  v_task := pgflow._fail_task_exhausted(fail_task.run_id, fail_task.step_slug, fail_task.task_index, v_error);
+  PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
   RETURN NEXT v_task;
 END;
 $$;

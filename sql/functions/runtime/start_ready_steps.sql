@@ -12,6 +12,7 @@ DECLARE
   v_tasks integer;
   v_delay integer;
   v_queue text;
+  v_mode text;
   v_state pgflow.step_states;
 BEGIN
   SELECT r.flow_slug INTO v_flow FROM pgflow.runs AS r
@@ -41,11 +42,16 @@ BEGIN
   END IF;
 
   FOREACH v_step IN ARRAY v_started LOOP
-    SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0), s.queue_name
-    INTO v_tasks, v_delay, v_queue
+    SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0), s.queue_name, s.execution_mode
+    INTO v_tasks, v_delay, v_queue, v_mode
     FROM pgflow.step_states AS ss
     JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug
     WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
+    IF v_mode = 'manual' THEN
+      -- no queue, no message (docs/manual-tasks.md)
+      PERFORM pgflow._start_manual_tasks(start_ready_steps.run_id, v_step);
+      CONTINUE;
+    END IF;
 
     INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
     SELECT v_flow, start_ready_steps.run_id, v_step, (m.n - 1)::integer, v_queue, m.msg_id

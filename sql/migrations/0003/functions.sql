@@ -39,7 +39,7 @@
 
 --@include functions/definitions/add_step.sql
 
---@include functions/definitions/_shape_problems.sql as-create
+--@include released/0003/functions/definitions/_shape_problems.sql as-create
 
 --@include functions/definitions/ensure_flow_compiled_protocol1.sql
 
@@ -51,7 +51,7 @@
 -- Runtime: send to the persisted route, snapshot it on the task
 ------------------------------------------------------------------------------------------------
 
---@include functions/runtime/start_ready_steps.sql
+--@include released/0003/functions/runtime/start_ready_steps.sql
 
 --@include functions/claim/start_tasks.sql
 

@@ -10,6 +10,9 @@
   IF v_task.run_id IS NULL THEN
     RETURN;
   END IF;
+  IF v_task.execution_mode = 'manual' THEN
+    PERFORM pgflow._refuse_worker_report_of_manual_task('{{fn}}', v_task);
+  END IF;
 
   IF v_run.status <> 'started' OR v_state.status <> 'started' OR v_task.status <> 'started' THEN
     IF NOT (v_task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN

@@ -2,13 +2,14 @@
 --@note do not edit. The current version is functions/definitions/_create_flow_from_shape.sql.
 -- Creates a flow and its steps from a worker's shape: create_flow + add_step per step, in order.
 CREATE OR REPLACE FUNCTION pgflow._create_flow_from_shape(p_flow_slug text, p_shape jsonb)
---@include functions/definitions/_create_flow_from_shape.sql lines=11-19
---@include functions/definitions/_create_flow_from_shape.sql lines=22-28
+--@include functions/definitions/_create_flow_from_shape.sql lines=13-21
+--@include functions/definitions/_create_flow_from_shape.sql lines=24-30
   PERFORM pgflow.create_flow(
     p_flow_slug,
     max_attempts => (v_opts ->> 'maxAttempts')::integer,
     base_delay => (v_opts ->> 'baseDelay')::integer,
     timeout => (v_opts ->> 'timeout')::integer);
---@include functions/definitions/_create_flow_from_shape.sql lines=48-72
+--@include functions/definitions/_create_flow_from_shape.sql lines=50-73
+  END LOOP;
 END;
 $$;

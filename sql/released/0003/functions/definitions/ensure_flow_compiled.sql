@@ -19,24 +19,26 @@
   SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', x.e ->> 'slug', 'queueName', v_queue) ORDER BY x.n), '[]'::jsonb)
   INTO v_routes
   FROM pg_catalog.jsonb_array_elements(ensure_flow_compiled.shape -> 'steps') WITH ORDINALITY AS x (e, n);
---@include functions/definitions/ensure_flow_compiled.sql lines=75-81
+--@include functions/definitions/ensure_flow_compiled.sql lines=77-83
   PERFORM pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(v_queue));
---@include functions/definitions/ensure_flow_compiled.sql lines=83-86
+--@include functions/definitions/ensure_flow_compiled.sql lines=85-88
     PERFORM pgflow._create_flow_from_shape(ensure_flow_compiled.flow_slug, ensure_flow_compiled.shape);
     RETURN pg_catalog.jsonb_build_object('status', 'compiled', 'differences', '[]'::jsonb, 'mismatchKind', NULL,
                                          'queueMode', 'flow', 'routes', v_routes);
---@include functions/definitions/ensure_flow_compiled.sql lines=91-98
+--@include functions/definitions/ensure_flow_compiled.sql lines=93-95
+  SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', s.step_slug, 'queueName', s.queue_name)
+--@include functions/definitions/ensure_flow_compiled.sql lines=98-101
   IF coalesce(pg_catalog.cardinality(v_diffs), 0) = 0 AND v_flow.queue_mode = 'flow' AND v_stored = v_routes THEN
     IF NOT pgflow._queue_exists(v_queue) THEN
       RAISE EXCEPTION 'queue "%" of flow "%" is missing from PGMQ', v_queue, ensure_flow_compiled.flow_slug
 --@include functions/definitions/create_flow.sql lines=34-36
     RETURN pg_catalog.jsonb_build_object('status', 'verified', 'differences', '[]'::jsonb, 'mismatchKind', NULL,
                                          'queueMode', 'flow', 'routes', v_routes);
---@include functions/definitions/ensure_flow_compiled.sql lines=115-118
+--@include functions/definitions/ensure_flow_compiled.sql lines=119-122
     v_diffs := ARRAY[pg_catalog.format('routes: database has %s (queue mode %s), worker derives %s (queue mode flow)',
                                        v_stored, v_flow.queue_mode, v_routes)];
---@include functions/definitions/ensure_flow_compiled.sql lines=121-123
+--@include functions/definitions/ensure_flow_compiled.sql lines=125-127
     PERFORM pgflow._create_flow_from_shape(ensure_flow_compiled.flow_slug, ensure_flow_compiled.shape);
     RETURN pg_catalog.jsonb_build_object('status', 'recompiled', 'differences', pg_catalog.to_jsonb(v_diffs),
                                          'mismatchKind', v_kind, 'queueMode', 'flow', 'routes', v_routes);
---@include functions/definitions/ensure_flow_compiled.sql lines=129-133
+--@include functions/definitions/ensure_flow_compiled.sql lines=133-137

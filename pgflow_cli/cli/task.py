@@ -1,0 +1,203 @@
+"""``pgflow task list|show|complete|fail``: manual tasks for operators (docs/manual-tasks.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import psycopg
+import typer
+from rich.table import Table
+
+from pgflow_cli import render
+from pgflow_cli.cli.common import (
+    STATE,
+    ConnectTimeoutOption,
+    DsnOption,
+    FormatOption,
+    OutputFormat,
+    SandboxOption,
+    open_connection,
+)
+from pgflow_cli.db import map_database_error
+from pgflow_cli.errors import UsageError
+from pgflow_cli.operations import manual_tasks as op
+
+HELP = """Manual tasks: the tasks of queue-less steps (Flow.step(..., manual=True)) that trusted code
+completes or fails instead of a worker (pgflow.complete_manual_task / pgflow.fail_manual_task).
+
+`list` shows waiting tasks with their age, run and step (`--older-than 1h` for overdue ones);
+`show` one task; `complete` / `fail` record its outcome in one transaction and run the workflow
+on (a repeated identical call changes nothing). Task inputs and outputs are never printed.
+
+Exit 0: done. Exit 2: bad arguments. Exit 3: cannot connect. Exit 6: no such task (PF009), not a
+manual task (PF010), no longer active (PF011), or a conflicting outcome (PF012). Details:
+docs/manual-tasks.md."""
+
+app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode=None)
+
+CSV_COLUMNS = ["run_id", "flow_slug", "step_slug", "task_index", "status", "step_type", "run_status", "step_status",
+               "started_at", "age_seconds", "completed_at", "failed_at", "error_message"]
+"""One CSV row per task, in this column order."""
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhd]?)\s*$")
+
+RunArg = Annotated[str, typer.Argument(help="Run id (UUID).", metavar="RUN_ID", show_default=False)]
+StepArg = Annotated[str, typer.Argument(help="Step slug.", metavar="STEP", show_default=False)]
+IndexOption = Annotated[
+    int, typer.Option("--index", "-i", min=0, help="Task index: 0 for a single step, the item index of a map step.")
+]
+
+
+def register(app_root: typer.Typer) -> None:
+    """Attach ``task`` to the root command."""
+    app_root.add_typer(app, name="task")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``text``: a number with an optional unit s, m, h or d (``90``, ``15m``, ``2h``, ``1d``).
+
+    Raises:
+        UsageError: anything else.
+    """
+    match = _DURATION.match(text or "")
+    if not match:
+        raise UsageError(f"--older-than {text!r} is not a duration", hint="use e.g. 90, 90s, 15m, 2h or 1d")
+    return float(match.group("n")) * _UNITS[match.group("unit") or "s"]
+
+
+def _run(dsn: str | None, sandbox: bool, connect_timeout: int, action) -> list[op.ManualTask]:
+    conn, target = open_connection(dsn, sandbox, connect_timeout)
+    try:
+        return action(conn)
+    except psycopg.Error as exc:
+        raise map_database_error(exc, target=target) from None
+    finally:
+        conn.close()
+
+
+def _emit(tasks: list[op.ManualTask], output_format: OutputFormat, title: str) -> None:
+    if output_format == OutputFormat.json:
+        render.write_json(op.document(tasks))
+        return
+    if output_format == OutputFormat.csv:
+        render.write_csv(CSV_COLUMNS, [t.to_dict() for t in tasks])
+        return
+    console = render.stdout_console()
+    if not tasks:
+        console.print(render.text(title + ": none"))
+        return
+    table = Table(title=title, title_justify="left")
+    for column in ("run", "flow", "step", "index", "status", "waited", "run/step", "error"):
+        table.add_column(column)
+    for t in tasks:
+        table.add_row(render.text(t.run_id), render.text(t.flow_slug), render.text(t.step_slug),
+                      render.text(t.task_index), render.text(t.status), render.text(_age(t.age_seconds)),
+                      render.text(f"{t.run_status}/{t.step_status}"), render.text(t.error_message))
+    console.print(table)
+
+
+def _age(seconds: float | None) -> str:
+    """``3d 4h``, ``2h 5m``, ``7m 30s`` or ``12s``."""
+    if seconds is None:
+        return ""
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+@app.command("list")
+def list_tasks(
+    dsn: DsnOption = None,
+    sandbox: SandboxOption = False,
+    connect_timeout: ConnectTimeoutOption = 10,
+    output_format: FormatOption = OutputFormat.table,
+    flow: Annotated[Optional[str], typer.Option("--flow", help="Only this flow (exact slug).", metavar="SLUG")] = None,
+    older_than: Annotated[
+        Optional[str],
+        typer.Option("--older-than", help="Only tasks waiting longer than this (90, 15m, 2h, 1d).", metavar="DURATION"),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10000, help="At most this many tasks.")] = 100,
+) -> None:
+    """Waiting manual tasks, oldest first, with their age, run and step."""
+    STATE.output_format = output_format
+    seconds = parse_duration(older_than) if older_than is not None else None
+    tasks = _run(dsn, sandbox, connect_timeout,
+                 lambda conn: op.list_waiting(conn, flow_slug=flow, older_than=seconds, limit=limit))
+    _emit(tasks, output_format, "waiting manual tasks")
+
+
+@app.command("show")
+def show_task(
+    run_id: RunArg,
+    step: StepArg,
+    index: IndexOption = 0,
+    dsn: DsnOption = None,
+    sandbox: SandboxOption = False,
+    connect_timeout: ConnectTimeoutOption = 10,
+    output_format: FormatOption = OutputFormat.table,
+) -> None:
+    """One manual task by run id, step and index, whatever its state."""
+    STATE.output_format = output_format
+    tasks = _run(dsn, sandbox, connect_timeout, lambda conn: [op.show(conn, run_id, step, index)])
+    _emit(tasks, output_format, "manual task")
+
+
+def _output_value(output: str | None, output_file: Path | None) -> Any:
+    if (output is None) == (output_file is None):
+        raise UsageError("give the task output with exactly one of --output JSON or --output-file PATH")
+    try:
+        text = output if output is not None else output_file.read_text(encoding="utf-8")  # type: ignore[union-attr]
+    except OSError as exc:
+        raise UsageError(f"cannot read {output_file}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"the output is not valid JSON: {exc}") from None
+
+
+@app.command("complete")
+def complete_task(
+    run_id: RunArg,
+    step: StepArg,
+    index: IndexOption = 0,
+    output: Annotated[Optional[str], typer.Option("--output", help="The task output, JSON text.", metavar="JSON")] = None,
+    output_file: Annotated[
+        Optional[Path], typer.Option("--output-file", help="Read the JSON output from this file.", metavar="PATH")
+    ] = None,
+    dsn: DsnOption = None,
+    sandbox: SandboxOption = False,
+    connect_timeout: ConnectTimeoutOption = 10,
+    output_format: FormatOption = OutputFormat.table,
+) -> None:
+    """Complete a waiting manual task with a JSON output; the workflow moves on in the same transaction."""
+    STATE.output_format = output_format
+    value = _output_value(output, output_file)
+    tasks = _run(dsn, sandbox, connect_timeout, lambda conn: [op.complete(conn, run_id, step, index, value)])
+    _emit(tasks, output_format, "completed manual task")
+
+
+@app.command("fail")
+def fail_task(
+    run_id: RunArg,
+    step: StepArg,
+    index: IndexOption = 0,
+    error: Annotated[str, typer.Option("--error", help="Why the task failed (stored on the task and step).",
+                                       metavar="TEXT", show_default=False)] = "",
+    dsn: DsnOption = None,
+    sandbox: SandboxOption = False,
+    connect_timeout: ConnectTimeoutOption = 10,
+    output_format: FormatOption = OutputFormat.table,
+) -> None:
+    """Fail a waiting manual task (no retry); the step's when_exhausted decides what follows."""
+    STATE.output_format = output_format
+    tasks = _run(dsn, sandbox, connect_timeout, lambda conn: [op.fail(conn, run_id, step, index, error)])
+    _emit(tasks, output_format, "failed manual task")
