@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import signal
 import threading
@@ -358,7 +359,10 @@ class Worker:
         with self._pool.connection() as conn:
             message_ids = self.protocol.read(
                 conn, queue_name=self.queue_name, vt=self.poll_vt, qty=qty,
-                max_poll_seconds=self.max_poll_seconds, poll_interval_ms=self.poll_interval_ms,
+                # a long poll never outlasts the heartbeat interval by much: the fence and coverage
+                # tell a live worker from a dead one by its heartbeat age
+                max_poll_seconds=min(self.max_poll_seconds, max(1, math.ceil(self.heartbeat_interval))),
+                poll_interval_ms=self.poll_interval_ms,
             )
             self.stats.add(polls=1, messages_read=len(message_ids))
             if not message_ids:
@@ -516,7 +520,7 @@ class Worker:
         try:
             if self._pool:
                 with self._pool.connection(timeout=5) as conn:
-                    self.protocol.heartbeat(conn, self.worker_id)
+                    self.protocol.heartbeat(conn, self.worker_id, **self._route())
         except Exception as exc:  # best effort: the handlers' reports matter more
             log.warning("worker %s: heartbeat while draining failed: %s", self.worker_id, type(exc).__name__)
 
