@@ -7,12 +7,15 @@ migrators apart; lock timeouts and deadlocks roll back and retry a bounded numbe
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from pgflow_cli import __version__, sqlfiles
@@ -22,7 +25,9 @@ from pgflow_cli.installer.files import (
     MAX_BATCH_PAGES,
     QUERIES,
     Migration,
+    LOCK_MODES,
     Phase,
+    TableLock,
     available_migrations,
     parse_phases,
 )
@@ -74,6 +79,87 @@ def file_runs(migrations: Sequence[Migration], todo: Sequence[Migration]) -> dic
 
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
+
+
+def take_locks(conn: psycopg.Connection, locks: Sequence[TableLock], *, lock_timeout: float) -> int:
+    """Take ``locks`` at the start of the caller's transaction: all of them, or none.
+
+    The first lock is waited for (up to ``lock_timeout`` seconds) while the transaction holds
+    nothing, so that wait can never be part of a deadlock. Each further lock may only be waited
+    for briefly: together at most half the server's ``deadlock_timeout`` (and ``lock_timeout``).
+    A producer or worker queued behind a lock already taken would only look for a deadlock after
+    ``deadlock_timeout``; by then the migrator has either got everything or given every lock back
+    (the savepoint is rolled back) and tries again after a short random pause. So the migration
+    never holds a lock while it waits for one long enough to deadlock anybody, whatever order the
+    other sessions lock in. The locks are taken in :data:`~pgflow_cli.installer.files.LOCK_ORDER`.
+
+    Args:
+        conn: a connection inside the transaction that needs the locks (nothing locked yet).
+        locks: the merged lock plan (:meth:`Migration.locks_for`).
+        lock_timeout: seconds, overall: how long to keep trying before giving up.
+
+    Returns:
+        How many times the whole set was tried (1 when nothing stood in the way).
+
+    Raises:
+        psycopg.errors.LockNotAvailable: not all locks within ``lock_timeout`` (the caller's
+            bounded retry treats it as any lock timeout).
+    """
+    if not locks:
+        return 0
+    template = sqlfiles.statement(QUERIES, "lock_table")
+    statements = []
+    for lock in locks:
+        if lock.mode not in LOCK_MODES:  # parse_locks checked; the mode is spliced as SQL text
+            raise ValueError(f"unknown lock mode {lock.mode!r}")
+        schema, table = lock.table.split(".")
+        statements.append(sql.SQL(template).format(table=sql.Identifier(schema, table), mode=sql.SQL(lock.mode)))
+    row = conn.execute(sqlfiles.statement(QUERIES, "deadlock_timeout_ms")).fetchone()
+    deadlock_ms = int(row[0]) if row and row[0] else 1000
+    budget = max(0.001, min(lock_timeout or float("inf"), deadlock_ms / 2000))
+    deadline = time.monotonic() + (lock_timeout or float("inf"))
+    local_timeout = sqlfiles.statement(QUERIES, "local_lock_timeout")
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            with conn.transaction():  # a savepoint: rolling it back gives back every lock taken in it
+                conn.execute(local_timeout, {"value": _millis(max(0.001, deadline - time.monotonic()))})
+                conn.execute(statements[0])
+                holding_since = time.monotonic()
+                for statement in statements[1:]:
+                    left = budget - (time.monotonic() - holding_since)
+                    if left <= 0:
+                        raise psycopg.errors.LockNotAvailable("lock plan: out of time for the next lock")
+                    conn.execute(local_timeout, {"value": _millis(left)})
+                    conn.execute(statement)
+            return tries
+        except psycopg.errors.LockNotAvailable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(random.uniform(0.005, 0.05))
+        finally:
+            if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+                conn.execute(local_timeout, {"value": _millis(lock_timeout)})
+
+
+def _millis(seconds: float | None) -> str:
+    return f"{max(1, int(seconds * 1000))}ms" if seconds else "0"
+
+
+@contextmanager
+def locked_transaction(conn: psycopg.Connection, locks: Sequence[TableLock], *,
+                       lock_timeout: float) -> Iterator[psycopg.Connection]:
+    """One migration transaction: no statement timeout, ``lock_timeout`` per statement, and
+    ``locks`` taken first (:func:`take_locks`). Every transaction the installer opens on pgflow
+    tables goes through here (migrations, their phases, abort, adoption steps).
+
+    Yields:
+        The connection, inside the transaction, holding every lock of ``locks``.
+    """
+    with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+        take_locks(conn, locks, lock_timeout=lock_timeout)
+        yield conn
 
 
 @dataclass
@@ -246,7 +332,8 @@ class _Runner:
             def one(first_page: int = first_page, pages: int = pages) -> tuple[int, int]:
                 params = {"first_page": first_page, "pages": pages}
                 if own_transactions:
-                    with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    locks = self.migration.locks_for([phase.name])
+                    with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
                         row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
                 else:
                     row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
@@ -274,9 +361,11 @@ class _Runner:
             self.notices.clear()
             self.emit("start", {"migration": label, "attempt": self.tries, "online": False})
             t0 = time.monotonic()
+            phases = self.migration.phases_for_single_transaction(self.skip)
+            locks = self.migration.locks_for([None, *(p.name for p in phases)])
             try:
-                with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
-                    for phase in self.migration.phases_for_single_transaction(self.skip):
+                with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
+                    for phase in phases:
                         if phase.mode == "batch":
                             self._backfill(phase, own_transactions=False)
                         else:
@@ -322,7 +411,8 @@ class _Runner:
                                  duration_ms=int((time.monotonic() - t0) * 1000))
             else:
                 def run_tx(phase: Phase = phase, final: bool = final) -> None:
-                    with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    locks = self.migration.locks_for([phase.name])
+                    with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
                         self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
                         self._record(state="applied" if final else "in_progress",
                                      phases_done=[] if final else done + [phase.name],
@@ -368,7 +458,7 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
         phased = migration.phased
         if phased is None or phased.abort is None:
             raise StateConflict(f"migration {migration.label} has no abort phase")
-        with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+        with locked_transaction(conn, migration.locks_for([phased.abort.name]), lock_timeout=lock_timeout):
             conn.execute(phased.abort.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
             conn.execute(sqlfiles.statement(QUERIES, "ledger_forget"), {"version": version})
         return migration

@@ -99,6 +99,18 @@ JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid = 1885824631 AND l.objid = 0 AND l.granted
   AND l.pid <> pg_backend_pid();
 
+--@name lock_table
+-- One lock of a migration's lock plan; the runner fills in the table (as quoted identifiers) and
+-- the mode (from the fixed list installer.files.LOCK_MODES).
+LOCK TABLE {table} IN {mode} MODE;
+
+--@name local_lock_timeout
+SELECT set_config('lock_timeout', %(value)s, true);
+
+--@name deadlock_timeout_ms
+-- The server's deadlock_timeout: a lock waiter checks for a deadlock after this long.
+SELECT setting::integer AS ms FROM pg_settings WHERE name = 'deadlock_timeout';
+
 --@name session_lock_timeout
 -- Session-level lock_timeout for statements that cannot run in a transaction (CONCURRENTLY).
 SELECT set_config('lock_timeout', %(value)s, false);
