@@ -8,6 +8,7 @@ migrators apart; lock timeouts and deadlocks roll back and retry a bounded numbe
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -430,13 +431,48 @@ class _Runner:
         return Applied(self.migration, duration, self.tries, True, list(self.notices))
 
     def _notx(self, phase: "Phase") -> None:
-        # Outside a transaction (CREATE INDEX CONCURRENTLY); a session lock_timeout still applies.
+        """Run a statement outside a transaction (``CREATE INDEX CONCURRENTLY``), under a session
+        ``lock_timeout``. A concurrent build that failed (a lock timeout while it waits for older
+        transactions, a cancel, a duplicate) leaves an INVALID index that ``IF NOT EXISTS`` would
+        then skip: every index the statement builds is dropped (concurrently) first when it is
+        invalid, and checked valid afterwards, so the phase is recorded only with a valid index.
+
+        Raises:
+            StateConflict: the statement finished but an index it builds is not valid (exit 6).
+        """
         timeout = sqlfiles.statement(QUERIES, "session_lock_timeout")
         self.conn.execute(timeout, {"value": f"{int(self.lock_timeout * 1000)}ms"})
         try:
+            for index in concurrent_indexes(phase.sql):
+                if index_valid(self.conn, index) is False:
+                    self.emit("invalid_index", {"migration": self.migration.label, "index": index, "action": "drop"})
+                    schema, name = index.split(".")
+                    self.conn.execute(sql.SQL(sqlfiles.statement(QUERIES, "drop_index_concurrently")).format(
+                        index=sql.Identifier(schema, name)))
             self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
         finally:
             self.conn.execute(timeout, {"value": "0"})
+        for index in concurrent_indexes(phase.sql):
+            if not index_valid(self.conn, index):
+                raise StateConflict(
+                    f"phase {phase.name} of {self.migration.label} finished but index {index} is not valid",
+                    hint="rerun `pgflow migrate apply`: it drops the invalid index and builds it again")
+
+
+_CONCURRENT_INDEX = re.compile(
+    r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(?P<name>[a-z_][a-z0-9_]*)"
+    r"\s+ON\s+(?:ONLY\s+)?(?P<schema>[a-z_][a-z0-9_]*)\.", re.IGNORECASE)
+
+
+def concurrent_indexes(text: str) -> list[str]:
+    """``schema.index`` of every ``CREATE INDEX CONCURRENTLY`` in ``text`` (the index lives in its table's schema)."""
+    return [f"{m['schema'].lower()}.{m['name'].lower()}" for m in _CONCURRENT_INDEX.finditer(text)]
+
+
+def index_valid(conn: psycopg.Connection, index: str) -> bool | None:
+    """``pg_index.indisvalid`` of ``schema.index``; ``None`` when there is no such index."""
+    row = conn.execute(sqlfiles.statement(QUERIES, "index_validity"), {"index": index}).fetchone()
+    return None if row is None else bool(row[0])
 
 
 def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,

@@ -111,6 +111,26 @@ SELECT set_config('lock_timeout', %(value)s, true);
 -- The server's deadlock_timeout: a lock waiter checks for a deadlock after this long.
 SELECT setting::integer AS ms FROM pg_settings WHERE name = 'deadlock_timeout';
 
+--@name index_validity
+-- Whether an index exists and is valid (a failed CREATE INDEX CONCURRENTLY leaves it invalid).
+SELECT i.indisvalid AS valid
+FROM pg_index AS i
+WHERE i.indexrelid = to_regclass(%(index)s);
+
+--@name drop_index_concurrently
+-- Drops an invalid index left by a failed concurrent build; the runner fills in the index name.
+DROP INDEX CONCURRENTLY IF EXISTS {index};
+
+--@name invalid_indexes
+-- Invalid indexes in the pgflow schema (left by an interrupted CREATE INDEX CONCURRENTLY).
+SELECT n.nspname || '.' || c.relname AS index_name, t.relname AS table_name
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_class AS t ON t.oid = i.indrelid
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = 'pgflow' AND NOT i.indisvalid
+ORDER BY 1;
+
 --@name session_lock_timeout
 -- Session-level lock_timeout for statements that cannot run in a transaction (CONCURRENTLY).
 SELECT set_config('lock_timeout', %(value)s, false);
