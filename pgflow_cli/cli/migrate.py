@@ -90,36 +90,37 @@ def status(
     connect_timeout: ConnectTimeoutOption = 10,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
-    """Show applied, pending, changed (checksum mismatch) and unknown migrations. Read-only.
+    """Show applied, pending, in-progress, changed (checksum mismatch) and unknown migrations, function-file
+    drift and invalid indexes. Read-only.
 
-    Exit 0, or 6 when the database cannot be migrated by this tool (changed files, a newer database,
-    a pgflow schema pgflow-cli did not install).
+    Exit 0 up to date or only pending; 1 a migration in progress (resume or abort it), function files whose
+    installed text differs, or an invalid index; 6 when this tool cannot migrate the database (changed files,
+    a newer database, a pgflow schema pgflow-cli did not install).
     """
     STATE.output_format = output_format
     conn, target = open_connection(dsn, sandbox, connect_timeout)
     with conn:
-        plan = installer.make_plan(conn)
+        report = migrate_op.status(conn)
+    plan = report.plan
     rows = _status_rows(plan)
-    conflict = plan.refuse_reasons()
     if output_format == OutputFormat.json:
         render.write_json({
             "kind": "pgflow-cli/migrate-status", "version": 1, "database": target.describe(),
-            "pgmq_version": plan.state.pgmq_version, "migrations": rows,
-            "pending": [r["version"] for r in rows if r["state"] == "pending"],
-            "conflict": conflict.to_dict() if conflict else None,
+            "pgmq_version": plan.state.pgmq_version, "migrations": rows, **report.to_dict(),
         })
     elif output_format == OutputFormat.csv:
         render.write_csv(STATUS_COLUMNS, rows)
     else:
-        _print_status(rows, target.describe(), plan)
-    if conflict:
+        _print_status(rows, target.describe(), report)
+    if report.conflict:
         from pgflow_cli.cli import report_error
 
-        report_error(conflict)
-        raise typer.Exit(int(conflict.exit_code))
+        report_error(report.conflict)
+    if report.exit_code:
+        raise typer.Exit(int(report.exit_code))
 
 
-def _print_status(rows: list[dict[str, Any]], where: str, plan: installer.Plan) -> None:
+def _print_status(rows: list[dict[str, Any]], where: str, report: migrate_op.StatusReport) -> None:
     from rich.table import Table
 
     console = render.stdout_console()
@@ -139,12 +140,19 @@ def _print_status(rows: list[dict[str, Any]], where: str, plan: installer.Plan) 
             render.text(row["summary"]),
         )
     console.print(table)
-    pending = [r for r in rows if r["state"] == "pending"]
-    console.print(render.text(f"PGMQ: {plan.state.pgmq_version or 'not installed'}"))
-    if pending and not plan.refuse_reasons():
-        console.print(render.text(f"{len(pending)} pending; next: pgflow migrate plan", "yellow"))
-    elif not pending:
-        console.print(render.text("up to date", "green"))
+    if report.plan.files:
+        files = Table(title="function files", title_justify="left")
+        for column in ("file", "state", "recorded by"):
+            files.add_column(column, no_wrap=True)
+        for f in report.plan.files:
+            files.add_row(render.text(f"sql/{f.path}"),
+                          render.text(f.state, "green" if f.state == "current" else "bold red" if f in report.plan.file_drift else "yellow"),
+                          render.text(f"{f.recorded_version:04d}" if f.recorded_version else ""))
+        console.print(files)
+    console.print(render.text(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}"))
+    style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")
+    for line in report.lines():
+        console.print(render.text(line, style))
 
 
 @app.command()
@@ -313,14 +321,24 @@ def apply(
                 done = min(data["first_page"] + data["pages"], data["relation_pages"])
                 err.print(render.text(f"    backfill pages {done}/{data['relation_pages']}: {data['rows']} rows "
                                       f"in {data['ms']} ms", "dim"))
+            elif event == "invalid_index":
+                err.print(render.text(f"    dropping invalid index {data['index']} (left by an earlier concurrent "
+                                      "build) before building it again", "yellow"))
             elif event == "done":
                 verb = "rolled back (dry run)" if data["dry_run"] else "applied"
                 err.print(render.text(f"{verb} {data['migration']} in {data['duration_ms']} ms", "green"))
 
-        result = migrate_op.apply(
-            conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
-            dry_run=dry_run, progress=progress, online=online, batch_seconds=batch_seconds,
-        )
+        try:
+            result = migrate_op.apply(
+                conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
+                dry_run=dry_run, progress=progress, online=online, batch_seconds=batch_seconds,
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+        else:
+            interrupted = False
+    if interrupted:  # the migrator's connection is closed now (its session lock released): read what is left
+        raise migrate_op.interrupted(target)
     if output_format == OutputFormat.json:
         render.write_json({"kind": "pgflow-cli/migrate-apply", "version": 1, "database": target.describe(), **result.to_dict()})
         return

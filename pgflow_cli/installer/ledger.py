@@ -108,6 +108,8 @@ class Plan:
     state: DatabaseState
     statuses: list[MigrationStatus] = field(default_factory=list)
     files: list[FileStatus] = field(default_factory=list)
+    invalid_indexes: list[str] = field(default_factory=list)
+    """``pgflow.<index>`` names of INVALID indexes (an interrupted ``CREATE INDEX CONCURRENTLY``)."""
 
     @property
     def file_drift(self) -> list[FileStatus]:
@@ -118,6 +120,11 @@ class Plan:
     def pending(self) -> list[Migration]:
         by_version = {m.version: m for m in available_migrations()}
         return [by_version[s.version] for s in self.statuses if s.state in ("pending", "in_progress")]
+
+    @property
+    def in_progress(self) -> list[MigrationStatus]:
+        """Phased migrations that committed some phases but not the last (apply resumes, abort undoes)."""
+        return [s for s in self.statuses if s.state == "in_progress"]
 
     @property
     def changed(self) -> list[MigrationStatus]:
@@ -178,6 +185,8 @@ def make_plan(conn: psycopg.Connection) -> Plan:
         plan.statuses.append(MigrationStatus(row.version, row.name, "unknown", None, row))
     plan.statuses.sort(key=lambda s: s.version)
     plan.files = _file_statuses(conn, state, plan)
+    if state.has_pgflow_schema:
+        plan.invalid_indexes = [r[0] for r in conn.execute(sqlfiles.statement(QUERIES, "invalid_indexes")).fetchall()]
     return plan
 
 

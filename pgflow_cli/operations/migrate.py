@@ -28,7 +28,7 @@ from psycopg.rows import dict_row
 
 from pgflow_cli import installer, sqlfiles
 from pgflow_cli.db import Target, connect
-from pgflow_cli.errors import LockTimeout, Refused, StateConflict
+from pgflow_cli.errors import ExitCode, LockTimeout, PgflowError, Refused, StateConflict
 
 QUERIES = "queries/migrate.sql"
 Progress = Callable[[str, dict[str, Any]], None]
@@ -70,6 +70,135 @@ class MigrateResult:
             "blockers_seen": self.blockers_seen,
             "protocol_change": self.protocol_change,
         }
+
+
+@dataclass
+class StatusReport:
+    """The truth about one database's migrations, for ``pgflow migrate status`` and after Ctrl-C.
+
+    Attributes:
+        plan: the installer's comparison of the shipped files with the ledger.
+        verdict: ``conflict`` (changed checksum, newer database, foreign pgflow: nothing can be
+            applied), ``in_progress`` (a phased run stopped part way), ``drift`` (installed
+            function text differs from the files, or an invalid index is left, with nothing
+            pending to fix it), ``pending`` or ``up_to_date``.
+        conflict: the error ``migrate apply`` would refuse with (``verdict == "conflict"``).
+    """
+
+    plan: installer.Plan
+    verdict: str
+    conflict: StateConflict | None
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """0 up to date or only pending; 1 in progress or drift (operator work); 6 conflict (docs/exit-codes.md)."""
+        if self.verdict == "conflict":
+            return ExitCode.CONFLICT
+        if self.verdict in ("in_progress", "drift"):
+            return ExitCode.FINDINGS
+        return ExitCode.OK
+
+    def lines(self) -> list[str]:
+        """What is true, one sentence a line, each with the command that moves on from it."""
+        plan = self.plan
+        out = []
+        for s in plan.in_progress:
+            done = ", ".join(s.recorded.phases_done) if s.recorded and s.recorded.phases_done else "none"
+            out.append(f"migration {s.version:04d}_{s.name} is IN PROGRESS (committed phases: {done}); the database "
+                       f"keeps its old behaviour until the last phase commits: resume with `pgflow migrate apply`, "
+                       f"or undo with `pgflow migrate abort {s.version}`")
+        for index in plan.invalid_indexes:
+            out.append(f"index {index} is INVALID (left by an interrupted concurrent build); `pgflow migrate apply` "
+                       "drops and rebuilds it")
+        for f in plan.file_drift:
+            what = "was never recorded as run" if f.state == "missing" else \
+                f"was run with another text (recorded {(f.recorded_checksum or '')[:12]}..., file {f.file_checksum[:12]}...)"
+            out.append(f"function file sql/{f.path} {what}: the installed function differs from this tool's file "
+                       "and no pending migration applies it")
+        pending = [s for s in plan.statuses if s.state == "pending"]
+        if self.verdict == "conflict":
+            out.append("NOT up to date: this tool cannot migrate this database (see the error below)")
+        elif pending:
+            out.append(f"{len(pending)} pending ({', '.join(f'{s.version:04d}' for s in pending)}); "
+                       "next: pgflow migrate plan")
+        elif self.verdict == "up_to_date":
+            out.append("up to date")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "verdict": self.verdict,
+            "pending": [m.version for m in plan.pending],
+            "in_progress": [{"version": s.version, "phases_done": list(s.recorded.phases_done) if s.recorded else []}
+                            for s in plan.in_progress],
+            "changed": [s.version for s in plan.changed],
+            "unknown": [s.version for s in plan.unknown],
+            "invalid_indexes": list(plan.invalid_indexes),
+            "files": [{"path": f.path, "state": f.state, "file_checksum": f.file_checksum,
+                       "recorded_checksum": f.recorded_checksum, "recorded_version": f.recorded_version}
+                      for f in plan.files],
+            "file_drift": [f.path for f in plan.file_drift],
+            "conflict": self.conflict.to_dict() if self.conflict else None,
+        }
+
+
+def status(conn: psycopg.Connection) -> StatusReport:
+    """Read the ledger, the function-file records and invalid indexes (read-only) and judge them.
+
+    Returns:
+        A :class:`StatusReport`; its ``exit_code`` is what ``migrate status`` exits with.
+    """
+    plan = installer.make_plan(conn)
+    conflict = plan.refuse_reasons()
+    if conflict:
+        verdict = "conflict"
+    elif plan.in_progress:
+        verdict = "in_progress"
+    elif plan.file_drift or plan.invalid_indexes:
+        verdict = "drift"
+    elif plan.pending:
+        verdict = "pending"
+    else:
+        verdict = "up_to_date"
+    return StatusReport(plan, verdict, conflict)
+
+
+def interrupted(target: Target) -> PgflowError:
+    """The error to report after Ctrl-C during ``migrate apply``: what state the database was left in.
+
+    Reads the state over a new connection (the migrator's own connection was closed, which also
+    released its migrator lock). Never raises: when the state cannot be read the message says so.
+
+    Returns:
+        A :class:`PgflowError` with exit code 130 (INTERRUPTED), the state in its detail and how
+        to resume or abort in its hint.
+    """
+    try:
+        conn = connect(target, application_name="pgflow-cli", connect_timeout=5)
+        try:
+            report = status(conn)
+        finally:
+            conn.close()
+    except (PgflowError, psycopg.Error) as exc:
+        return PgflowError("interrupted; the state afterwards could not be read",
+                           hint="run `pgflow migrate status` to see what was applied", detail=[str(exc).splitlines()[0]],
+                           exit_code=ExitCode.INTERRUPTED)
+    plan = report.plan
+    if plan.in_progress:
+        first = plan.in_progress[0]
+        return PgflowError(
+            f"interrupted: migration {first.version:04d}_{first.name} is left in progress",
+            detail=report.lines(),
+            hint=f"resume with `pgflow migrate apply` (it continues after the last committed phase), or undo the "
+            f"committed phases with `pgflow migrate abort {first.version}`",
+            exit_code=ExitCode.INTERRUPTED)
+    applied = [f"{s.version:04d}" for s in plan.statuses if s.state == "applied"]
+    return PgflowError(
+        "interrupted: the migration's open transaction was rolled back; nothing of it was kept",
+        detail=[f"applied: {', '.join(applied) or 'none'}", *report.lines()],
+        hint="rerun `pgflow migrate apply` when ready" if plan.pending else "",
+        exit_code=ExitCode.INTERRUPTED)
 
 
 class LockWatcher:
