@@ -280,21 +280,25 @@ def apply(
             todo = [m for m in the_plan.pending if target_version is None or m.version <= target_version]
             for migration in todo:
                 typer.echo(f"-- ===== {migration.label} (sha256 {migration.checksum}) =====")
+                locks = migration.locks_for([None, *(p.name for p in migration.phases_for_single_transaction())])
+                if locks:
+                    typer.echo("-- taken first, all or none, on the one-transaction path (each phase takes its own "
+                               "--@lock lines): " + ", ".join(f"{lock.table} {lock.mode}" for lock in locks))
                 typer.echo(migration.sql.rstrip("\n"))
             if not todo:
                 err.print("nothing pending")
             return
-        if install_pgmq:
-            installed = installer.ensure_pgmq(conn)
-            if installed:
-                err.print(render.text(f"installed PGMQ {installed} (SQL bundled with pgflow-cli)"))
 
         def progress(event: str, data: dict[str, Any]) -> None:
             # json/csv: stderr carries one JSON error document at most (blockers go into its detail)
             if output_format != OutputFormat.table:
                 return
             if event == "lock_wait":
-                err.print(render.text("waiting for another migrator to finish...", "yellow"))
+                holder = data["described"][0] if data["described"] else "a session"
+                err.print(render.text(f"another migrator holds the lock: {holder}; waiting up to "
+                                      f"{data['wait_seconds']:g} s for it to finish...", "yellow"))
+            elif event == "pgmq_installed":
+                err.print(render.text(f"installed PGMQ {data['version']} (SQL bundled with pgflow-cli)"))
             elif event == "workers_alive":
                 err.print(render.text(
                     f"warning: {data['alive']} worker(s) have a recent heartbeat and {data['enabled_functions']} worker "
@@ -332,6 +336,7 @@ def apply(
             result = migrate_op.apply(
                 conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
                 dry_run=dry_run, progress=progress, online=online, batch_seconds=batch_seconds,
+                install_pgmq=install_pgmq,
             )
         except KeyboardInterrupt:
             interrupted = True

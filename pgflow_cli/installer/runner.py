@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import first_line, retry_on_lock, transaction
-from pgflow_cli.errors import LockTimeout, SchemaMissing, StateConflict
+from pgflow_cli.errors import ConnectionFailed, SchemaMissing, StateConflict
 from pgflow_cli.installer.files import (
     MAX_BATCH_PAGES,
     QUERIES,
@@ -195,6 +195,7 @@ def apply(
     online: str = "auto",
     batch_pages: int = 64,
     batch_seconds: float = 0.2,
+    install_pgmq: bool = False,
 ) -> list[Applied]:
     """Apply pending migrations in order, each atomically with its ledger row.
 
@@ -214,20 +215,29 @@ def apply(
             or ``never`` (see :class:`PhasedMigration`).
         batch_pages: heap pages of the first backfill batch (later ones adapt).
         batch_seconds: time each backfill batch aims at, seconds: how long its rows stay locked.
+        install_pgmq: install the bundled PGMQ SQL when the database has none, under the
+            migrator lock (event ``pgmq_installed`` with its version).
 
     Returns:
         One :class:`Applied` per migration applied (or tried, in a dry run).
 
     Raises:
-        StateConflict: ledger mismatch, unknown migrations, foreign pgflow schema (exit 6).
+        StateConflict: ledger mismatch, unknown migrations, foreign pgflow schema or ledger, another
+            migrator holding the migrator lock past ``lock_wait`` (exit 6).
+        ConnectionFailed: a hot standby or a read-only session (exit 3).
         SchemaMissing: PGMQ is not installed (exit 3).
         LockTimeout: a lock could not be taken within the retries (exit 4).
     """
     if online not in ("auto", "always", "never"):
         raise ValueError(f"online must be auto, always or never, not {online!r}")
     emit = progress or (lambda event, data: None)
+    check_writable(conn)
     _take_migrator_lock(conn, lock_wait, emit)
     try:
+        if install_pgmq:
+            installed = ensure_pgmq(conn)
+            if installed:
+                emit("pgmq_installed", {"version": installed})
         plan = make_plan(conn)
         conflict = plan.refuse_reasons()
         if conflict:
@@ -483,6 +493,7 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
         StateConflict: the migration is not in progress, or has no abort phase (exit 6).
     """
     emit = progress or (lambda event, data: None)
+    check_writable(conn)
     _take_migrator_lock(conn, 30.0, emit)
     try:
         plan = make_plan(conn)
@@ -503,6 +514,31 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
             conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))
 
 
+def check_writable(conn: psycopg.Connection) -> None:
+    """Refuse a server or session that cannot write, before anything is locked or changed.
+
+    Raises:
+        ConnectionFailed: a hot standby (recovery), or a session whose transactions are read-only
+            (``default_transaction_read_only`` / ``transaction_read_only``, SQLSTATE 25006 later) (exit 3).
+    """
+    row = conn.execute(sqlfiles.statement(QUERIES, "writable")).fetchone()
+    in_recovery, default_ro, ro = row if row else (False, "off", "off")
+    if in_recovery:
+        raise ConnectionFailed(
+            "this server is a hot standby (in recovery): it cannot be migrated",
+            hint="connect to the primary (--dsn); the standby receives the migration from it by replication")
+    if "on" in (default_ro, ro):
+        raise ConnectionFailed(
+            "this session is read-only (default_transaction_read_only or transaction_read_only is on): it cannot migrate",
+            hint="connect as a role (or to a database) without default_transaction_read_only = on, or set "
+            "PGOPTIONS='-c default_transaction_read_only=off' for this command if the setting is yours")
+
+
+def _describe_holders(holders: list[dict[str, Any]]) -> list[str]:
+    return [f"pid {h['pid']} ({h['application_name'] or 'no application name'}, user {h['user_name']}), "
+            f"since {h['since']} ({h['connected_seconds']} s), {h['state']}" for h in holders]
+
+
 def _take_migrator_lock(conn: psycopg.Connection, wait: float, emit: ProgressFn) -> None:
     deadline = time.monotonic() + wait
     announced = False
@@ -513,13 +549,15 @@ def _take_migrator_lock(conn: psycopg.Connection, wait: float, emit: ProgressFn)
         with conn.cursor(row_factory=dict_row) as cur:
             holders = cur.execute(sqlfiles.statement(QUERIES, "migrator_lock_holder")).fetchall()
         if not announced:
-            emit("lock_wait", {"holders": holders})
+            emit("lock_wait", {"holders": holders, "described": _describe_holders(holders), "wait_seconds": wait})
             announced = True
         if time.monotonic() >= deadline:
-            raise LockTimeout(
-                "another migrator holds the pgflow migration lock",
-                hint="wait for it to finish; the holder is listed below",
-                detail=[f"pid {h['pid']} ({h['application_name'] or 'no application name'}), {h['state']}, connected {h['connected_seconds']}s" for h in holders],
+            who = _describe_holders(holders)
+            raise StateConflict(
+                f"another migrator holds the lock: {who[0] if who else 'a session that just ended'}",
+                hint=f"waited {wait:g} s; let it finish (`pgflow migrate status` shows its progress), then run the "
+                "command again; two migrators never run at once",
+                detail=who[1:],
             )
         time.sleep(0.5)
 
@@ -527,6 +565,4 @@ def _take_migrator_lock(conn: psycopg.Connection, wait: float, emit: ProgressFn)
 def install(conn: psycopg.Connection, *, target: int | None = None, with_pgmq: bool = True,
             progress: ProgressFn | None = None) -> list[Applied]:
     """Install PGMQ (if asked and missing) and apply pending migrations: the sandbox/test entry point."""
-    if with_pgmq:
-        ensure_pgmq(conn)
-    return apply(conn, target=target, progress=progress)
+    return apply(conn, target=target, progress=progress, install_pgmq=with_pgmq)

@@ -320,6 +320,7 @@ def apply(
     progress: Progress | None = None,
     online: str = "auto",
     batch_seconds: float = 0.2,
+    install_pgmq: bool = False,
 ) -> MigrateResult:
     """Apply (or dry-run) pending migrations with a lock watcher; see the module docstring.
 
@@ -334,13 +335,15 @@ def apply(
         online: phased-migration choice (``auto``, ``always``, ``never``).
         batch_seconds: time each backfill batch aims at (how long its rows stay locked), seconds.
         progress: ``progress(event, data)`` for stderr reporting.
+        install_pgmq: install the bundled PGMQ SQL when missing, under the migrator lock.
 
     Returns:
         A :class:`MigrateResult` with one phase per migration.
 
     Raises:
-        StateConflict, SchemaMissing, LockTimeout: see :func:`pgflow_cli.installer.apply`.
+        StateConflict, ConnectionFailed, SchemaMissing, LockTimeout: see :func:`pgflow_cli.installer.apply`.
     """
+    installer.check_writable(conn)  # a standby or read-only session: say so before the preflight
     emit = progress or (lambda event, data: None)
     result = MigrateResult(dry_run=dry_run)
     pid = conn.info.backend_pid
@@ -405,6 +408,7 @@ def apply(
                 dry_run=dry_run,
                 online=online,
                 batch_seconds=batch_seconds,
+                install_pgmq=install_pgmq,
             )
         except LockTimeout as exc:
             exc.detail.extend(f"blocked by {describe_blocker(b)}" for b in watcher.seen)

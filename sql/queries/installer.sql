@@ -55,7 +55,21 @@ SELECT
   (SELECT extversion FROM pg_extension WHERE extname = 'pgmq') AS pgmq_extension_version,
   obj_description(to_regnamespace('pgmq'), 'pg_namespace')    AS pgmq_schema_comment,
   current_setting('server_version_num')::integer              AS server_version_num,
-  current_database()                                          AS database_name;
+  current_database()                                          AS database_name,
+  -- the ledger's columns (a table of that name from another tool has other ones)
+  coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute AS a
+            WHERE a.attrelid = to_regclass('pgflow.schema_migrations') AND a.attnum > 0 AND NOT a.attisdropped),
+           '{}')                                              AS ledger_columns,
+  -- what else the pgflow schema holds: relations (tables, views, sequences, types) and functions
+  (SELECT count(*) FROM pg_class AS c WHERE c.relnamespace = to_regnamespace('pgflow')
+     AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'c', 'f'))::integer AS pgflow_relations,
+  (SELECT count(*) FROM pg_proc AS p WHERE p.pronamespace = to_regnamespace('pgflow'))::integer AS pgflow_functions;
+
+--@name writable
+-- Whether this session can write: not a hot standby, not a read-only session.
+SELECT pg_is_in_recovery()                              AS in_recovery,
+       current_setting('default_transaction_read_only') AS default_read_only,
+       current_setting('transaction_read_only')         AS read_only;
 
 --@name ledger_rows
 SELECT version, name, checksum, tool_version, applied_by, applied_at, duration_ms, state, phases_done
@@ -92,7 +106,10 @@ SELECT pg_try_advisory_lock(1885824631, 0) AS locked;
 SELECT pg_advisory_unlock(1885824631, 0) AS unlocked;
 
 --@name migrator_lock_holder
-SELECT a.pid, a.application_name, a.state,
+-- The session holding the migrator lock; it takes the lock right after connecting, so its
+-- connection time is when it started migrating.
+SELECT a.pid, a.application_name, a.usename AS user_name, a.state,
+       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC' AS since,
        extract(epoch FROM (clock_timestamp() - a.backend_start))::integer AS connected_seconds
 FROM pg_locks AS l
 JOIN pg_stat_activity AS a ON a.pid = l.pid
