@@ -217,6 +217,25 @@ def redact(text: str, conninfo: str) -> str:
     return text
 
 
+def connection_string(
+    target: Target,
+    *,
+    application_name: str = DEFAULT_APPLICATION_NAME,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+) -> str:
+    """The conninfo every pgflow connection uses: the target plus ``application_name`` and the
+    connect timeout (for connection pools, which open connections themselves).
+
+    Raises:
+        UsageError: a non-positive ``connect_timeout``, or an option value libpq would reject
+            (checked here, before any connection, so no message text has to be interpreted).
+    """
+    if connect_timeout <= 0:
+        raise UsageError(f"--connect-timeout must be a positive number of seconds, got {connect_timeout}")
+    _check_option_values(target)
+    return make_conninfo(target.conninfo, application_name=application_name, connect_timeout=str(connect_timeout))
+
+
 def connect(
     target: Target,
     *,
@@ -226,8 +245,12 @@ def connect(
 ) -> psycopg.Connection:
     """Open a connection, mapping failures to :class:`ConnectionFailed` (exit 3).
 
+    Every connection of pgflow-cli (commands, sandbox, seeds, demo, reference worker) is
+    opened here, so every one gets the connect timeout, the error mapping and password
+    redaction.
+
     Args:
-        target: from :func:`resolve_target`.
+        target: from :func:`resolve_target` (or ``Target(conninfo, source)``).
         application_name: shown in ``pg_stat_activity`` (and in lock-blocker reports).
         connect_timeout: seconds before libpq gives up on an unresponsive server.
         autocommit: psycopg autocommit mode; transactions are then opened explicitly
@@ -235,45 +258,151 @@ def connect(
 
     Returns:
         An open :class:`psycopg.Connection`.
+
+    Raises:
+        UsageError: bad ``connect_timeout`` or option values (exit 2).
+        ConnectionFailed: the server could not be reached or refused the connection (exit 3);
+            classified by SQLSTATE and libpq's connection state, never by message text.
     """
-    if connect_timeout <= 0:
-        raise UsageError(f"--connect-timeout must be a positive number of seconds, got {connect_timeout}")
+    conninfo = connection_string(target, application_name=application_name, connect_timeout=connect_timeout)
     try:
-        conninfo = make_conninfo(
-            target.conninfo, application_name=application_name, connect_timeout=str(connect_timeout)
-        )
         return psycopg.connect(conninfo, autocommit=autocommit)
     except psycopg.OperationalError as exc:
-        raise _connect_error(target, exc) from None
+        raise _connect_error(target, exc, conninfo, connect_timeout) from None
 
 
-_INVALID_VALUE = re.compile(r'invalid .*value.*?(?:for connection option "(?P<option>[a-z_]+)")?|invalid (?P<option2>[a-z_]+) value', re.I)
+_INTEGER_OPTIONS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                    "tcp_user_timeout")
+_ENUM_OPTIONS = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+}
+"""libpq options whose values are checked before connecting (libpq's own checks are only text)."""
 
 
-def _connect_error(target: Target, exc: psycopg.OperationalError) -> PgflowError:
-    raw = redact(str(exc).strip(), target.conninfo)
-    lowered = raw.lower()
-    invalid = _INVALID_VALUE.search(raw)
-    if invalid and "authentication" not in lowered:
-        option = invalid.group("option") or invalid.group("option2") or "an option"
+def _check_option_values(target: Target) -> None:
+    """Refuse option values libpq would reject, with exit 2, before anything is sent."""
+    params = _parse_or_raise(target)
+
+    def bad(option: str) -> UsageError:
         return UsageError(
             f"the connection string from {target.source} has an invalid value for {option}",
             hint="check the value's type and spelling in --dsn / PGFLOW_DATABASE_URL / DATABASE_URL / PG* variables",
         )
-    if "password authentication failed" in lowered or "no password supplied" in lowered or getattr(exc, "sqlstate", None) in ("28P01", "28000"):
-        hint = "check the user name and password (PGPASSWORD, .pgpass or the connection string); pgflow never prints them"
-        what = "authentication failed"
-    elif "does not exist" in lowered and "database" in lowered:
-        hint = "check the database name (dbname=, PGDATABASE)"
-        what = "the database does not exist"
-    elif "timeout" in lowered:
-        hint = "the server did not answer in time; check the host, port and firewall, or raise --connect-timeout"
-        what = "connection timed out"
+
+    for port in (params.get("port") or "").split(","):
+        if port.strip() and not (port.strip().isdigit() and 0 < int(port) < 65536):
+            raise bad("port")
+    for option in _INTEGER_OPTIONS:
+        value = (params.get(option) or "").strip()
+        if value and not re.fullmatch(r"-?[0-9]+", value):
+            raise bad(option)
+    for option, allowed in _ENUM_OPTIONS.items():
+        if params.get(option) and params[option] not in allowed:
+            raise bad(option)
+
+
+_SQLSTATE_MEANING = {
+    "28P01": ("authentication failed",
+              "check the user name and password (PGPASSWORD, .pgpass or the connection string); pgflow never prints them"),
+    "28000": ("the server refused this role",
+              "check the user name and the server's pg_hba.conf rules for this host, database and user"),
+    "3D000": ("the database does not exist", "check the database name (dbname=, PGDATABASE)"),
+    "53300": ("the server has no free connection slots",
+              "too many connections: close idle sessions or raise max_connections, then retry"),
+    "57P03": ("the server is not accepting connections yet", "it is starting up, shutting down or in recovery; retry shortly"),
+}
+"""What a connection-time SQLSTATE means for an operator (class 08 and the rest: "cannot connect")."""
+
+_VERBOSE_SQLSTATE = re.compile(r"(?m)(?:^|: )[^:\n]{1,32}:  (?P<sqlstate>[0-9A-Z]{5}): ")
+
+
+def _connect_error(target: Target, exc: psycopg.OperationalError, conninfo: str, connect_timeout: int) -> PgflowError:
+    """Classify a failed connection: exception type, libpq's connection state, then SQLSTATE."""
+    raw = redact(str(exc).strip(), target.conninfo)
+    pgconn = getattr(exc, "pgconn", None)
+    if isinstance(exc, pgerrors.ConnectionTimeout):
+        what, hint = ("connection timed out",
+                      "the server did not answer in time; check the host, port and firewall, or raise --connect-timeout")
+    elif pgconn is not None and getattr(pgconn, "used_password", False):
+        what, hint = _SQLSTATE_MEANING["28P01"]  # a password was sent and the server still said no
+    elif pgconn is not None and getattr(pgconn, "needs_password", False):
+        what, hint = ("authentication failed: the server wants a password and none was given",
+                      "supply it with PGPASSWORD, .pgpass or the connection string; pgflow never prints it")
     else:
-        hint = "check that the server runs and that host/port are right (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, PGHOST/PGPORT); try `pgflow sandbox up` for a local database"
-        what = "cannot connect"
+        sqlstate = getattr(exc, "sqlstate", None) or _server_sqlstate(conninfo, connect_timeout)
+        what, hint = _SQLSTATE_MEANING.get(sqlstate or "", (
+            "cannot connect",
+            "check that the server runs and that host/port are right (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, "
+            "PGHOST/PGPORT); try `pgflow sandbox up` for a local database"))
     reason = "; ".join(line.strip() for line in raw.splitlines() if line.strip()) or "no detail from libpq"
     return ConnectionFailed(f"{what} to {target.describe()}: {reason}", hint=hint)
+
+
+def _server_sqlstate(conninfo: str, connect_timeout: int) -> str | None:
+    """The SQLSTATE of the server's refusal, read from one more attempt in libpq's verbose error mode.
+
+    libpq keeps a connection-time error's SQLSTATE only in its message text, and only in verbose
+    mode (``FATAL:  3D000: ...``, the same code in every server language). Used only after a
+    failure that was not a timeout and not a password refusal (so a bad password is never tried
+    twice). ``None`` when libpq cannot be switched to verbose mode or no server answered.
+    """
+    import selectors
+
+    from psycopg import pq
+
+    set_verbosity = _libpq_set_error_verbosity()
+    if set_verbosity is None:
+        return None
+    pgconn = pq.PGconn.connect_start(conninfo.encode())
+    try:
+        set_verbosity(pgconn.pgconn_ptr, 2)  # PQERRORS_VERBOSE
+        deadline = time.monotonic() + min(connect_timeout, 5)
+        with selectors.DefaultSelector() as selector:
+            while pgconn.status != pq.ConnStatus.BAD and time.monotonic() < deadline:
+                status = pgconn.connect_poll()
+                if status in (pq.PollingStatus.OK, pq.PollingStatus.FAILED):
+                    break
+                event = selectors.EVENT_READ if status == pq.PollingStatus.READING else selectors.EVENT_WRITE
+                selector.register(pgconn.socket, event)
+                selector.select(max(0.0, deadline - time.monotonic()))
+                selector.unregister(pgconn.socket)
+        match = _VERBOSE_SQLSTATE.search(pgconn.error_message.decode("utf-8", "replace"))
+        return match.group("sqlstate") if match else None
+    except Exception:  # diagnosis only: never worse than no SQLSTATE
+        return None
+    finally:
+        pgconn.finish()
+
+
+def _libpq_set_error_verbosity():
+    """``PQsetErrorVerbosity`` of the libpq psycopg runs on (psycopg's pq wrapper does not expose it)."""
+    import ctypes
+    import ctypes.util
+    import glob
+
+    from psycopg import pq
+
+    # Only the very library psycopg loaded may touch its connection structures.
+    if pq.__impl__ == "binary":
+        import psycopg_binary
+
+        libs = os.path.join(os.path.dirname(os.path.dirname(psycopg_binary.__file__)), "psycopg_binary.libs")
+        candidates = sorted(glob.glob(os.path.join(libs, "libpq-*.so*")))
+    else:
+        found = ctypes.util.find_library("pq")
+        candidates = [found] if found else []
+    for candidate in candidates:
+        try:
+            function = ctypes.CDLL(candidate).PQsetErrorVerbosity
+        except (OSError, AttributeError):
+            continue
+        function.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        return function
+    return None
 
 
 @contextmanager

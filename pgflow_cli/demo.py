@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from pgflow_cli import sqlfiles
+from pgflow_cli import db, sqlfiles
 from pgflow_cli.worker import Flow, Worker, WorkerStartupError
 from pgflow_cli.worker.protocol import for_version
 
@@ -89,6 +89,11 @@ def database_protocol(conn: psycopg.Connection) -> int:
     return version or 1
 
 
+def _connect(conninfo: str) -> psycopg.Connection:
+    """An autocommit connection to the demo database through :func:`pgflow_cli.db.connect`."""
+    return db.connect(db.Target(conninfo, "sandbox"), application_name="pgflow-cli demo")
+
+
 def seed(conninfo: str, progress: Callable[[str], None] = lambda message: None) -> dict[str, int]:
     """Load the demo seed into an empty pre-upgrade database.
 
@@ -96,7 +101,7 @@ def seed(conninfo: str, progress: Callable[[str], None] = lambda message: None) 
         Counts of runs by state after seeding, e.g. ``{"completed": 6, "failed": 2, ...}``.
     """
     flows = {flow.slug: flow for flow in demo_flows()}
-    with psycopg.connect(conninfo, autocommit=True, application_name="pgflow-cli demo seed") as conn:
+    with _connect(conninfo) as conn:
         protocol = for_version(database_protocol(conn))
         protocol.check_version(conn)
         for flow in flows.values():
@@ -138,7 +143,7 @@ def _drain(conninfo: str, flows: list[Flow], protocol: Any, progress: Callable[[
         worker.start()
     try:
         deadline = time.monotonic() + timeout
-        with psycopg.connect(conninfo, autocommit=True) as conn:
+        with _connect(conninfo) as conn:
             while time.monotonic() < deadline:
                 row = conn.execute(sqlfiles.statement(QUERIES, "runs_in_flight"), {"flows": [f.slug for f in flows]}).fetchone()
                 if row and int(row[0]) == 0:
@@ -176,7 +181,7 @@ def run_workers(conninfo: str, flow_slugs: list[str] | None = None, *, max_concu
     import threading
 
     chosen = [f for f in demo_flows() if f.slug in (flow_slugs or RUNNABLE)]
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    with _connect(conninfo) as conn:
         protocol_version = database_protocol(conn)
     workers = [
         Worker(flow, conninfo, function_name=function_name(flow.slug), protocol=for_version(protocol_version),
@@ -206,7 +211,7 @@ def run_workers(conninfo: str, flow_slugs: list[str] | None = None, *, max_concu
                 detail=[exc.message for exc in refusals],
             )
         began = time.monotonic()
-        with psycopg.connect(conninfo, autocommit=True) as conn:
+        with _connect(conninfo) as conn:
             while not stop.wait(maintenance_interval if stop_after is None else min(maintenance_interval, 0.5)):
                 conn.execute(sqlfiles.statement(QUERIES, "requeue_stalled"))
                 if stop_after is not None and time.monotonic() - began >= stop_after:

@@ -216,7 +216,11 @@ class LocalServer:
 
     # actions ---------------------------------------------------------------
     def init(self) -> None:
-        """Create the base directory and the cluster (idempotent)."""
+        """Create the base directory and the cluster (idempotent).
+
+        ``initdb`` writes into ``data.initdb`` and the directory becomes ``data`` only when it
+        succeeded, so a run that failed or was killed half way is cleared and redone next time.
+        """
         if self.exists():
             return
         account = _service_account()
@@ -237,6 +241,8 @@ class LocalServer:
                 os.chown(path, account.pw_uid, account.pw_gid)
         os.chmod(self.base_dir, 0o700)
         os.chmod(self.socket_dir, 0o700)
+        building = self.base_dir / "data.initdb"
+        shutil.rmtree(building, ignore_errors=True)  # the leftover of an interrupted init
         pwfile = self.base_dir / ".initdb-pw"
         pwfile.write_text(self.config.password + "\n")
         os.chmod(pwfile, 0o600)
@@ -246,7 +252,7 @@ class LocalServer:
             self._run(
                 [
                     self._bin("initdb"),
-                    "-D", str(self.data_dir),
+                    "-D", str(building),
                     "-U", self.config.superuser,
                     "--pwfile", str(pwfile),
                     "--auth-local=trust",
@@ -258,6 +264,7 @@ class LocalServer:
             )
         finally:
             pwfile.unlink(missing_ok=True)
+        building.rename(self.data_dir)
 
     def start(self, *, timeout: float = 60.0) -> None:
         """Start the server (no-op when running) and wait until it accepts connections."""
@@ -293,14 +300,14 @@ class LocalServer:
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Poll until a connection succeeds (``pg_ctl -w`` already waits; this double-checks)."""
-        import psycopg
+        from pgflow_cli import db
 
         deadline = time.monotonic() + timeout
         while True:
             try:
-                psycopg.connect(self.conninfo(), connect_timeout=5).close()
+                db.connect(db.Target(self.conninfo(), "local server"), connect_timeout=5).close()
                 return
-            except psycopg.OperationalError:
+            except ConnectionFailed:
                 if time.monotonic() > deadline:
                     raise ServerError(f"the local server did not accept connections within {timeout:.0f}s",
                                       hint=f"read {self.log_file}") from None

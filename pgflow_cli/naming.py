@@ -221,7 +221,9 @@ def step_queue_routes(flow_slug: str, step_slugs: Iterable[str]) -> dict[str, st
             continue
         queue = step_queue_name(flow_slug, step, index)
         if queue.name is None:
-            problems.append(f"step {step!r} (index {index}): " + describe_reasons([queue.reason or ""]))
+            readable, fallback = len(flow_slug) + 2 + len(step), len(flow_slug) + 2 + len(str(index))
+            problems.append(f"step {step!r} (index {index}): {describe_reasons([queue.reason or ''])}: "
+                            f"{flow_slug}__{step} has {readable} characters and {flow_slug}__{index} has {fallback}")
             continue
         routes[step] = queue.name
     if problems:

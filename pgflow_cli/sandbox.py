@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +24,15 @@ import platformdirs
 import psycopg
 from psycopg import sql as pgsql
 
-from pgflow_cli import installer, sqlfiles
+from pgflow_cli import db, installer, sqlfiles
 from pgflow_cli.embedded import LocalServer, validate_base_dir
 from pgflow_cli.errors import ConnectionFailed, StateConflict, UsageError
 
 DATABASE = "pgflow"
+STAGING_DATABASE = "pgflow_installing"
+"""A new sandbox database is built under this name and renamed to ``pgflow`` only when complete,
+so an ``up`` that fails half way leaves nothing that looks finished; the next ``up`` drops it and
+starts over."""
 QUERIES = "queries/sandbox.sql"
 ROOT_SANDBOX_DIR = Path("/var/lib/pgflow-cli/sandbox")
 
@@ -82,6 +86,11 @@ class Sandbox:
         """Conninfo of the sandbox database (Unix socket, no password)."""
         return self.server.conninfo(DATABASE)
 
+    def connect(self, dbname: str = DATABASE, *, connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT) -> psycopg.Connection:
+        """An autocommit connection to a database of the sandbox server, through :func:`pgflow_cli.db.connect`."""
+        return db.connect(db.Target(self.server.conninfo(dbname), "sandbox"), application_name="pgflow-cli sandbox",
+                          connect_timeout=connect_timeout)
+
     def running_conninfo(self) -> str:
         """Conninfo, or :class:`ConnectionFailed` (exit 3) with the command to start it."""
         if not self.server.is_running():
@@ -91,15 +100,21 @@ class Sandbox:
             )
         return self.conninfo()
 
-    def up(self, *, target: int | None = None) -> list[installer.Applied]:
+    def up(self, *, target: int | None = None,
+           prepare: Callable[[str], None] | None = None) -> list[installer.Applied]:
         """Create or start the server; create and install the database the first time.
 
         An existing sandbox database is only started, never migrated: upgrading it is
-        ``pgflow migrate apply --sandbox``, exactly as on a real database.
+        ``pgflow migrate apply --sandbox``, exactly as on a real database. A new one is built as
+        ``pgflow_installing`` (PGMQ, migrations, then ``prepare``) and renamed to ``pgflow`` only
+        when all of it succeeded; a leftover of an ``up`` that failed or was killed half way is
+        dropped and built again.
 
         Args:
             target: for a new database, install migrations only up to this version
                 (``None``: all).
+            prepare: called with the new database's conninfo after the migrations, before it is
+                published (e.g. loading a seed); not called for an existing database.
 
         Returns:
             The migrations applied by this call (empty for an existing database).
@@ -109,14 +124,21 @@ class Sandbox:
             self.server.init()
             self.server.start()
             self.server.wait_ready()
-            with psycopg.connect(self.server.conninfo("postgres"), autocommit=True) as admin:
+            with self.connect("postgres") as admin:
                 exists = admin.execute(sqlfiles.statement(QUERIES, "database_exists"), {"name": DATABASE}).fetchone()
                 if exists:
                     return []
-                admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(DATABASE)))
-            with psycopg.connect(self.conninfo(), autocommit=True) as conn:
+                admin.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(STAGING_DATABASE)))
+                admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(STAGING_DATABASE)))
+            with self.connect(STAGING_DATABASE) as conn:
                 installer.ensure_pgmq(conn)
-                return installer.apply(conn, target=target)
+                applied = installer.apply(conn, target=target)
+            if prepare is not None:
+                prepare(self.server.conninfo(STAGING_DATABASE))
+            with self.connect("postgres") as admin:
+                admin.execute(pgsql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+                    pgsql.Identifier(STAGING_DATABASE), pgsql.Identifier(DATABASE)))
+            return applied
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -143,7 +165,7 @@ class Sandbox:
             self.server = LocalServer(self.directory)
             if not self.server.is_running():
                 self.server.start()
-            with psycopg.connect(self.server.conninfo("postgres"), autocommit=True) as admin:
+            with self.connect("postgres") as admin:
                 admin.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(DATABASE)))
 
     def down(self) -> bool:
@@ -171,7 +193,7 @@ class Sandbox:
         if not running:
             return status
         try:
-            with psycopg.connect(self.conninfo(), autocommit=True, connect_timeout=5) as conn:
+            with self.connect(connect_timeout=5) as conn:
                 plan = installer.make_plan(conn)
                 applied = [s.version for s in plan.statuses if s.state == "applied"]
                 status.schema_version = max(applied) if applied else None
@@ -180,13 +202,13 @@ class Sandbox:
                 if plan.state.has_flows_table:
                     row = conn.execute(sqlfiles.statement(QUERIES, "counts")).fetchone()
                     status.flows, status.runs_in_flight = (int(row[0]), int(row[1])) if row else (None, None)
-        except psycopg.OperationalError:
-            pass
+        except (ConnectionFailed, psycopg.OperationalError):
+            pass  # stopped or restarting meanwhile: report what is known
         return status
 
     def require_schema_at_most(self, version: int) -> None:
         """Refuse (exit 6) when the sandbox database is past ``version``: seeding legacy data needs the baseline."""
-        with psycopg.connect(self.conninfo(), autocommit=True) as conn:
+        with self.connect() as conn:
             plan = installer.make_plan(conn)
         applied = [s.version for s in plan.statuses if s.state == "applied"]
         if applied and max(applied) > version:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import psycopg
-
-from pgflow_cli import installer, sqlfiles
+from pgflow_cli import db, installer, sqlfiles
 from pgflow_cli.errors import UsageError
 
 SEEDS = {
@@ -34,16 +32,16 @@ def schema_target(name: str) -> int:
     return int(SEEDS[name]["schema"])  # type: ignore[arg-type]
 
 
-def load(sandbox, name: str, progress: Callable[[str], None] = lambda message: None) -> bool:
-    """Load seed ``name`` into the sandbox database; returns False when it was already loaded."""
+def load(conninfo: str, name: str, progress: Callable[[str], None] = lambda message: None) -> bool:
+    """Load seed ``name`` into the sandbox database at ``conninfo``; returns False when it was already loaded."""
     check_name(name)
-    with psycopg.connect(sandbox.conninfo(), autocommit=True) as conn:
+    with db.connect(db.Target(conninfo, "sandbox"), application_name="pgflow-cli seed") as conn:
         row = conn.execute(sqlfiles.statement("queries/seeds.sql", "already_seeded")).fetchone()
     if row and row[0]:
         progress(f"the sandbox already holds flows; seed {name!r} not loaded again (use `pgflow sandbox reset --seed {name}`)")
         return False
     from pgflow_cli import demo
 
-    demo.seed(sandbox.conninfo(), progress)
+    demo.seed(conninfo, progress)
     progress(f"loaded seed {name!r}")
     return True

@@ -172,12 +172,7 @@ runs_agg AS (
   GROUP BY r.flow_slug
 ),
 tasks_agg AS (
-  SELECT t.flow_slug,
-         count(*) FILTER (WHERE t.status = 'queued') AS queued_tasks,
-         count(*) FILTER (WHERE t.status = 'started') AS started_tasks
-  FROM pgflow.step_tasks AS t
-  WHERE t.status IN ('queued', 'started')
-  GROUP BY t.flow_slug
+--@include audit/open_tasks.sql
 )
 SELECT f.flow_slug,
        f.queue_mode,

@@ -42,6 +42,16 @@ BATCH = 50
 EXAMPLES = 120  # 120 x 50 = 6,000 names per property
 
 
+def sql_queue_names(conn, routes):
+    """``{(flow, step, index): (queue_name, name_kind, reason)}`` as the SQL fragment derives them."""
+    flows, steps, indexes = (list(x) for x in zip(*routes))
+    rows = conn.execute(
+        sqlfiles.statement("queries/naming.sql", "check_step_queue_names"),
+        {"flows": flows, "steps": steps, "indexes": indexes},
+    ).fetchall()
+    return {(f, s, i): (q, k, r) for f, s, i, q, k, r in rows}
+
+
 @pytest.fixture(scope="module")
 def conn(harness):
     database = harness.clone(None, "naming_parity")
@@ -63,12 +73,7 @@ def test_slug_rules_match_sql(conn, batch):
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(routes=st.lists(st.tuples(valid_slug, valid_slug, st.integers(min_value=0, max_value=10_000)), min_size=BATCH, max_size=BATCH))
 def test_step_queue_names_match_sql(conn, routes):
-    flows, steps, indexes = (list(x) for x in zip(*routes))
-    rows = conn.execute(
-        sqlfiles.statement("queries/naming.sql", "check_step_queue_names"),
-        {"flows": flows, "steps": steps, "indexes": indexes},
-    ).fetchall()
-    from_sql = {(f, s, i): (q, k, r) for f, s, i, q, k, r in rows}
+    from_sql = sql_queue_names(conn, routes)
     for flow, step, index in routes:
         expected = naming.step_queue_name(flow, step, index)
         assert (expected.name, expected.kind, expected.reason) == from_sql[(flow, step, index)], (flow, step, index)
@@ -77,13 +82,50 @@ def test_step_queue_names_match_sql(conn, routes):
 def test_parity_covers_boundaries(conn):
     # Deterministic boundary cases next to the random ones: 47/48 characters, index fallback.
     cases = [("f" * 40, "abcde", 0), ("f" * 40, "abcdef", 7), ("f" * 45, "step", 9), ("f" * 45, "step", 10), ("MiXed", "CaSe", 1)]
-    flows, steps, indexes = (list(x) for x in zip(*cases))
-    rows = conn.execute(
-        sqlfiles.statement("queries/naming.sql", "check_step_queue_names"),
-        {"flows": flows, "steps": steps, "indexes": indexes},
-    ).fetchall()
-    got = {(f, s, i): (q, k, r) for f, s, i, q, k, r in rows}
+    got = sql_queue_names(conn, cases)
     assert got[("f" * 40, "abcde", 0)] == ("f" * 40 + "__abcde", "readable", None)
     assert got[("f" * 40, "abcdef", 7)] == ("f" * 40 + "__7", "index", None)
     assert got[("f" * 45, "step", 9)] == (None, None, "queue_name_too_long")
     assert got[("MiXed", "CaSe", 1)] == ("mixed__case", "readable", None)
+
+
+def _slug_of(length: int, seed: str) -> str:
+    """A valid slug of exactly ``length`` characters (letters and digits, mixed case)."""
+    body = (seed or "a") * (length // max(len(seed), 1) + 1)
+    return ("q" + body)[:length]
+
+
+# Names whose readable form lands on 45..49 characters: both sides of the 47-character limit,
+# with indexes of one, two and three digits so the fallback crosses the limit too.
+boundary_routes = st.builds(
+    lambda flow_len, readable_len, index, a, b: (_slug_of(flow_len, a), _slug_of(max(readable_len - flow_len - 2, 1), b), index),
+    st.integers(min_value=1, max_value=46),
+    st.integers(min_value=45, max_value=49),
+    st.one_of(st.integers(min_value=0, max_value=9), st.integers(min_value=10, max_value=99), st.integers(min_value=100, max_value=999)),
+    st.text(alphabet="aBcD1", min_size=1, max_size=3),
+    st.text(alphabet="xYz2", min_size=1, max_size=3),
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(routes=st.lists(boundary_routes, min_size=BATCH, max_size=BATCH))
+def test_step_queue_names_match_sql_at_the_47_character_boundary(conn, routes):
+    from_sql = sql_queue_names(conn, routes)
+    for flow, step, index in routes:
+        expected = naming.step_queue_name(flow, step, index)
+        assert (expected.name, expected.kind, expected.reason) == from_sql[(flow, step, index)], (flow, step, index)
+        readable = len(flow) + 2 + len(step)
+        fallback = len(flow) + 2 + len(str(index))
+        assert expected.kind == ("readable" if readable <= 47 else "index" if fallback <= 47 else None)
+
+
+def test_parity_at_the_boundary_with_a_two_digit_index(conn):
+    cases = [("f" * 43, "s" * 2, 10), ("f" * 43, "s" * 3, 10), ("f" * 44, "s" * 2, 10), ("f" * 44, "s" * 2, 9)]
+    got = sql_queue_names(conn, cases)
+    assert got[("f" * 43, "ss", 10)] == ("f" * 43 + "__ss", "readable", None)  # 47: readable fits
+    assert got[("f" * 43, "sss", 10)] == ("f" * 43 + "__10", "index", None)  # 48 -> two-digit fallback, 47
+    assert got[("f" * 44, "ss", 10)] == (None, None, "queue_name_too_long")  # 48 and 48: rejected
+    assert got[("f" * 44, "ss", 9)] == ("f" * 44 + "__9", "index", None)
+    for case, answer in got.items():
+        mirror = naming.step_queue_name(*case)
+        assert (mirror.name, mirror.kind, mirror.reason) == answer

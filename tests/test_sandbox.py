@@ -1,38 +1,51 @@
-"""`pgflow sandbox` end to end: the README's first command on a private sandbox directory."""
+"""`pgflow sandbox` end to end: the README's first command on a private sandbox directory.
+
+Every test stands alone: the module shares one sandbox server (initdb is the slow part), and the
+``seeded`` fixture gives each test that needs it a freshly seeded demo database
+(`sandbox reset --seed demo`), whatever earlier tests did to the server or its database.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from pgflow_cli.errors import ExitCode
+from pgflow_cli.sandbox import STAGING_DATABASE, Sandbox
 from tests.support.cli import run_cli
 
 
 @pytest.fixture(scope="module")
-def sandbox_env(tmp_path_factory):
+def sandbox_env():
     # Short, postgres-accessible path (the server runs as 'postgres' when we are root).
-    import tempfile
-
     base = tempfile.mkdtemp(prefix="pgflow-sbx-", dir="/tmp")
     os.chmod(base, 0o755)
     env = {"PGFLOW_SANDBOX_DIR": os.path.join(base, "sandbox")}
     yield env
     run_cli("sandbox", "reset", "--destroy", "--yes", env=env)
-    import shutil
-
     shutil.rmtree(base, ignore_errors=True)
 
 
-def test_seeded_sandbox_audit_has_the_demo_findings(sandbox_env):
-    up = run_cli("sandbox", "up", "--seed", "demo", env=sandbox_env)
-    assert up.code == ExitCode.OK, up.output
-    assert "schema version: 0002" in up.stdout
-    assert "loaded seed 'demo'" in up.stderr
+@pytest.fixture
+def seeded(sandbox_env):
+    """A freshly seeded demo database in the running module sandbox; returns its status document."""
+    reset = run_cli("sandbox", "reset", "--yes", "--seed", "demo", env=sandbox_env)
+    assert reset.code == ExitCode.OK, reset.output
+    status = run_cli("sandbox", "status", "--format", "json", env=sandbox_env)
+    return json.loads(status.stdout)
 
+
+def test_seeded_sandbox_audit_has_the_demo_findings(seeded, sandbox_env):
     audit = run_cli("audit", "--sandbox", "--format", "json", env=sandbox_env)
     assert audit.code == ExitCode.FINDINGS, audit.stderr
     doc = json.loads(audit.stdout)
@@ -53,32 +66,58 @@ def test_seeded_sandbox_audit_has_the_demo_findings(sandbox_env):
     assert impact["processOrder"]["started_tasks"] == 1  # claimed by the demo's vanished worker
 
 
-def test_seed_states_and_idempotence(sandbox_env):
-    status = run_cli("sandbox", "status", "--format", "json", env=sandbox_env)
-    info = json.loads(status.stdout)
-    assert info["running"] and info["flows"] == 7 and info["runs_in_flight"] == 10
-    with psycopg.connect(info["conninfo"]) as conn:
+def test_a_new_seeded_sandbox_reports_schema_and_seed(sandbox_env):
+    env = {"PGFLOW_SANDBOX_DIR": sandbox_env["PGFLOW_SANDBOX_DIR"] + "-new"}
+    try:
+        up = run_cli("sandbox", "up", "--seed", "demo", env=env)
+        assert up.code == ExitCode.OK, up.output
+        assert "schema version: 0002" in up.stdout
+        assert "loaded seed 'demo'" in up.stderr
+    finally:
+        run_cli("sandbox", "reset", "--destroy", "--yes", env=env)
+
+
+def test_seed_states_and_idempotence(seeded, sandbox_env):
+    assert seeded["running"] and seeded["flows"] == 7 and seeded["runs_in_flight"] == 10
+    with psycopg.connect(seeded["conninfo"]) as conn:
         states = dict(conn.execute("SELECT status, count(*) FROM pgflow.runs GROUP BY status").fetchall())
     assert states == {"completed": 7, "failed": 2, "started": 10}
     again = run_cli("sandbox", "up", "--seed", "demo", env=sandbox_env)
     assert again.code == ExitCode.OK and "not loaded again" in again.stderr
 
 
-def test_demo_workers_finish_the_runnable_runs(sandbox_env):
-    info = json.loads(run_cli("sandbox", "status", "--format", "json", env=sandbox_env).stdout)
-    with psycopg.connect(info["conninfo"], autocommit=True) as conn:
-        # make the vanished worker's claim stale so recovery hands it back (as 90 s of waiting would)
-        conn.execute("UPDATE pgflow.step_tasks SET queued_at = now() - interval '11 minutes', started_at = now() - interval '10 minutes' WHERE status = 'started'")
-    result = run_cli("sandbox", "worker", "--seconds", "4", env=sandbox_env, timeout=60)
-    assert result.code == ExitCode.OK, result.stderr
-    with psycopg.connect(info["conninfo"]) as conn:
-        left = conn.execute(
+def _runnable_left(conninfo: str) -> int:
+    with psycopg.connect(conninfo) as conn:
+        return conn.execute(
             "SELECT count(*) FROM pgflow.runs WHERE status = 'started' AND flow_slug IN ('greetUser', 'processOrder')"
         ).fetchone()[0]
-    assert left == 0
+
+
+def test_demo_workers_finish_the_runnable_runs(seeded, sandbox_env):
+    with psycopg.connect(seeded["conninfo"], autocommit=True) as conn:
+        # make the vanished worker's claim stale so recovery hands it back (as 90 s of waiting would)
+        conn.execute("UPDATE pgflow.step_tasks SET queued_at = now() - interval '11 minutes', "
+                     "started_at = now() - interval '10 minutes' WHERE status = 'started'")
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("PG") or k == "DATABASE_URL")}
+    env.update(sandbox_env)
+    proc = subprocess.Popen([sys.executable, "-m", "pgflow_cli", "sandbox", "worker"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _runnable_left(seeded["conninfo"]):  # wait for the state, not for a number of seconds
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the demo workers did not finish the runnable runs"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: drain and exit 0
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.OK, err
 
 
 def test_dsn_and_down(sandbox_env):
+    assert run_cli("sandbox", "up", env=sandbox_env).code == ExitCode.OK
     dsn = run_cli("sandbox", "dsn", env=sandbox_env)
     assert dsn.code == 0 and "dbname=pgflow" in dsn.stdout and "password" not in dsn.stdout
     down = run_cli("sandbox", "down", env=sandbox_env)
@@ -95,3 +134,43 @@ def test_unknown_seed_is_usage_error(sandbox_env):
 def test_reset_needs_confirmation_off_a_terminal(sandbox_env):
     result = run_cli("sandbox", "reset", env=sandbox_env)
     assert result.code == ExitCode.USAGE and "--yes" in result.stderr
+
+
+BREAK_INSTALL = """
+CREATE FUNCTION public.break_install() RETURNS event_trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'pgflow') THEN
+    RAISE EXCEPTION 'installation broken on purpose by the test';
+  END IF;
+END $$;
+CREATE EVENT TRIGGER break_install ON ddl_command_end EXECUTE FUNCTION public.break_install();
+"""
+
+
+def test_an_up_that_failed_half_way_is_repaired_by_the_next_up(sandbox_env):
+    env = {"PGFLOW_SANDBOX_DIR": sandbox_env["PGFLOW_SANDBOX_DIR"] + "-broken"}
+    sandbox = Sandbox(Path(env["PGFLOW_SANDBOX_DIR"]))
+    try:
+        sandbox.server.init()
+        sandbox.server.start()
+        # every new database is cloned from template1: this one fails in the middle of the install,
+        # after the database exists and PGMQ and part of the schema went in
+        with psycopg.connect(sandbox.server.conninfo("template1"), autocommit=True) as conn:
+            conn.execute(BREAK_INSTALL)
+        broken = run_cli("sandbox", "up", env=env)
+        assert broken.code != ExitCode.OK
+        assert "broken on purpose" in broken.stderr
+        with psycopg.connect(sandbox.server.conninfo("template1"), autocommit=True) as conn:
+            conn.execute("DROP EVENT TRIGGER break_install; DROP FUNCTION public.break_install()")
+
+        repaired = run_cli("sandbox", "up", "--format", "json", env=env)
+        assert repaired.code == ExitCode.OK, repaired.output
+        status = json.loads(repaired.stdout)
+        assert status["schema_version"] is not None and status["pending_migrations"] == 0, status
+        assert status["pgmq_version"]
+        with psycopg.connect(sandbox.server.conninfo("postgres")) as conn:
+            names = {r[0] for r in conn.execute("SELECT datname FROM pg_database")}
+        assert "pgflow" in names and STAGING_DATABASE not in names
+        assert run_cli("audit", "--sandbox", env=env).code == ExitCode.OK
+    finally:
+        run_cli("sandbox", "reset", "--destroy", "--yes", env=env)

@@ -143,7 +143,7 @@ def _render_table(report: audit_op.AuditReport, fail_on: str, console: Console) 
     ))
     pgmq = f"PGMQ {schema.pgmq_version} ({schema.pgmq_version_source})" if schema.pgmq_version else "PGMQ (version unknown)"
     console.print(render.text(
-        f"PostgreSQL {schema.server_version} · {pgmq} · pgflow installed by {schema.installed_by} · "
+        f"PostgreSQL {schema.server_version} · {pgmq} · {_installed(schema)} · "
         f"{len(schema.pgflow_tables)} pgflow tables", "dim"))
     for note in schema.notes:
         console.print(render.text(f"  note: {note}", "dim"))
@@ -276,3 +276,12 @@ def _bytes(value: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{value} B"  # pragma: no cover
+
+
+def _installed(schema: "audit_op.SchemaInfo") -> str:
+    """Who installed the schema: ``pgflow schema installed by pgflow 0.8.0/0.8.1/0.9.0/0.9.1 (...)``
+    when recognised from the catalog, else ``pgflow installed by pgflow-cli``."""
+    recognition = schema.recognition or {}
+    if recognition.get("status") in ("upstream", "unrecognised", "adopted"):
+        return f"pgflow schema {recognition['summary']}"
+    return f"pgflow installed by {schema.installed_by}"

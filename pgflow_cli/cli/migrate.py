@@ -19,6 +19,7 @@ from pgflow_cli.cli.common import (
 )
 from pgflow_cli.errors import PgflowError, Refused, UsageError
 from pgflow_cli.operations import migrate as migrate_op
+from pgflow_cli.operations import upstream
 
 app = typer.Typer(
     help="Apply pgflow's SQL migrations in order, each in one transaction recorded with its checksum in "
@@ -80,6 +81,44 @@ def _status_rows(plan: installer.Plan) -> list[dict[str, Any]]:
     return rows
 
 
+AssumeReleaseOption = Annotated[
+    Optional[str],
+    typer.Option("--assume-release", metavar="X.Y.Z",
+                 help="Treat an unrecognised pgflow schema as this published release and adopt it anyway; the "
+                 "assertion and every difference are recorded (docs/upgrade.md).")
+]
+
+
+def _conflict(the_plan: installer.Plan, found: upstream.UpstreamPlan) -> PgflowError | None:
+    """What stops `apply` here: an unrecognised upstream schema, else the ledger's conflicts; a
+    recognised upstream schema (or one whose release is asserted) is adopted instead."""
+    return migrate_op.blocking_conflict(the_plan, found)
+
+
+def _after_adoption(the_plan: installer.Plan, found: upstream.UpstreamPlan) -> list[installer.Migration]:
+    """The pending migrations `apply` runs itself (the adoption reaches the baseline)."""
+    upstream_schema = found.recognition.status in ("upstream", "unrecognised")
+    return [m for m in the_plan.pending if not (upstream_schema and m.version <= installer.BASELINE_VERSION)]
+
+
+def _print_upstream(found: upstream.UpstreamPlan) -> None:
+    console = render.stdout_console()
+    recognition = found.recognition
+    if recognition.status in ("none", "pgflow-cli") and not found.completion:
+        return
+    summary = recognition.summary()
+    console.print(render.text(summary if summary.startswith("unrecognised") else f"pgflow schema: {summary}",
+                              "bold red" if recognition.status == "unrecognised" else None))
+    for difference in recognition.differences:
+        console.print(render.text(f"  {difference.describe()}", "red" if not recognition.adoptable else "dim"))
+    for step in found.steps:
+        console.print(render.text(f"step: {step}"))
+    for item in found.must_do:
+        console.print(render.text(f"  must: {item}", "yellow"))
+    for note in found.notes:
+        console.print(render.text(f"  note: {note}", "dim"))
+
+
 STATUS_COLUMNS = ["version", "name", "state", "applied_at", "applied_by", "tool_version", "duration_ms", "summary"]
 
 
@@ -91,11 +130,11 @@ def status(
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
     """Show applied, pending, in-progress, changed (checksum mismatch) and unknown migrations, function-file
-    drift and invalid indexes. Read-only.
+    drift, invalid indexes, and which pgflow release installed a schema pgflow-cli did not (or adopted). Read-only.
 
     Exit 0 up to date or only pending; 1 a migration in progress (resume or abort it), function files whose
     installed text differs, or an invalid index; 6 when this tool cannot migrate the database (changed files,
-    a newer database, a pgflow schema pgflow-cli did not install).
+    a newer database, a pgflow schema that matches no published release).
     """
     STATE.output_format = output_format
     conn, target = open_connection(dsn, sandbox, connect_timeout)
@@ -112,6 +151,8 @@ def status(
         render.write_csv(STATUS_COLUMNS, rows)
     else:
         _print_status(rows, target.describe(), report)
+        if report.found is not None:
+            _print_upstream(report.found)
     if report.conflict:
         from pgflow_cli.cli import report_error
 
@@ -161,32 +202,39 @@ def plan(
     sandbox: SandboxOption = False,
     connect_timeout: ConnectTimeoutOption = 10,
     output_format: FormatOption = OutputFormat.table,
+    assume_release: AssumeReleaseOption = None,
 ) -> None:
     """List what `migrate apply` would do, in order, and which path each migration takes here. Read-only.
 
-    Runs the preflight audit of migrations that ask for one. Exit 0 when apply may proceed, 1 when the
-    preflight audit would refuse it (blocking findings), 6 for a state conflict (changed files, newer database).
+    A database installed by a published pgflow release is recognised from its catalog; the plan then starts
+    with its adoption (adopt release X -> baseline) and says what to do about its workers, pg_cron jobs and
+    the Supabase migration history. Runs the preflight audit of migrations that ask for one. Exit 0 when
+    apply may proceed, 1 when the preflight audit would refuse it (blocking findings), 6 for a state conflict
+    (changed files, newer database, a pgflow schema that matches no release).
     """
     STATE.output_format = output_format
     conn, target = open_connection(dsn, sandbox, connect_timeout)
     refused: PgflowError | None = None
     with conn:
         the_plan = installer.make_plan(conn)
-        conflict = the_plan.refuse_reasons()
+        found = upstream.inspect(conn, assume_release=assume_release)
+        conflict = _conflict(the_plan, found)
+        todo = _after_adoption(the_plan, found)
         if not conflict:
             try:
-                migrate_op.preflight(conn, the_plan.pending)
+                migrate_op.preflight(conn, todo)
             except Refused as exc:
                 refused = exc
-        paths = {m.version: (m.phased.path(conn) if m.phased else "one transaction") for m in the_plan.pending}
+        paths = {m.version: (m.phased.path(conn) if m.phased else "one transaction") for m in todo}
     pending = [{"version": m.version, "name": m.name, "summary": _summary(m), "checksum": m.checksum,
                 "state": next(s.state for s in the_plan.statuses if s.version == m.version),
                 "path": paths[m.version], "preflight_audit": m.preflight_audit,
                 "worker_protocol": m.worker_protocol}
-               for m in the_plan.pending]
+               for m in todo]
     if output_format == OutputFormat.json:
         render.write_json({
             "kind": "pgflow-cli/migrate-plan", "version": 1, "database": target.describe(),
+            "upstream": found.to_dict(),
             "pending": pending, "pgmq_installed": the_plan.state.has_pgmq_meta,
             "conflict": conflict.to_dict() if conflict else None,
             "refused": refused.to_dict() if refused else None,
@@ -195,7 +243,8 @@ def plan(
         render.write_csv(["version", "name", "summary", "checksum"], pending)
     else:
         console = render.stdout_console()
-        if not pending:
+        _print_upstream(found)
+        if not pending and not found.steps:
             console.print(render.text("nothing to apply: the database is up to date", "green"))
         for item in pending:
             notes = []
@@ -208,7 +257,7 @@ def plan(
                 notes.append(f"switches workers to protocol {item['worker_protocol']}: fence and drain them first")
             suffix = f" [{'; '.join(notes)}]" if notes else ""
             console.print(render.text(f"{item['version']:04d}_{item['name']}: {item['summary']}{suffix}"))
-        if pending and not conflict and not refused:
+        if (pending or found.steps) and not conflict and not refused:
             console.print(render.text("next: pgflow migrate apply --dry-run, then pgflow migrate apply", "dim"))
         if not the_plan.state.has_pgmq_meta:
             console.print(render.text("PGMQ is not installed: install the pgmq extension or use --install-pgmq", "yellow"))
@@ -253,6 +302,7 @@ def apply(
         float, typer.Option("--batch-seconds", min=0.01, max=60, metavar="SECONDS",
                             help="Phased path: how long each backfill batch may keep its rows locked (batches adapt to it).")
     ] = 0.2,
+    assume_release: AssumeReleaseOption = None,
 ) -> None:
     """Apply pending migrations in order; each one is atomic and recorded with its checksum.
 
@@ -260,8 +310,11 @@ def apply(
     up to --retries times, naming the sessions that block it (never their queries).
 
     Exit 0 applied (or nothing pending); 1 refused by the preflight audit or the recheck under the locks
-    (nothing changed); 3 cannot connect or no PGMQ; 4 a lock never became free (the database is as before
-    that transaction); 6 changed migration files, a newer database, or a pgflow this tool did not install.
+    (nothing changed); 3 cannot connect, no PGMQ, a hot standby or a read-only session; 4 a lock never became
+    free (the database is as before that transaction); 6 changed migration files, a newer database, another
+    migrator holding the migrator lock, or a pgflow schema that matches no published release (adopt it anyway
+    with --assume-release); 130 Ctrl-C (the message says what was left and how to go on). A database installed by pgflow itself is
+    adopted first, in one transaction (with --dry-run: only the adoption runs, rolled back).
     Read docs/upgrade.md first: workers must be fenced and drained for an upgrade that changes their protocol.
     """
     STATE.output_format = output_format
@@ -274,10 +327,14 @@ def apply(
     with conn:
         if show_sql:
             the_plan = installer.make_plan(conn)
-            conflict = the_plan.refuse_reasons()
+            found = upstream.inspect(conn, assume_release=assume_release)
+            conflict = _conflict(the_plan, found)
             if conflict:
                 raise conflict
-            todo = [m for m in the_plan.pending if target_version is None or m.version <= target_version]
+            if found.adoption_pending:
+                typer.echo(f"-- ===== {found.steps[0]} =====")
+                typer.echo(upstream.sql_script(conn, found).rstrip("\n"))
+            todo = [m for m in _after_adoption(the_plan, found) if target_version is None or m.version <= target_version]
             for migration in todo:
                 typer.echo(f"-- ===== {migration.label} (sha256 {migration.checksum}) =====")
                 locks = migration.locks_for([None, *(p.name for p in migration.phases_for_single_transaction())])
@@ -285,7 +342,7 @@ def apply(
                     typer.echo("-- taken first, all or none, on the one-transaction path (each phase takes its own "
                                "--@lock lines): " + ", ".join(f"{lock.table} {lock.mode}" for lock in locks))
                 typer.echo(migration.sql.rstrip("\n"))
-            if not todo:
+            if not todo and not found.adoption_pending:
                 err.print("nothing pending")
             return
 
@@ -336,7 +393,7 @@ def apply(
             result = migrate_op.apply(
                 conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
                 dry_run=dry_run, progress=progress, online=online, batch_seconds=batch_seconds,
-                install_pgmq=install_pgmq,
+                install_pgmq=install_pgmq, assume_release=assume_release,
             )
         except KeyboardInterrupt:
             interrupted = True
@@ -363,6 +420,9 @@ def apply(
                 console.print(render.text(f"  lock {lock['relation']}: {lock['modes']} for {lock['held_ms']} ms"))
     if dry_run and result.phases:
         console.print(render.text("dry run: everything was rolled back", "dim"))
+        if result.adoption:
+            console.print(render.text("the migrations after the baseline run once the adoption is applied "
+                                      "(dry-run them then)", "dim"))
     elif result.applied and result.protocol_change:
         console.print(render.text(
             f"next: deploy workers speaking protocol {result.protocol_change['protocol']}, check that every route has a "

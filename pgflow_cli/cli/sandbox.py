@@ -34,10 +34,10 @@ def _err() -> render.Console:
     return render.stderr_console()
 
 
-def _seed(sandbox: Sandbox, seed: str) -> None:
+def _seed(conninfo: str, seed: str) -> None:
     from pgflow_cli import seeds
 
-    seeds.load(sandbox, seed, progress=lambda message: _err().print(render.text(message, "dim")))
+    seeds.load(conninfo, seed, progress=lambda message: _err().print(render.text(message, "dim")))
 
 
 @app.command()
@@ -61,14 +61,20 @@ def up(
     if seed is not None:
         from pgflow_cli import seeds
 
-        applied = sandbox.up(target=seeds.schema_target(seed))
-        sandbox.require_schema_at_most(seeds.schema_target(seed))
+        seeded: list[str] = []
+
+        def prepare(conninfo: str) -> None:  # a new database: seeded before it is published
+            _seed(conninfo, seed)
+            seeded.append(conninfo)
+
+        applied = sandbox.up(target=seeds.schema_target(seed), prepare=prepare)
+        if not seeded:  # an existing database: seed it unless it is past the baseline or already seeded
+            sandbox.require_schema_at_most(seeds.schema_target(seed))
+            _seed(sandbox.conninfo(), seed)
     else:
         applied = sandbox.up()
     for item in applied:
         _err().print(render.text(f"applied {item.migration.label} ({item.duration_ms} ms)", "dim"))
-    if seed is not None:
-        _seed(sandbox, seed)
     _show(sandbox, output_format, headline="sandbox is up")
 
 

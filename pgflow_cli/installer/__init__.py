@@ -70,6 +70,7 @@ from pgflow_cli.installer.runner import (
     file_runs,
     install,
     locked_transaction,
+    migrator_lock,
     take_locks,
 )
 
@@ -77,6 +78,7 @@ __all__ = [
     "BASELINE_VERSION", "MAX_BATCH_PAGES", "PGMQ_SQL_SHA256", "PGMQ_SQL_VERSION", "QUERIES", "RELEASED_CHECKSUMS",
     "Applied", "DatabaseState", "FileApply", "FileStatus", "LedgerRow", "Migration", "MigrationStatus", "Phase",
     "PhasedMigration", "Plan", "ProgressFn", "TableLock", "abort", "apply", "available_migrations",
-    "bundled_pgmq_sql", "check_writable", "ensure_pgmq", "file_runs", "locked_transaction", "take_locks", "install", "ledger", "make_plan", "parse_applies", "parse_phases", "read_state",
+    "bundled_pgmq_sql", "check_writable", "ensure_pgmq", "file_runs", "install", "ledger", "locked_transaction",
+    "make_plan", "migrator_lock", "parse_applies", "parse_phases", "read_state", "take_locks",
     "versions",
 ]

@@ -175,8 +175,8 @@ class Plan:
         if self.state.foreign_pgflow:
             return StateConflict(
                 "this database has a pgflow schema that pgflow-cli did not install (no pgflow.schema_migrations ledger)",
-                hint="run `pgflow audit` for the upgrade report; adopting an existing upstream installation "
-                "is not supported by this version (docs/upgrade.md)",
+                hint="`pgflow migrate apply` adopts it first (`pgflow migrate plan` names the release it recognised); "
+                "see docs/upgrade.md \"Databases installed by pgflow itself\"",
             )
         if self.unknown:
             return StateConflict(

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import first_line, retry_on_lock, transaction
-from pgflow_cli.errors import ConnectionFailed, SchemaMissing, StateConflict
+from pgflow_cli.errors import ConnectionFailed, Refused, SchemaMissing, StateConflict
 from pgflow_cli.installer.files import (
     MAX_BATCH_PAGES,
     QUERIES,
@@ -227,6 +227,8 @@ def apply(
         ConnectionFailed: a hot standby or a read-only session (exit 3).
         SchemaMissing: PGMQ is not installed (exit 3).
         LockTimeout: a lock could not be taken within the retries (exit 4).
+        Refused: the current audit's blocking rules found something under a migration's locks
+            (exit 1; see :func:`_current_recheck`); that migration was rolled back.
     """
     if online not in ("auto", "always", "never"):
         raise ValueError(f"online must be auto, always or never, not {online!r}")
@@ -255,8 +257,8 @@ def apply(
             todo = todo[:1]
         results = []
         for migration in todo:
-            runner = _Runner(conn, migration, lock_timeout, attempts, emit, before_commit, batch_pages, batch_seconds,
-                             skips[migration.version])
+            runner = _Runner(conn, migration, lock_timeout, attempts, emit, _with_current_recheck(before_commit),
+                             batch_pages, batch_seconds, skips[migration.version])
             phased = parse_phases(migration.executed(skips[migration.version]))
             resume = in_progress.get(migration.version)
             use_online = bool(phased and phased.has_online_phases and not dry_run and (
@@ -266,6 +268,43 @@ def apply(
     finally:
         if not conn.closed:
             conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))
+
+
+def _with_current_recheck(
+    before_commit: Callable[[psycopg.Connection, Migration], None] | None,
+) -> Callable[[psycopg.Connection, Migration], None]:
+    """``before_commit`` preceded by :func:`_current_recheck`."""
+    def hook(conn: psycopg.Connection, migration: Migration) -> None:
+        _current_recheck(conn, migration)
+        if before_commit:
+            before_commit(conn, migration)
+    return hook
+
+
+def _current_recheck(conn: psycopg.Connection, migration: Migration) -> None:
+    """Run the CURRENT audit's blocking rules inside a ``--@preflight audit`` migration's final
+    transaction, after its statements, under its locks, just before it commits.
+
+    A released migration keeps the recheck it shipped with (its text is frozen), so rules added to
+    ``sql/audit/findings.sql`` later (a flow queue without a table, tables PGMQ named with the
+    database collation) would otherwise only be checked by the preflight, before any lock. Here
+    they hold at the moment the upgrade commits: it never routes a task to a queue without a table.
+
+    Raises:
+        Refused: blocking findings (exit 1); the transaction rolls back with the caller's.
+    """
+    if not migration.preflight_audit:
+        return
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(sqlfiles.statement("audit.sql", "findings")).fetchall()
+    blocking = [r for r in rows if r["blocking"]]
+    if blocking:
+        raise Refused(
+            f"{migration.label} refused: {len(blocking)} blocking finding(s) of the current audit under the "
+            "migration's locks; this transaction was rolled back",
+            hint="run `pgflow audit` for the report with fixes (docs/audit.md), then apply again",
+            detail=[f"{r['check_id']} {r['object_name']}: {r['message']} [{', '.join(r['reasons'])}]" for r in blocking],
+        )
 
 
 class _DryRunRollback(Exception):
@@ -537,6 +576,22 @@ def check_writable(conn: psycopg.Connection) -> None:
 def _describe_holders(holders: list[dict[str, Any]]) -> list[str]:
     return [f"pid {h['pid']} ({h['application_name'] or 'no application name'}, user {h['user_name']}), "
             f"since {h['since']} ({h['connected_seconds']} s), {h['state']}" for h in holders]
+
+
+@contextmanager
+def migrator_lock(conn: psycopg.Connection, wait: float = 30.0, progress: ProgressFn | None = None) -> Iterator[None]:
+    """Hold the session advisory lock of migrators for a block (what :func:`apply` takes itself);
+    the adoption of an upstream schema runs under it.
+
+    Raises:
+        StateConflict: another migrator held it for ``wait`` seconds (exit 6), naming the holder.
+    """
+    _take_migrator_lock(conn, wait, progress or (lambda event, data: None))
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))
 
 
 def _take_migrator_lock(conn: psycopg.Connection, wait: float, emit: ProgressFn) -> None:

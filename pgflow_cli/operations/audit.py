@@ -18,6 +18,8 @@ filter, counts, and builds the versioned JSON document. The same SQL ships as on
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -28,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgflow_cli import __version__, sqlfiles
+from pgflow_cli import __version__, naming, sqlfiles
 from pgflow_cli.db import transaction
 from pgflow_cli.errors import ConnectionFailed, SchemaMissing, StateConflict
 
@@ -88,7 +90,10 @@ CHECKS: dict[str, CheckInfo] = {
         CheckInfo("flow_queue_name_too_long", "error", True, "a flow's queue name exceeds PGMQ's limits"),
         CheckInfo("task_message_id_duplicate", "error", True, "a message id held by several tasks of one queue"),
         CheckInfo("queue_name_too_long", "error", False, "an existing queue's name exceeds PGMQ's limits"),
-        CheckInfo("flow_queue_missing", "warning", False, "a flow's PGMQ queue (meta row or tables) is missing"),
+        CheckInfo("flow_queue_missing", "error", True, "a flow's PGMQ queue has no queue table or no archive table"),
+        CheckInfo("flow_queue_table_elsewhere", "error", True,
+                  "a flow's queue tables are not where its routed queue name leads (locale-dependent lowercasing)"),
+        CheckInfo("flow_queue_meta_missing", "warning", False, "a flow's PGMQ queue has its tables but no pgmq.meta row"),
         CheckInfo("queue_meta_spelling", "warning", False, "a flow's pgmq.meta row is not spelled lowercase / as the flow",
                   ("info",)),
         CheckInfo("step_queue_collision", "warning", False, "an existing queue has a name a flow would generate"),
@@ -136,6 +141,8 @@ class SchemaInfo:
         pgmq_queue_tables: number of ``pgmq.q_*`` tables.
         pgmq_unreadable_tables: ``q_``/``a_`` tables the role may not read.
         notes: what the audit could and could not check, one sentence each.
+        recognition: what installed the schema (:meth:`pgflow_cli.upstream.recognise.Recognition.to_dict`:
+            status, releases, summary, differences ...), read from the catalog.
     """
 
     database: str
@@ -153,6 +160,7 @@ class SchemaInfo:
     pgmq_queue_tables: int
     pgmq_unreadable_tables: int
     notes: list[str] = field(default_factory=list)
+    recognition: dict[str, Any] | None = None
 
     @property
     def installed_by(self) -> str:
@@ -173,6 +181,7 @@ class SchemaInfo:
                 "queue_identity": self.queue_identity,
                 "step_queues": self.step_queues,
                 "tables": self.pgflow_tables,
+                "recognition": self.recognition,
             },
             "pgmq": {
                 "version": self.pgmq_version,
@@ -475,7 +484,7 @@ def run_audit(
             cur.execute(sqlfiles.statement(AUDIT_SQL, "schema_probe"))
             probe = cur.fetchone()
             assert probe is not None
-            schema = schema_from_probe(probe)
+            schema = _with_recognition(conn, schema_from_probe(probe))
             cur.execute(sqlfiles.statement(AUDIT_SQL, "findings"))
             finding_rows = cur.fetchall()
             cur.execute(sqlfiles.statement(AUDIT_SQL, "flow_impact"))
@@ -489,6 +498,18 @@ def run_audit(
             "queue backlogs are live-row estimates from the activity statistics, oldest message ages unknown"
         )
     return build_report(schema, findings, impacts, wanted, duration_ms=duration_ms)
+
+
+def _with_recognition(conn: psycopg.Connection, schema: SchemaInfo) -> SchemaInfo:
+    """``schema`` naming the release that installed it (one catalog query), also in its first note."""
+    from pgflow_cli.upstream.recognise import recognise
+
+    found = recognise(conn)
+    notes = list(schema.notes)
+    if not schema.ledger or found.status == "adopted":
+        notes[0] = found.summary() + (
+            "" if schema.ledger else ": `pgflow migrate plan` shows how it is adopted (docs/upgrade.md)")
+    return dataclasses.replace(schema, recognition=found.to_dict(), notes=notes)
 
 
 def schema_from_probe(probe: dict[str, Any]) -> SchemaInfo:
@@ -678,7 +699,7 @@ def build_report(
         if unknown:
             detail = []
             for slug in unknown:
-                similar = sorted(k for k in known if k.lower() == slug.lower())
+                similar = sorted(k for k in known if naming.normalized_slug(k) == naming.normalized_slug(slug))
                 detail.append(f"{slug!r}" + (f": did you mean {', '.join(repr(s) for s in similar)}?" if similar else ""))
             raise StateConflict(
                 f"flow not found: {', '.join(repr(s) for s in unknown)}",

@@ -29,6 +29,7 @@ from psycopg.rows import dict_row
 from pgflow_cli import installer, sqlfiles
 from pgflow_cli.db import Target, connect
 from pgflow_cli.errors import ExitCode, LockTimeout, PgflowError, Refused, StateConflict
+from pgflow_cli.operations import upstream
 
 QUERIES = "queries/migrate.sql"
 Progress = Callable[[str, dict[str, Any]], None]
@@ -61,6 +62,7 @@ class MigrateResult:
     phases: list[Phase] = field(default_factory=list)
     blockers_seen: list[dict[str, Any]] = field(default_factory=list)
     protocol_change: dict[str, int] | None = None
+    adoption: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +71,7 @@ class MigrateResult:
             "phases": [p.to_dict() for p in self.phases],
             "blockers_seen": self.blockers_seen,
             "protocol_change": self.protocol_change,
+            "adoption": self.adoption,
         }
 
 
@@ -82,12 +85,16 @@ class StatusReport:
             applied), ``in_progress`` (a phased run stopped part way), ``drift`` (installed
             function text differs from the files, or an invalid index is left, with nothing
             pending to fix it), ``pending`` or ``up_to_date``.
-        conflict: the error ``migrate apply`` would refuse with (``verdict == "conflict"``).
+        conflict: the error ``migrate apply`` would refuse with (``verdict == "conflict"``): an
+            unrecognised upstream schema, or the ledger's conflict when nothing is to be adopted.
+        found: which release installed a pgflow schema pgflow-cli did not (or adopted), and what
+            adopting it involves (:func:`pgflow_cli.operations.upstream.inspect`).
     """
 
     plan: installer.Plan
     verdict: str
-    conflict: StateConflict | None
+    conflict: PgflowError | None
+    found: upstream.UpstreamPlan | None = None
 
     @property
     def exit_code(self) -> ExitCode:
@@ -118,6 +125,8 @@ class StatusReport:
         pending = [s for s in plan.statuses if s.state == "pending"]
         if self.verdict == "conflict":
             out.append("NOT up to date: this tool cannot migrate this database (see the error below)")
+        elif pending and self.found is not None and self.found.adoption_pending:
+            out.append(f"{len(pending)} pending, the baseline through adoption; next: pgflow migrate plan")
         elif pending:
             out.append(f"{len(pending)} pending ({', '.join(f'{s.version:04d}' for s in pending)}); "
                        "next: pgflow migrate plan")
@@ -139,18 +148,45 @@ class StatusReport:
                        "recorded_checksum": f.recorded_checksum, "recorded_version": f.recorded_version}
                       for f in plan.files],
             "file_drift": [f.path for f in plan.file_drift],
+            "installed": self.found.recognition.summary() if self.found else None,
+            "upstream": self.found.to_dict() if self.found else None,
             "conflict": self.conflict.to_dict() if self.conflict else None,
         }
 
 
+def blocking_conflict(plan: installer.Plan, found: upstream.UpstreamPlan) -> PgflowError | None:
+    """What stops ``apply`` here: a foreign ``pgflow.schema_migrations`` or a partial pgflow schema
+    (no ``pgflow.flows``: not a release's schema either), else an unrecognised upstream schema,
+    else the ledger's conflicts; a recognised upstream schema (or one whose release is asserted)
+    is adopted instead.
+
+    Args:
+        plan: :func:`pgflow_cli.installer.make_plan` of the database.
+        found: :func:`pgflow_cli.operations.upstream.inspect` of the same database.
+
+    Returns:
+        The error ``migrate apply`` would refuse with (exit 6), or ``None``.
+    """
+    if plan.state.foreign_ledger or plan.state.partial_pgflow:
+        return plan.refuse_reasons()
+    refused = upstream.refusal(found)
+    if refused is not None:
+        return refused  # type: ignore[return-value]
+    if found.adoption_pending:
+        return None
+    return plan.refuse_reasons()
+
+
 def status(conn: psycopg.Connection) -> StatusReport:
-    """Read the ledger, the function-file records and invalid indexes (read-only) and judge them.
+    """Read the ledger, the function-file records, invalid indexes and which release installed the
+    schema (read-only) and judge them.
 
     Returns:
         A :class:`StatusReport`; its ``exit_code`` is what ``migrate status`` exits with.
     """
     plan = installer.make_plan(conn)
-    conflict = plan.refuse_reasons()
+    found = upstream.inspect(conn)
+    conflict = blocking_conflict(plan, found)
     if conflict:
         verdict = "conflict"
     elif plan.in_progress:
@@ -161,7 +197,7 @@ def status(conn: psycopg.Connection) -> StatusReport:
         verdict = "pending"
     else:
         verdict = "up_to_date"
-    return StatusReport(plan, verdict, conflict)
+    return StatusReport(plan, verdict, conflict, found)
 
 
 def interrupted(target: Target) -> PgflowError:
@@ -321,8 +357,15 @@ def apply(
     online: str = "auto",
     batch_seconds: float = 0.2,
     install_pgmq: bool = False,
+    assume_release: str | None = None,
 ) -> MigrateResult:
     """Apply (or dry-run) pending migrations with a lock watcher; see the module docstring.
+
+    A database installed by a published pgflow release (no ledger) is adopted first
+    (:mod:`pgflow_cli.operations.upstream`): the preflight audit runs before it, the adoption is
+    one transaction under the migrator lock with the same lock timeout and retries, and the
+    pending migrations after the baseline follow. In a dry run only the adoption runs (and is
+    rolled back): the migrations after it need it committed.
 
     Args:
         conn: autocommit connection of the migrator.
@@ -336,12 +379,16 @@ def apply(
         batch_seconds: time each backfill batch aims at (how long its rows stay locked), seconds.
         progress: ``progress(event, data)`` for stderr reporting.
         install_pgmq: install the bundled PGMQ SQL when missing, under the migrator lock.
+        assume_release: ``--assume-release``: the release the operator asserts for an unrecognised
+            upstream schema (recorded with the adoption).
 
     Returns:
-        A :class:`MigrateResult` with one phase per migration.
+        A :class:`MigrateResult` with one phase per migration (and one for the adoption).
 
     Raises:
-        StateConflict, ConnectionFailed, SchemaMissing, LockTimeout: see :func:`pgflow_cli.installer.apply`.
+        StateConflict, ConnectionFailed, SchemaMissing, LockTimeout: see :func:`pgflow_cli.installer.apply`;
+            StateConflict also for an unrecognised upstream schema without ``assume_release``.
+        UsageError: ``assume_release`` is not a release pgflow-cli knows.
     """
     installer.check_writable(conn)  # a standby or read-only session: say so before the preflight
     emit = progress or (lambda event, data: None)
@@ -362,12 +409,13 @@ def apply(
                 result.applied.append(label)
         emit(event, data)
 
-    def measure(c: psycopg.Connection, migration: installer.Migration) -> None:
+    def measure(c: psycopg.Connection, migration: installer.Migration | str) -> None:
+        label = migration if isinstance(migration, str) else migration.label
         with c.cursor(row_factory=dict_row) as cur:
             changes = cur.execute(sqlfiles.statement(QUERIES, "transaction_changes")).fetchall()
             locks = cur.execute(sqlfiles.statement(QUERIES, "transaction_locks")).fetchall()
-        held_ms = int((time.monotonic() - starts.get(migration.label, time.monotonic())) * 1000)
-        measured[migration.label] = {
+        held_ms = int((time.monotonic() - starts.get(label, time.monotonic())) * 1000)
+        measured[label] = {
             "rows_touched": changes,
             "locks_held": [{**lock, "held_ms": held_ms} for lock in locks],
         }
@@ -375,11 +423,14 @@ def apply(
     def on_blockers(blockers: list[dict[str, Any]], waiting: dict[str, Any] | None) -> None:
         emit("blocked", {"blockers": blockers, "waiting_on": waiting})
 
+    found = upstream.inspect(conn, assume_release=assume_release)
+    adopting = found.adoption_pending
     plan = installer.make_plan(conn)
-    conflict = plan.refuse_reasons()
+    conflict = blocking_conflict(plan, found)
     if conflict:
         raise conflict
-    pending = [m for m in plan.pending if target_version is None or m.version <= target_version]
+    pending = [m for m in plan.pending if (target_version is None or m.version <= target_version)
+               and not (adopting and m.version <= installer.BASELINE_VERSION)]
     in_progress = [s for s in plan.statuses if s.state == "in_progress"]
     if dry_run and in_progress:
         raise StateConflict(
@@ -391,11 +442,33 @@ def apply(
     if checked is not None:
         result.phases.append(checked)
         emit("preflight", checked.detail)
-    workers = live_workers(conn, pending)
+    if adopting:
+        protocols = [m.worker_protocol for m in pending if m.worker_protocol]
+        workers = {**upstream.live_workers(conn), "enabled_functions": 0, "protocol": max(protocols or [1])}
+    else:
+        workers = live_workers(conn, pending)
     if workers is not None:
         result.protocol_change = workers
         if workers["alive"] or workers["enabled_functions"]:
             emit("workers_alive", workers)
+    if adopting or found.completion:
+        from pgflow_cli.upstream.adopt import adoption_label
+
+        label = adoption_label(found.recognition)
+        with LockWatcher(target, pid, on_blockers) as watcher, installer.migrator_lock(conn, progress=emit):
+            try:
+                outcome = upstream.run(conn, found, assume_release=assume_release, lock_timeout=lock_timeout,
+                                       attempts=attempts, dry_run=dry_run, online=online, batch_seconds=batch_seconds,
+                                       progress=on_event, before_commit=lambda c: measure(c, label))
+            except LockTimeout as exc:
+                exc.detail.extend(f"blocked by {describe_blocker(b)}" for b in watcher.seen)
+                raise
+        if adopting and outcome is not None and not isinstance(outcome, int):
+            result.adoption = {"release": outcome.release, "releases": list(outcome.releases),
+                               "assumed": outcome.assumed, "differences": outcome.differences,
+                               "online": outcome.online, "dry_run": outcome.dry_run}
+        if dry_run and adopting:
+            return result  # the migrations after the baseline need the adoption committed
     with LockWatcher(target, pid, on_blockers) as watcher:
         try:
             installer.apply(

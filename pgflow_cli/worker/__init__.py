@@ -11,11 +11,19 @@ Example::
     )
     Worker(flow, "host=/run/postgresql dbname=app", function_name="greet-user-worker").run()
 
+A flow with one private queue per step (a slow step cannot starve a fast one)::
+
+    from pgflow_cli.worker import with_step_queues, step_worker
+
+    queued = with_step_queues(flow)          # same steps; routes checked before any database access
+    step_worker(queued, "greeting", dsn, function_name="greet-user-greeting").run()
+
 It speaks the same database protocol as any other pgflow worker (register, heartbeat,
 poll, claim, complete or fail) and is used by the tests, the benchmarks and the sandbox demo.
 """
 
-from pgflow_cli.worker.flow import Flow, StepDefinition, TaskContext
+from pgflow_cli.worker.factories import flow_worker, step_worker
+from pgflow_cli.worker.flow import Flow, StepDefinition, StepQueuedFlow, TaskContext, with_step_queues
 from pgflow_cli.worker.protocol import (
     ClaimedTask,
     ClaimOutcome,
@@ -37,9 +45,13 @@ __all__ = [
     "ProtocolV1",
     "ProtocolV2",
     "StepDefinition",
+    "StepQueuedFlow",
     "TaskContext",
     "Worker",
     "WorkerFenced",
     "WorkerStartupError",
     "WorkerStats",
+    "flow_worker",
+    "step_worker",
+    "with_step_queues",
 ]

@@ -19,14 +19,22 @@ and must return a JSON-serialisable value (the task output).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Generic
+
+from typing_extensions import TypeVar
 
 from pgflow_cli import naming
 from pgflow_cli.errors import UsageError
 
 WHEN_VALUES = ("fail", "skip", "skip-cascade")
+
+StepSlug = TypeVar("StepSlug", bound=str, default=str)
+"""The step slugs of a flow as a type: ``str`` by default, or a ``Literal[...]`` union the
+author declares (``Flow[Literal["fetch", "parse"]]("scrape")``) so a type checker rejects a
+misspelt step in ``.step()``, ``depends_on``, ``with_step_queues`` and ``step_worker``."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +111,13 @@ def _pattern(value: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 @dataclass
-class Flow:
+class Flow(Generic[StepSlug]):
     """A flow definition: an ordered list of steps forming a DAG.
+
+    A plain flow runs every step from one queue, ``lower(slug)``, served by whole-flow
+    workers. :func:`with_step_queues` turns a finished flow into a :class:`StepQueuedFlow`
+    (one private queue per step). The optional type parameter is the union of the step
+    slugs (``Flow[Literal["a", "b"]]``); without it step slugs are plain ``str``.
 
     Args:
         slug: the concrete flow slug (checked against the slug rules unless
@@ -126,6 +139,9 @@ class Flow:
     legacy_slugs: bool = False
     steps: list[StepDefinition] = field(default_factory=list)
 
+    queue_mode: ClassVar[str] = "flow"
+    """``flow``: every step on the default queue ``lower(slug)`` (spec "Compatibility defaults")."""
+
     def __post_init__(self) -> None:
         self._check_slug(self.slug, "flow slug")
         _check_options(self.slug, max_attempts=self.max_attempts, base_delay=self.base_delay, timeout=self.timeout)
@@ -133,10 +149,10 @@ class Flow:
     # building ----------------------------------------------------------------
     def step(
         self,
-        slug: str,
+        slug: StepSlug,
         handler: Handler,
         *,
-        depends_on: Iterable[str] = (),
+        depends_on: Iterable[StepSlug] = (),
         max_attempts: int | None = None,
         base_delay: int | None = None,
         timeout: int | None = None,
@@ -145,7 +161,7 @@ class Flow:
         if_not: Mapping[str, Any] | None = None,
         when_unmet: str = "skip",
         when_exhausted: str = "fail",
-    ) -> "Flow":
+    ) -> "Flow[StepSlug]":
         """Add a single step (one task per run). Returns the flow for chaining."""
         return self._add(
             StepDefinition(
@@ -166,17 +182,17 @@ class Flow:
 
     def map(
         self,
-        slug: str,
+        slug: StepSlug,
         handler: Handler,
         *,
-        array: str | None = None,
+        array: StepSlug | None = None,
         max_attempts: int | None = None,
         base_delay: int | None = None,
         timeout: int | None = None,
         start_delay: int | None = None,
         when_unmet: str = "skip",
         when_exhausted: str = "fail",
-    ) -> "Flow":
+    ) -> "Flow[StepSlug]":
         """Add a map step: one task per element of ``array`` (a dependency slug) or of the run input."""
         return self._add(
             StepDefinition(
@@ -193,7 +209,7 @@ class Flow:
             )
         )
 
-    def _add(self, step: StepDefinition) -> "Flow":
+    def _add(self, step: StepDefinition) -> "Flow[StepSlug]":
         self._check_slug(step.slug, "step slug")
         existing = {s.slug for s in self.steps}
         if step.slug in existing:
@@ -265,3 +281,99 @@ def _check_options(where: str, **values: int | None) -> None:
             raise UsageError(f"{where}: timeout must be at least 1 second, got {value}")
         if value < 0:
             raise UsageError(f"{where}: {name} must not be negative, got {value}")
+
+
+class StepQueuedFlow(Generic[StepSlug]):
+    """A flow deployed with one private generated queue per step (spec "Stage 2").
+
+    Made only by :func:`with_step_queues`. It has exactly the steps, handlers and shape of
+    the flow it was made from, frozen at that moment (adding steps to the original later
+    changes nothing here), plus the complete route map ``{step_slug: queue_name}``, checked
+    whole by :func:`pgflow_cli.naming.step_queue_routes` before any database is contacted.
+    Every worker of it serves exactly one step (:func:`pgflow_cli.worker.step_worker`).
+
+    It deliberately is not a :class:`Flow` subclass, so a type checker refuses it where a
+    plain flow is expected (``flow_worker``) and the reverse.
+
+    Attributes:
+        slug: the concrete flow slug.
+        steps: the step definitions in definition order (index = ``step_index``).
+        routes: ``{step_slug: queue_name}`` in definition order.
+    """
+
+    queue_mode: ClassVar[str] = "step"
+    """``step``: each step on its own generated queue; there is no default queue."""
+
+    def __init__(self, flow: Flow[StepSlug], routes: Mapping[str, str]) -> None:
+        self._flow = flow
+        self.slug = flow.slug
+        self.steps: tuple[StepDefinition, ...] = tuple(flow.steps)
+        self.routes: dict[str, str] = dict(routes)
+
+    def __repr__(self) -> str:
+        return f"StepQueuedFlow({self.slug!r}, steps={list(self.routes)!r})"
+
+    @property
+    def step_slugs(self) -> Sequence[str]:
+        """Step slugs in definition order (the order of ``step_index``)."""
+        return [s.slug for s in self.steps]
+
+    def get_step(self, slug: str) -> StepDefinition:
+        """The step called ``slug``.
+
+        Raises:
+            KeyError: no such step.
+        """
+        return self._flow.get_step(slug)
+
+    def queue_for(self, step_slug: StepSlug) -> str:
+        """The private queue of one step.
+
+        Raises:
+            UsageError: the flow has no such step (exit 2), naming the steps it has.
+        """
+        try:
+            return self.routes[step_slug]
+        except KeyError:
+            raise UsageError(
+                f"flow {self.slug!r} has no step {step_slug!r}",
+                hint="a step worker serves one of: " + ", ".join(self.routes),
+            ) from None
+
+    def route_map(self) -> list[dict[str, str]]:
+        """The ordered route map sent at startup: ``[{"stepSlug", "queueName"}, ...]``."""
+        return [{"stepSlug": step, "queueName": queue} for step, queue in self.routes.items()]
+
+    def shape(self) -> dict[str, Any]:
+        """The structural definition sent at worker startup, the same as the plain flow's."""
+        return self._flow.shape()
+
+
+def with_step_queues(flow: Flow[StepSlug]) -> StepQueuedFlow[StepSlug]:
+    """Opt a finished flow into private per-step queues (spec "Compatibility defaults").
+
+    Args:
+        flow: a flow with at least one step, built under the current slug rules.
+
+    Returns:
+        A :class:`StepQueuedFlow` with exactly the same step slugs (and the same step-slug
+        type) whose every step gets the generated queue ``lower(flow__step)``, or
+        ``lower(flow__<index>)`` when that does not fit 47 characters.
+
+    Raises:
+        UsageError: the flow has no steps, was built with ``legacy_slugs``, or any step
+            cannot get a queue name; every problem is listed and nothing is partial (exit 2).
+            This check runs here, before any database access; SQL repeats it at startup.
+    """
+    if not isinstance(flow, Flow):
+        raise UsageError(f"with_step_queues() takes a Flow, got {type(flow).__name__}")
+    if flow.legacy_slugs:
+        raise UsageError(f"flow {flow.slug!r} was built with legacy_slugs; private step queues need the current slug rules")
+    if not flow.steps:
+        raise UsageError(f"flow {flow.slug!r} has no steps", hint="add its steps before with_step_queues()")
+    frozen = dataclasses.replace(flow, steps=list(flow.steps))
+    return StepQueuedFlow(frozen, naming.step_queue_routes(flow.slug, frozen.step_slugs))
+
+
+FlowDefinition = Flow[Any] | StepQueuedFlow[Any]
+"""What a worker can serve: a plain flow or a step-queued flow."""

@@ -24,6 +24,7 @@ SQLSTATE_FENCED = "PF001"
 SQLSTATE_PROTOCOL = "PF002"
 SQLSTATE_DEFINITION = "PF003"
 SQLSTATE_QUEUE_COLLISION = "PF004"
+SQLSTATE_NOT_REGISTERED = "PF007"
 
 PACKAGE_FOR_PROTOCOL = {
     1: "a pgflow-cli release before the queue-identity upgrade (database schema 0002)",
@@ -153,6 +154,20 @@ class ProtocolV1:
             raise UsageError("protocol 1 has no private step queues; a step worker needs protocol 2 or later")
         return flow_slug
 
+    def queue_for(self, flow: Any, step_slug: str | None) -> str:
+        """The queue a worker of ``flow`` (a Flow or StepQueuedFlow) polls; checked before any database access.
+
+        Raises:
+            UsageError: a step-queued flow, which protocol 1 cannot serve.
+        """
+        if getattr(flow, "queue_mode", "flow") != "flow":
+            raise UsageError(f"flow {flow.slug!r} uses private step queues, which protocol 1 does not have")
+        return self.queue_name(flow.slug, step_slug)
+
+    def compile_flow(self, conn: psycopg.Connection, flow: Any, step_slug: str | None) -> dict[str, Any]:
+        """Startup compilation of a whole definition (see :meth:`compile`)."""
+        return self.compile(conn, flow.slug, flow.shape(), step_slug)
+
     def database_version(self, conn: psycopg.Connection) -> int | None:
         """``pgflow.protocol_version()``, or ``None`` when the function does not exist."""
         row = conn.execute(sqlfiles.statement("queries/worker_v1.sql", "protocol_version")).fetchone()
@@ -185,20 +200,28 @@ class ProtocolV1:
         return _compile_verdict(row, flow_slug)
 
     def register(self, conn: psycopg.Connection, *, worker_id: str, function_name: str, queue_name: str,
-                 flow_slug: str, step_slug: str | None) -> None:
-        """Insert the worker row (refused with PF001 when the function is fenced)."""
+                 flow_slug: str, step_slug: str | None, worker_version: str | None = None) -> None:
+        """Insert the worker row (refused with PF001 when the function is fenced).
+
+        ``worker_version`` is recorded where the database has ``workers.worker_version``
+        (schema 0005 and later); older databases register the worker without it.
+        """
+        params = {"worker_id": worker_id, "function_name": function_name, "queue_name": queue_name,
+                  "flow_slug": flow_slug, "step_slug": step_slug, "worker_version": worker_version}
+        query = self._sql("register")
+        if worker_version is not None and self.version >= 2:
+            supported = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "records_worker_version")).fetchone()
+            if supported and supported[0]:
+                query = sqlfiles.statement("queries/worker_v2.sql", "register_with_version")
         try:
-            conn.execute(self._sql("register"), {
-                "worker_id": worker_id, "function_name": function_name, "queue_name": queue_name,
-                "flow_slug": flow_slug, "step_slug": step_slug,
-            })
+            conn.execute(query, params)
         except psycopg.Error as exc:
             if getattr(exc, "sqlstate", None) == SQLSTATE_FENCED:
                 raise _fenced(function_name) from None
             raise
 
-    def heartbeat(self, conn: psycopg.Connection, worker_id: str) -> bool:
-        """Record liveness; returns True when the worker has been deprecated."""
+    def heartbeat(self, conn: psycopg.Connection, worker_id: str, **route: Any) -> bool:
+        """Record liveness; returns True when the worker has been deprecated (protocol 1 ignores ``route``)."""
         row = conn.execute(self._sql("heartbeat"), {"worker_id": worker_id}).fetchone()
         return bool(row and row[0])
 
@@ -256,21 +279,90 @@ class ProtocolV2(ProtocolV1):
     version = 2
     v2_queries = "queries/worker_v2.sql"
 
+    _route_heartbeat: bool | None = None
+
+    def heartbeat(self, conn: psycopg.Connection, worker_id: str, **route: Any) -> bool:
+        """Record liveness for the route this worker registered; True when it has been deprecated.
+
+        Args:
+            route: ``function_name``, ``queue_name``, ``flow_slug``, ``step_slug`` of the worker.
+                Databases with schema 0004 check them against the worker row and refuse a
+                heartbeat under an id registered for another route (SQLSTATE PF007: the
+                process is stale); older ones only know the id.
+
+        Raises:
+            psycopg.Error: PF007 when the id belongs to another route.
+        """
+        if self._route_heartbeat is None:
+            row = conn.execute(sqlfiles.statement(self.v2_queries, "has_route_heartbeat")).fetchone()
+            self._route_heartbeat = bool(row and row[0])
+        if not self._route_heartbeat or not route:
+            return super().heartbeat(conn, worker_id)
+        row = conn.execute(sqlfiles.statement(self.v2_queries, "heartbeat"), {"worker_id": worker_id, **route}).fetchone()
+        return bool(row and row[0])
+
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
         """The generated lowercase default queue (plain flows; step workers need private step queues)."""
         if step_slug is not None:
-            raise UsageError("this database generation has no private step queues; start a whole-flow worker")
+            raise UsageError("a step's queue comes from its StepQueuedFlow; use queue_for(flow, step_slug)")
         queue = naming.default_queue_name(flow_slug)
         if queue.name is None:
             raise UsageError(f"flow slug {flow_slug!r} cannot be used: {naming.describe_reasons([queue.reason or ''])}")
         return queue.name
 
+    def queue_for(self, flow: Any, step_slug: str | None) -> str:
+        """The one queue a worker of ``flow`` polls (spec "Worker coverage"), before any database access.
+
+        Args:
+            flow: a :class:`~pgflow_cli.worker.flow.Flow` (whole-flow worker, ``step_slug`` None)
+                or a :class:`~pgflow_cli.worker.flow.StepQueuedFlow` (step worker, ``step_slug``
+                names one of its steps).
+            step_slug: the step a step worker serves.
+
+        Returns:
+            ``lower(flow_slug)`` for a plain flow, else the step's generated private queue.
+
+        Raises:
+            UsageError: a step worker of a plain flow, a step-queued flow without a step, or
+                a step the flow does not have (exit 2).
+        """
+        if getattr(flow, "queue_mode", "flow") == "step":
+            if step_slug is None:
+                raise UsageError(
+                    f"flow {flow.slug!r} uses private step queues: each worker serves exactly one step",
+                    hint="name the step (step_worker(flow, step) or `pgflow worker ... --step SLUG`); steps: "
+                    + ", ".join(flow.routes),
+                )
+            return str(flow.queue_for(step_slug))
+        if step_slug is not None:
+            raise UsageError(
+                f"flow {flow.slug!r} is a plain flow: its workers serve the whole flow, not step {step_slug!r}",
+                hint="drop the step (--step), or deploy with_step_queues(flow) under a new concrete flow slug",
+            )
+        return self.queue_name(flow.slug, None)
+
+    def compile_flow(self, conn: psycopg.Connection, flow: Any, step_slug: str | None) -> dict[str, Any]:
+        """Startup compilation with the flow's queue mode and the route map this worker derived.
+
+        SQL validates shape, mode and routes before any change and is authoritative.
+
+        Raises:
+            FlowShapeMismatch: the stored definition differs (production).
+        """
+        if getattr(flow, "queue_mode", "flow") == "step":
+            return self._compile(conn, flow.slug, flow.shape(), "step", flow.route_map())
+        return self.compile(conn, flow.slug, flow.shape(), step_slug)
+
     def compile(self, conn: psycopg.Connection, flow_slug: str, shape: dict[str, Any], step_slug: str | None) -> dict[str, Any]:
-        """Protocol-2 startup compilation with the route map this worker derived (checked by SQL)."""
+        """Protocol-2 startup compilation of a plain flow with the route map this worker derived (checked by SQL)."""
         queue = self.queue_name(flow_slug, None)
         route_map = [{"stepSlug": step["slug"], "queueName": queue} for step in shape["steps"]]
+        return self._compile(conn, flow_slug, shape, "flow", route_map)
+
+    def _compile(self, conn: psycopg.Connection, flow_slug: str, shape: dict[str, Any], queue_mode: str,
+                 route_map: list[dict[str, str]]) -> dict[str, Any]:
         row = conn.execute(sqlfiles.statement(self.v2_queries, "compile"), {
-            "flow_slug": flow_slug, "shape": Jsonb(shape), "queue_mode": "flow", "route_map": Jsonb(route_map),
+            "flow_slug": flow_slug, "shape": Jsonb(shape), "queue_mode": queue_mode, "route_map": Jsonb(route_map),
         }).fetchone()
         return _compile_verdict(row, flow_slug)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import threading
 import time
@@ -34,9 +35,16 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from pgflow_cli import db
 from pgflow_cli.db import first_line
-from pgflow_cli.worker.flow import Flow, TaskContext
-from pgflow_cli.worker.protocol import ClaimedTask, LATEST, WorkerStartupError
+from pgflow_cli.worker.flow import FlowDefinition, TaskContext
+from pgflow_cli.worker.protocol import (
+    SQLSTATE_NOT_REGISTERED,
+    SQLSTATE_PROTOCOL,
+    ClaimedTask,
+    LATEST,
+    WorkerStartupError,
+)
 
 log = logging.getLogger("pgflow.worker")
 
@@ -46,23 +54,65 @@ MAX_ERROR_MESSAGE = 2000
 GENERIC_FAILURE = "the handler failed and its error message could not be stored"
 
 
+def storable_text(text: str) -> str:
+    """``text`` made storable in a PostgreSQL ``text`` column of a UTF-8 database.
+
+    NUL becomes ``\\x00`` and every code point UTF-8 cannot encode (lone surrogates, e.g. from
+    ``os.fsdecode`` of undecodable bytes) becomes its ``\\udXXX`` escape, so the message stays
+    readable instead of failing the report.
+    """
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_text(exc: BaseException) -> str:
-    """The text stored for a failed handler: ``Type: message``, NUL escaped, at most 2000 characters."""
-    return f"{type(exc).__name__}: {exc}".replace("\x00", "\\x00")[:MAX_ERROR_MESSAGE]
+    """The text stored for a failed handler: ``Type: message``, storable, at most 2000 characters.
+
+    Never raises: an exception whose ``__str__`` raises is described by its type and by what
+    ``__str__`` raised.
+    """
+    try:
+        name = type(exc).__name__
+    except Exception:  # pragma: no cover - a type without a name
+        name = "Exception"
+    try:
+        message = str(exc)
+    except Exception as broken:
+        try:
+            message = f"<its message could not be read: str() raised {type(broken).__name__}>"
+        except Exception:  # pragma: no cover
+            message = "<its message could not be read>"
+    text = f"{name}: {message}" if message else name
+    return storable_text(text)[:MAX_ERROR_MESSAGE]
+
+
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""A JSON ``\\u0000`` escape (an even run of backslashes before it: not the literal text)."""
 
 
 def unstorable(output: Any) -> str | None:
     """Why PostgreSQL's jsonb could not hold ``output`` (``None`` when it can).
 
-    Rejects what Python's json accepts but jsonb does not: NaN and Infinity, and the NUL
-    character (``\\u0000``) in any string; and anything json cannot encode at all.
+    Rejects what Python's json accepts but jsonb does not: NaN and Infinity, the NUL character
+    (U+0000) in any string, code points UTF-8 cannot encode (lone surrogates), and anything json
+    cannot encode at all (including nesting too deep to serialise). The literal text
+    ``\\u0000`` (a backslash followed by ``u0000``) is ordinary text and is stored.
+
+    Never raises: whatever serialising raises is described as the reason.
     """
     try:
-        text = json.dumps(output, allow_nan=False)
+        text = json.dumps(output, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         return str(exc)
-    if "\\u0000" in text:
-        return "it contains a NUL character (\\u0000), which PostgreSQL cannot store"
+    except RecursionError:
+        return "it is nested too deeply to serialise as JSON"
+    except Exception as exc:
+        return f"serialising it as JSON raised {type(exc).__name__}"
+    if "\x00" in text or _NUL_ESCAPE.search(text):
+        return "it contains a NUL character (U+0000), which PostgreSQL cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it contains a code point UTF-8 cannot encode (a lone surrogate), which PostgreSQL cannot store"
     return None
 
 
@@ -110,11 +160,14 @@ class Worker:
         drain_timeout: seconds to wait for in-flight handlers when stopping.
         worker_id: UUID of the worker row (random by default).
         application_name: ``application_name`` of its connections.
+        connect_timeout: seconds libpq waits for the server on every connection the worker opens.
+        worker_version: free text reported at registration (``workers.worker_version``, shown
+            by ``pgflow coverage``); ignored by databases that do not record it.
     """
 
     def __init__(
         self,
-        flow: Flow,
+        flow: FlowDefinition,
         conninfo: str,
         *,
         function_name: str,
@@ -129,6 +182,8 @@ class Worker:
         drain_timeout: float = 60.0,
         worker_id: str | None = None,
         application_name: str = "pgflow-worker",
+        connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
+        worker_version: str | None = None,
     ) -> None:
         if max_concurrent < 1 or batch_size < 1:
             raise ValueError("max_concurrent and batch_size must be at least 1")
@@ -146,7 +201,9 @@ class Worker:
         self.drain_timeout = drain_timeout
         self.worker_id = worker_id or str(uuid.uuid4())
         self.application_name = application_name
-        self.queue_name = self.protocol.queue_name(flow.slug, step_slug)
+        self.connect_timeout = connect_timeout
+        self.worker_version = worker_version
+        self.queue_name = self.protocol.queue_for(flow, step_slug)
         self.stats = WorkerStats()
         self.state = "created"
         self.stop_reason: str | None = None
@@ -159,6 +216,7 @@ class Worker:
         self._pool: ConnectionPool | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
+        self._disowned = False
 
     # lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -171,19 +229,22 @@ class Worker:
         Raises:
             WorkerStartupError: protocol mismatch, fenced function or shape mismatch;
                 nothing was registered or polled.
-            psycopg.Error: the database could not be reached; the worker is then stopped too.
+            ConnectionFailed: the database could not be reached or refused the connection (exit 3 in
+                the CLI); the worker is then stopped too.
+            psycopg.Error: any other database error during startup; the worker is then stopped too.
         """
         if self.state != "created":
             raise RuntimeError(f"worker already {self.state}")
         self.state = "starting"
         try:
-            with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name) as startup:
+            with db.connect(self._target(), application_name=self.application_name,
+                            connect_timeout=self.connect_timeout) as startup:
                 self.protocol.check_version(startup)
                 self.protocol.check_enabled(startup, self.function_name)
-                result = self.protocol.compile(startup, self.flow.slug, self.flow.shape(), self.step_slug)
+                result = self.protocol.compile_flow(startup, self.flow, self.step_slug)
                 self.protocol.register(
                     startup, worker_id=self.worker_id, function_name=self.function_name, queue_name=self.queue_name,
-                    flow_slug=self.flow.slug, step_slug=self.step_slug,
+                    flow_slug=self.flow.slug, step_slug=self.step_slug, worker_version=self.worker_version,
                 )
         except BaseException:
             # Nothing was registered; the worker is finished, not stuck in 'starting'.
@@ -197,10 +258,11 @@ class Worker:
             result.get("status"), self.protocol.version,
         )
         self._pool = ConnectionPool(
-            self.conninfo,
+            db.connection_string(self._target(), application_name=self.application_name,
+                                 connect_timeout=self.connect_timeout),
             min_size=1,
             max_size=self.max_concurrent + 2,
-            kwargs={"autocommit": True, "application_name": self.application_name},
+            kwargs={"autocommit": True},
             open=True,
             name=f"pgflow-worker-{self.worker_id[:8]}",
         )
@@ -208,6 +270,9 @@ class Worker:
         self.state = "running"
         self._thread = threading.Thread(target=self._main_loop, name="pgflow-poll", daemon=True)
         self._thread.start()
+
+    def _target(self) -> db.Target:
+        return db.Target(self.conninfo, f"worker {self.function_name}")
 
     def stop(self, reason: str = "stop requested") -> None:
         """Ask the worker to stop polling and drain (returns at once; see :meth:`join`)."""
@@ -250,7 +315,7 @@ class Worker:
                     now = time.monotonic()
                     if now >= next_heartbeat:
                         with self._pool.connection() as conn:
-                            if self.protocol.heartbeat(conn, self.worker_id):
+                            if self.protocol.heartbeat(conn, self.worker_id, **self._route()):
                                 log.info("worker %s deprecated: stops polling and drains", self.worker_id)
                                 self.stop("deprecated")
                                 break
@@ -262,6 +327,23 @@ class Worker:
                     self._poll_once(min(free, self.batch_size))
                     backoff = 0.5
                 except psycopg.Error as exc:
+                    if getattr(exc, "sqlstate", None) == SQLSTATE_PROTOCOL:
+                        # The database was upgraded under this worker: retrying can never succeed,
+                        # and every retry would hide a batch of messages from the new workers.
+                        self.fatal = f"the database no longer speaks protocol {self.protocol.version}: {first_line(exc)}"
+                        log.error("worker %s: FATAL %s. Stopping; deploy a worker of the database's protocol.",
+                                  self.worker_id, self.fatal)
+                        self.stop("protocol mismatch")
+                        break
+                    if getattr(exc, "sqlstate", None) == SQLSTATE_NOT_REGISTERED:
+                        # The worker row is gone or its id now belongs to another route: this
+                        # process is stale. Stop without touching the row (it is not ours).
+                        self.fatal = f"this worker id no longer belongs to this process: {first_line(exc)}"
+                        self._disowned = True
+                        log.error("worker %s: FATAL %s. Stopping without marking the row stopped.",
+                                  self.worker_id, self.fatal)
+                        self.stop("worker id disowned")
+                        break
                     self.stats.add(poll_errors=1)
                     log.warning("worker %s: database error while polling (%s); retrying in %.1fs",
                                 self.worker_id, type(exc).__name__, backoff)
@@ -283,12 +365,17 @@ class Worker:
             if self._stop.is_set():
                 # Stopping: take no new work, but do not hide it either until the read's
                 # visibility timeout ends; another worker can claim it right away.
-                self.protocol.release(conn, self.queue_name, message_ids)
+                self._release_quietly(conn, message_ids)
                 return
-            outcome = self.protocol.claim(
-                conn, flow_slug=self.flow.slug, step_slug=self.step_slug, queue_name=self.queue_name,
-                message_ids=message_ids, worker_id=self.worker_id,
-            )
+            try:
+                outcome = self.protocol.claim(
+                    conn, flow_slug=self.flow.slug, step_slug=self.step_slug, queue_name=self.queue_name,
+                    message_ids=message_ids, worker_id=self.worker_id,
+                )
+            except psycopg.Error as exc:
+                if getattr(exc, "sqlstate", None) in (SQLSTATE_PROTOCOL, SQLSTATE_NOT_REGISTERED):
+                    self._release_quietly(conn, message_ids)  # nothing was claimed: hand them back now
+                raise
         self.stats.add(claimed=len(outcome.claimed), duplicates=len(outcome.duplicates),
                        archived=len(outcome.archived_terminal) + len(outcome.archived_foreign))
         for message_id in outcome.archived_foreign:
@@ -307,6 +394,19 @@ class Worker:
         for task in outcome.claimed:
             self._submit(task)
 
+    def _route(self) -> dict[str, Any]:
+        """The route this worker registered (heartbeats are checked against it)."""
+        return {"function_name": self.function_name, "queue_name": self.queue_name,
+                "flow_slug": self.flow.slug, "step_slug": self.step_slug}
+
+    def _release_quietly(self, conn: psycopg.Connection, message_ids: list[int]) -> None:
+        """Make read-but-unclaimed messages visible again; a failure only means they wait out ``poll_vt``."""
+        try:
+            self.protocol.release(conn, self.queue_name, message_ids)
+        except psycopg.Error as exc:
+            log.warning("worker %s: could not hand back messages %s (%s); they are visible again after %ss",
+                        self.worker_id, ",".join(map(str, message_ids)), type(exc).__name__, self.poll_vt)
+
     def _free_slots(self) -> int:
         with self._in_flight_lock:
             return self.max_concurrent - self._in_flight
@@ -320,44 +420,67 @@ class Worker:
         self._slots.acquire()
         with self._in_flight_lock:
             self._in_flight += 1
-        self._executor.submit(self._execute, task)
+        future = self._executor.submit(self._execute, task)
+        future.add_done_callback(lambda done: self._log_escaped(task, done.exception()) if not done.cancelled() else None)
+
+    def _log_escaped(self, task: ClaimedTask, exc: BaseException | None) -> None:
+        """Last line of defence: the thread pool would swallow an exception that escaped ``_execute``."""
+        if exc is not None:  # pragma: no cover - _execute catches everything; kept so nothing is ever silent
+            log.error("worker %s: BUG: task %s/%s/%s escaped the report path (%s); it stays started for "
+                      "stalled-task recovery", self.worker_id, task.run_id, task.step_slug, task.task_index,
+                      type(exc).__name__)
 
     # task execution -----------------------------------------------------------------
     def _execute(self, task: ClaimedTask) -> None:
+        """Run one claimed task and report it. Never raises: every attempt ends reported, or is
+        logged at ERROR and left ``started`` for stalled-task recovery."""
         try:
-            step = self.flow.get_step(task.step_slug)
-            context = TaskContext(
-                flow_slug=task.flow_slug, run_id=task.run_id, step_slug=task.step_slug, task_index=task.task_index,
-                message_id=task.message_id, queue_name=task.queue_name, flow_input=task.flow_input,
-                worker_id=self.worker_id,
-            )
-            handler_input = task.flow_input if (step.step_type == "single" and not step.dependencies) else task.input
-            try:
-                output = step.handler(handler_input, context)
-            except Exception as exc:  # the handler's failure is the task's failure
-                self._report(task, ok=False, payload=error_text(exc))
-                log.info("task failed: flow=%s step=%s run=%s task=%s msg=%s error=%s", task.flow_slug,
-                         task.step_slug, task.run_id, task.task_index, task.message_id, type(exc).__name__)
-                return
-            problem = unstorable(output)
-            if problem:
-                self._report(task, ok=False, payload=f"handler output cannot be stored: {problem}")
-                return
-            self._report(task, ok=True, payload=output)
-        except KeyError:
-            self._report(task, ok=False, payload=f"worker has no handler for step {task.step_slug!r}")
+            ok, payload = self._outcome(task)
+            self._report(task, ok=ok, payload=payload)
+        except BaseException as exc:  # nothing may vanish silently in the thread pool
+            self.stats.add(report_errors=1)
+            log.error("worker %s: could not finish task %s/%s/%s (%s); it stays started for stalled-task recovery",
+                      self.worker_id, task.run_id, task.step_slug, task.task_index, type(exc).__name__)
         finally:
             with self._in_flight_lock:
                 self._in_flight -= 1
             self._slots.release()
 
+    def _outcome(self, task: ClaimedTask) -> tuple[bool, Any]:
+        """Run the handler; returns ``(True, output)`` or ``(False, storable error text)``."""
+        try:
+            step = self.flow.get_step(task.step_slug)
+        except KeyError:
+            return False, f"worker has no handler for step {task.step_slug!r}"
+        context = TaskContext(
+            flow_slug=task.flow_slug, run_id=task.run_id, step_slug=task.step_slug, task_index=task.task_index,
+            message_id=task.message_id, queue_name=task.queue_name, flow_input=task.flow_input,
+            worker_id=self.worker_id,
+        )
+        handler_input = task.flow_input if (step.step_type == "single" and not step.dependencies) else task.input
+        try:
+            output = step.handler(handler_input, context)
+        except BaseException as exc:  # the handler's failure is the task's failure, whatever it raised
+            log.info("task failed: flow=%s step=%s run=%s task=%s msg=%s error=%s", task.flow_slug,
+                     task.step_slug, task.run_id, task.task_index, task.message_id, type(exc).__name__)
+            return False, error_text(exc)
+        problem = unstorable(output)
+        if problem:
+            return False, f"handler output cannot be stored: {problem}"
+        return True, output
+
     def _report(self, task: ClaimedTask, *, ok: bool, payload: Any) -> None:
         """Send complete/fail; retry transient errors; never leave a refused report unreported.
 
-        A result the database refuses (a data error) turns into a failure of the task with the
-        database's reason, so the attempt always ends; only lost connections are retried.
+        A result the database refuses (a data error), or one the client cannot even send (an
+        encoding error, anything else raised while sending), turns into a failure of the task
+        with that reason, so the attempt always ends; only lost connections are retried. When
+        even the generic failure cannot be recorded, the task is logged at ERROR and left
+        ``started`` for stalled-task recovery.
         """
         assert self._pool is not None
+        if not ok:
+            payload = storable_text(str(payload))[:MAX_ERROR_MESSAGE]
         for attempt in range(1, 6):
             try:
                 with self._pool.connection() as conn:
@@ -372,14 +495,17 @@ class Worker:
                 log.warning("could not report task %s/%s/%s (attempt %d): %s", task.run_id, task.step_slug,
                             task.task_index, attempt, type(exc).__name__)
                 time.sleep(min(0.2 * 2 ** attempt, 5))
-            except (psycopg.DataError, psycopg.ProgrammingError) as exc:
+            except Exception as exc:  # refused by the server (DataError, ...) or unsendable by the client
                 self.stats.add(report_errors=1)
-                reason = f"the database refused the task's {'output' if ok else 'error message'}: {first_line(exc)}"
+                what = "output" if ok else "error message"
+                reason = storable_text(f"the database refused the task's {what}: {first_line(exc)}"
+                                       if isinstance(exc, psycopg.Error)
+                                       else f"the worker could not send the task's {what}: {type(exc).__name__}")
                 log.warning("task %s/%s/%s: %s", task.run_id, task.step_slug, task.task_index, reason)
                 if not ok and payload == GENERIC_FAILURE:
                     break
-                ok, payload = False, (reason if ok else GENERIC_FAILURE)
-        log.error("giving up reporting task %s/%s/%s; stalled-task recovery will requeue it",
+                ok, payload = False, (reason[:MAX_ERROR_MESSAGE] if ok else GENERIC_FAILURE)
+        log.error("giving up reporting task %s/%s/%s; it stays started and stalled-task recovery will requeue it",
                   task.run_id, task.step_slug, task.task_index)
 
     # shutdown -------------------------------------------------------------------------
@@ -395,7 +521,7 @@ class Worker:
         if self._executor:
             self._executor.shutdown(wait=left == 0, cancel_futures=True)
         try:
-            if self._pool:
+            if self._pool and not self._disowned:
                 with self._pool.connection(timeout=10) as conn:
                     self.protocol.stopped(conn, self.worker_id)
         except Exception as exc:  # stopping must not raise

@@ -99,7 +99,10 @@ SELECT
 -- Name handling: slug and queue-name rules compare with lower(x COLLATE "C") (ASCII only,
 -- independent of the database locale), like fragments/*.sql. The physical table of a queue
 -- is derived exactly as PGMQ derives it: 'q_' || lower(name) in the database's default
--- collation, cut to PostgreSQL's 63-byte identifier limit by the cast to name.
+-- collation, cut to PostgreSQL's 63-byte identifier limit by the cast to name. The two differ
+-- where the collation lowercases an ASCII letter otherwise (ICU/libc tr-TR and az: I -> ı), so
+-- a legacy queue created under the flow's own spelling can live in tables the routed queue
+-- name does not reach (flow_queue_table_elsewhere).
 WITH
 flows_x AS (
 -- Fragment: pgflow.flows as the audit sees it, on every schema generation.
@@ -135,6 +138,7 @@ reason_text (code, words) AS (
          ('meta_row_missing', 'has no pgmq.meta row'),
          ('queue_table_missing', 'has no queue table'),
          ('archive_table_missing', 'has no archive table'),
+         ('routed_queue_table_elsewhere', 'has its tables where the routed queue name does not reach'),
          ('not_lowercase', 'is not lowercase'),
          ('differs_from_flow_slug', 'is spelled differently from the flow slug')
 ),
@@ -263,8 +267,10 @@ owned_meta AS (
          qo.owners,
          coalesce(min(fq.flow_slug COLLATE "C") FILTER (WHERE fq.flow_slug = mr.spelling),
                   min(fq.flow_slug COLLATE "C")) AS flow_slug,
-         coalesce(bool_or((fq.origin = 'default' AND fq.flow_slug = mr.spelling)
-                       OR (fq.origin = 'step' AND fq.queue_name = mr.spelling)), false) AS matches_owner
+         -- the spelling a flow uses: its routed queue name (the lowercase name the queue-identity
+         -- create_flow gives it, or a step route), or, for a legacy default queue, the flow slug
+         coalesce(bool_or(fq.queue_name = mr.spelling
+                          OR (fq.origin = 'default' AND fq.flow_slug = mr.spelling)), false) AS matches_owner
   FROM meta_rows AS mr
   JOIN flow_queues AS fq ON fq.q_table = mr.q_table
   JOIN queue_owners AS qo ON qo.q_table = mr.q_table
@@ -337,6 +343,73 @@ task_dups AS (
     HAVING count(*) > 1
   ) AS t
   GROUP BY t.queue_name
+),
+-- tasks that still need their queue: queued (a message waits) or started (it will be archived)
+open_tasks AS (
+-- Fragment: the tasks of each flow that still need their queue: queued (a message waits to be
+-- read) or started (its message will be archived). Output: (flow_slug, queued_tasks, started_tasks).
+SELECT t.flow_slug,
+       count(*) FILTER (WHERE t.status = 'queued') AS queued_tasks,
+       count(*) FILTER (WHERE t.status = 'started') AS started_tasks
+FROM pgflow.step_tasks AS t
+WHERE t.status IN ('queued', 'started')
+GROUP BY t.flow_slug
+),
+-- the next message id each PGMQ queue table will hand out (NULL: the role may not read its sequence)
+queue_next_ids AS (
+  SELECT c.relname::text AS q_table,
+         CASE WHEN has_sequence_privilege(sc.oid, 'SELECT')
+              THEN coalesce(ps.last_value + ps.increment_by, ps.start_value) END AS next_id
+  FROM pg_catalog.pg_class AS c
+  JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = 'pgmq'
+  JOIN pg_catalog.pg_depend AS d ON d.refobjid = c.oid AND d.classid = 'pg_catalog.pg_class'::regclass
+                                AND d.deptype IN ('a', 'i')
+  JOIN pg_catalog.pg_class AS sc ON sc.oid = d.objid AND sc.relkind = 'S'
+  JOIN pg_catalog.pg_sequences AS ps ON ps.schemaname = 'pgmq' AND ps.sequencename = sc.relname
+  WHERE c.relname LIKE 'q\_%'
+),
+-- the highest message id any task of a flow holds (they all came from the flow's legacy queue)
+task_max_ids AS (
+  SELECT st.flow_slug, max(st.message_id) AS max_message_id
+  FROM pgflow.step_tasks AS st
+  WHERE st.message_id IS NOT NULL
+  GROUP BY st.flow_slug
+),
+-- a flow's default queue as the released create_flow made it (pgmq.create(flow_slug): tables
+-- named by lower(flow_slug) in the database collation) against the queue its tasks are routed
+-- to (lower(flow_slug COLLATE "C")); rows only where the two are different physical tables
+legacy_elsewhere AS (
+  SELECT fq.flow_slug,
+         fq.queue_name AS routed_queue,
+         fq.q_table AS routed_q_table,
+         coalesce(rq.has_queue_table, false) AS routed_has_queue_table,
+         coalesce(rq.has_archive_table, false) AS routed_has_archive_table,
+         lq.q_table AS legacy_q_table,
+         lq.a_table AS legacy_a_table,
+         lq.spellings AS legacy_spellings,
+         lq.has_queue_table AS legacy_has_queue_table,
+         coalesce(ot.queued_tasks, 0) AS queued_tasks,
+         coalesce(ot.started_tasks, 0) AS started_tasks,
+         tm.max_message_id,
+         nx.next_id AS routed_next_message_id
+  FROM flow_queues AS fq
+  JOIN queues AS lq ON lq.q_table = ('q_' || lower(fq.flow_slug))::name::text
+  LEFT JOIN queues AS rq ON rq.q_table = fq.q_table
+  LEFT JOIN open_tasks AS ot ON ot.flow_slug = fq.flow_slug
+  LEFT JOIN task_max_ids AS tm ON tm.flow_slug = fq.flow_slug
+  LEFT JOIN queue_next_ids AS nx ON nx.q_table = fq.q_table
+  WHERE fq.origin = 'default'
+    AND lq.q_table <> fq.q_table
+    AND (NOT coalesce(rq.has_queue_table, false) OR NOT coalesce(rq.has_archive_table, false)
+         OR coalesce(ot.queued_tasks, 0) + coalesce(ot.started_tasks, 0) > 0
+         -- the tasks' old message ids would collide with the routed queue's new ones
+         OR (tm.max_message_id IS NOT NULL AND coalesce(nx.next_id <= tm.max_message_id, true)))
+),
+database_collation AS (
+  SELECT coalesce(to_jsonb(d) ->> 'daticulocale', to_jsonb(d) ->> 'datlocale', d.datcollate::text) AS collation_name,
+         coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') AS provider
+  FROM pg_catalog.pg_database AS d
+  WHERE d.datname = current_database()
 ),
 findings AS (
   -- flow slugs the new rules reject
@@ -493,24 +566,34 @@ findings AS (
     AND NOT EXISTS (SELECT 1 FROM flow_queues AS fq WHERE fq.q_table = q.q_table)
 
   UNION ALL
-  -- a flow's queue is missing (meta row and/or tables)
-  SELECT 'flow_queue_missing', 'warning', false,
+  -- a queue a flow routes tasks to has no queue table or no archive table: its tasks get stuck
+  SELECT 'flow_queue_missing', 'error', true,
          fq.flow_slug, NULL, 'queue', fq.queue_name,
          m.reasons,
          jsonb_build_object('queue_name', fq.queue_name, 'origin', fq.origin,
                             'meta_row', coalesce(cardinality(q.spellings), 0) > 0,
                             'queue_table', coalesce(q.has_queue_table, false),
                             'archive_table', coalesce(q.has_archive_table, false),
+                            'queue_table_name', fq.q_table,
+                            'queued_tasks', coalesce(ot.queued_tasks, 0), 'started_tasks', coalesce(ot.started_tasks, 0),
                             'related_flows', jsonb_build_array(fq.flow_slug)),
-         format('queue "%s" of flow "%s" %s', fq.queue_name, fq.flow_slug,
+         format('queue "%s" of flow "%s" %s: %s', fq.queue_name, fq.flow_slug,
                 (SELECT string_agg(rt.words, '; ' ORDER BY u.ord)
                    FROM unnest(m.reasons) WITH ORDINALITY AS u(code, ord)
-                   JOIN reason_text AS rt ON rt.code = u.code)),
-         format('Recreate it with SELECT pgmq.create(%L); that adds whatever is missing and keeps what exists. '
-                || 'Until then tasks of this flow cannot be queued or claimed. Delete the flow instead if it '
-                || 'is no longer used.', fq.queue_name)
+                   JOIN reason_text AS rt ON rt.code = u.code),
+                CASE WHEN NOT coalesce(q.has_queue_table, false)
+                     THEN 'starting a run of this flow fails (its first message cannot be sent) and no worker '
+                          || 'can read its queued tasks, so they stay queued'
+                     ELSE 'runs start and workers read its messages, but completing or failing a task must '
+                          || 'archive or delete its message, which fails without the archive table, on every '
+                          || 'attempt, so tasks stay started (the queue-identity claim refuses such a batch as '
+                          || 'fatal before any handler runs and pauses the worker function)'
+                END),
+         format('Recreate it with SELECT pgmq.create(%L) before migrating; that adds whatever is missing and '
+                || 'keeps what exists. Delete the flow instead if it is no longer used.', fq.queue_name)
   FROM flow_queues AS fq
   LEFT JOIN queues AS q ON q.q_table = fq.q_table
+  LEFT JOIN open_tasks AS ot ON ot.flow_slug = fq.flow_slug
   CROSS JOIN LATERAL (
     SELECT ARRAY(SELECT code FROM (VALUES
              (1, 'meta_row_missing', coalesce(cardinality(q.spellings), 0) = 0),
@@ -518,7 +601,62 @@ findings AS (
              (3, 'archive_table_missing', NOT coalesce(q.has_archive_table, false))) AS v(ord, code, hit)
            WHERE hit ORDER BY ord) AS reasons
   ) AS m
-  WHERE cardinality(m.reasons) > 0
+  WHERE (NOT coalesce(q.has_queue_table, false) OR NOT coalesce(q.has_archive_table, false))
+    AND NOT EXISTS (SELECT 1 FROM legacy_elsewhere AS le
+                     WHERE le.flow_slug = fq.flow_slug AND fq.origin = 'default')
+
+  UNION ALL
+  -- a queue a flow uses has both tables but no pgmq.meta row
+  SELECT 'flow_queue_meta_missing', 'warning', false,
+         fq.flow_slug, NULL, 'queue', fq.queue_name,
+         ARRAY['meta_row_missing'],
+         jsonb_build_object('queue_name', fq.queue_name, 'origin', fq.origin, 'queue_table_name', fq.q_table,
+                            'related_flows', jsonb_build_array(fq.flow_slug)),
+         format('queue "%s" of flow "%s" has its tables but no pgmq.meta row: sending, reading and archiving '
+                || 'work, but pgmq.list_queues(), pgmq.metrics() and pgmq.drop_queue() do not see it',
+                fq.queue_name, fq.flow_slug),
+         format('SELECT pgmq.create(%L) adds the missing row and keeps the tables and their messages.', fq.queue_name)
+  FROM flow_queues AS fq
+  JOIN queues AS q ON q.q_table = fq.q_table
+  WHERE q.has_queue_table AND q.has_archive_table AND cardinality(q.spellings) = 0
+
+  UNION ALL
+  -- a legacy queue whose tables the routed (ASCII-lowercase) queue name does not reach
+  SELECT 'flow_queue_table_elsewhere', 'error', true,
+         le.flow_slug, NULL, 'queue', le.routed_queue,
+         ARRAY['routed_queue_table_elsewhere']
+           || ARRAY(SELECT code FROM (VALUES
+                (1, 'queue_table_missing', NOT le.routed_has_queue_table),
+                (2, 'archive_table_missing', NOT le.routed_has_archive_table)) AS v(ord, code, hit)
+              WHERE hit ORDER BY ord),
+         jsonb_build_object('routed_queue', le.routed_queue, 'routed_queue_table', le.routed_q_table,
+                            'routed_queue_table_exists', le.routed_has_queue_table,
+                            'legacy_queue_table', le.legacy_q_table, 'legacy_archive_table', le.legacy_a_table,
+                            'legacy_meta_spellings', to_jsonb(le.legacy_spellings),
+                            'queued_tasks', le.queued_tasks, 'started_tasks', le.started_tasks,
+                            'max_task_message_id', le.max_message_id,
+                            'routed_next_message_id', le.routed_next_message_id,
+                            'collation', dc.collation_name, 'collation_provider', dc.provider,
+                            'related_flows', jsonb_build_array(le.flow_slug)),
+         format('PGMQ keeps the messages of flow "%s" in pgmq.%s (it lowercased "%s" with this database''s '
+                || 'collation %s), but the queue-identity release routes the flow''s tasks to queue "%s", whose '
+                || 'table is pgmq.%s%s: after the upgrade its %s queued task(s) can never be read and its %s '
+                || 'started task(s) can never be completed, and new runs %s',
+                le.flow_slug, le.legacy_q_table, le.flow_slug, dc.collation_name, le.routed_queue,
+                le.routed_q_table, CASE WHEN le.routed_has_queue_table THEN '' ELSE ' (it does not exist)' END,
+                le.queued_tasks, le.started_tasks,
+                CASE WHEN le.routed_has_queue_table AND le.routed_has_archive_table
+                     THEN 'go to a different queue than the old workers poll'
+                     ELSE 'cannot start' END),
+         format('Do not migrate yet. Stop starting runs of flow "%s" and let its open tasks finish with the old '
+                || 'workers (audit again until it reports no queued or started task). Then create the queue the '
+                || 'upgrade routes to and start its message ids after the ones the flow''s tasks hold (the upgrade '
+                || 'makes (queue, message id) unique): SELECT pgmq.create(%L); SELECT pg_catalog.setval('
+                || 'pg_catalog.pg_get_serial_sequence(%L, ''msg_id''), %s). Or replace the flow with a new concrete '
+                || 'flow whose slug this collation lowercases like ASCII (in tr-TR/az: no capital I).',
+                le.flow_slug, le.routed_queue, format('pgmq.%I', le.routed_q_table), greatest(le.max_message_id, 1))
+  FROM legacy_elsewhere AS le
+  CROSS JOIN database_collation AS dc
 
   UNION ALL
   -- a flow's pgmq.meta row spelled otherwise than its canonical lowercase name
@@ -570,6 +708,7 @@ findings AS (
   FROM queues AS q
   WHERE NOT EXISTS (SELECT 1 FROM flow_queues AS fq WHERE fq.q_table = q.q_table)
     AND NOT EXISTS (SELECT 1 FROM collisions AS c WHERE c.q_table = q.q_table)
+    AND NOT EXISTS (SELECT 1 FROM legacy_elsewhere AS le WHERE le.legacy_q_table = q.q_table)
 
   UNION ALL
   -- flows whose private step queue names cannot be generated
@@ -584,7 +723,8 @@ findings AS (
                     ORDER BY sn.step_index),
            'related_flows', jsonb_build_array(sn.flow_slug)),
          format('flow "%s" cannot use private step queues: for %s step(s) neither "%s__<step>" nor "%s__<index>" '
-                || 'fits in 47 characters', sn.flow_slug, count(*), lower(sn.flow_slug), lower(sn.flow_slug)),
+                || 'fits in 47 characters', sn.flow_slug, count(*), lower(sn.flow_slug COLLATE "C"),
+                lower(sn.flow_slug COLLATE "C")),
          'Nothing to do while the flow keeps its default queue. To use private step queues, define a new '
          || 'concrete flow with a shorter slug (at most 44 characters leaves room for 10 steps).'
   FROM step_names AS sn
@@ -749,12 +889,14 @@ runs_agg AS (
   GROUP BY r.flow_slug
 ),
 tasks_agg AS (
-  SELECT t.flow_slug,
-         count(*) FILTER (WHERE t.status = 'queued') AS queued_tasks,
-         count(*) FILTER (WHERE t.status = 'started') AS started_tasks
-  FROM pgflow.step_tasks AS t
-  WHERE t.status IN ('queued', 'started')
-  GROUP BY t.flow_slug
+-- Fragment: the tasks of each flow that still need their queue: queued (a message waits to be
+-- read) or started (its message will be archived). Output: (flow_slug, queued_tasks, started_tasks).
+SELECT t.flow_slug,
+       count(*) FILTER (WHERE t.status = 'queued') AS queued_tasks,
+       count(*) FILTER (WHERE t.status = 'started') AS started_tasks
+FROM pgflow.step_tasks AS t
+WHERE t.status IN ('queued', 'started')
+GROUP BY t.flow_slug
 )
 SELECT f.flow_slug,
        f.queue_mode,

@@ -29,7 +29,7 @@
 -- Utilities
 ------------------------------------------------------------------------------------------------
 
---@include functions/supabase/is_local.sql as-create
+--@include released/0002/functions/supabase/is_local.sql as-create
 
 --@include functions/runtime/calculate_retry_delay.sql as-create
 
@@ -59,13 +59,13 @@
 
 --@include baseline/definitions/add_step.sql as-create
 
---@include functions/definitions/_get_flow_shape.sql as-create
+--@include released/0002/functions/definitions/_get_flow_shape.sql as-create
 
 --@include functions/definitions/_normalize_shape_pattern.sql as-create
 
 --@include functions/definitions/_compare_flow_shapes.sql as-create
 
---@include functions/definitions/_create_flow_from_shape.sql as-create
+--@include released/0002/functions/definitions/_create_flow_from_shape.sql as-create
 
 --@include baseline/definitions/delete_flow_and_data.sql as-create
 
@@ -101,7 +101,7 @@
 
 --@include baseline/claim/start_tasks.sql as-create
 
---@include functions/runtime/complete_task.sql as-create
+--@include released/0002/functions/runtime/complete_task.sql as-create
 
 --@include functions/runtime/fail_task.sql as-create
 
@@ -121,7 +121,7 @@
 
 --@include baseline/workers/register_worker.sql as-create
 
---@include functions/workers/send_heartbeat.sql as-create
+--@include released/0002/functions/workers/send_heartbeat.sql as-create
 
 --@include functions/workers/mark_worker_stopped.sql as-create
 
@@ -133,7 +133,7 @@
 
 --@include functions/supabase/setup_requeue_stalled_tasks_cron.sql as-create
 
---@include functions/supabase/cleanup_ensure_workers_logs.sql as-create
+--@include released/0002/functions/supabase/cleanup_ensure_workers_logs.sql as-create
 
 ------------------------------------------------------------------------------------------------
 -- Privileges: nothing is executable by PUBLIC; operators grant to their own roles.

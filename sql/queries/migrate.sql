@@ -27,6 +27,7 @@ LIMIT 1;
 SELECT schemaname || '.' || relname AS table_name, n_tup_ins AS inserted, n_tup_upd AS updated, n_tup_del AS deleted
 FROM pg_stat_xact_user_tables
 WHERE n_tup_ins + n_tup_upd + n_tup_del > 0
+  AND schemaname !~ '^pg_(toast_)?temp_'  -- the migration's own scratch tables
 ORDER BY 1;
 
 --@name transaction_locks
@@ -39,6 +40,7 @@ LEFT JOIN pg_class AS c ON c.oid = l.relation
 LEFT JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE l.pid = pg_backend_pid() AND l.granted AND l.relation IS NOT NULL AND l.locktype = 'relation'
   AND coalesce(n.nspname, '') NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+  AND coalesce(n.nspname, '') !~ '^pg_(toast_)?temp_'  -- the migration's own scratch tables
 GROUP BY 1
 ORDER BY 1;
 --@name live_workers

@@ -38,14 +38,15 @@ def test_json_document_is_versioned_and_stable(published_db):
     assert doc["filter"] == {"flows": None} and doc["fail_on"] == "warning"
     assert set(doc["database"]) == {"name", "role", "server_version", "server_version_num", "audited_at",
                                     "pgflow", "pgmq", "notes"}
-    assert set(doc["database"]["pgflow"]) == {"installed_by", "ledger", "queue_identity", "step_queues", "tables"}
+    assert set(doc["database"]["pgflow"]) == {"installed_by", "ledger", "queue_identity", "step_queues", "tables",
+                                            "recognition"}
     assert set(doc["database"]["pgmq"]) == {"version", "version_source", "message_headers", "queue_tables",
                                             "unreadable_tables"}
     assert set(doc["summary"]) == {"errors", "warnings", "info", "blocking", "flows", "flows_with_findings",
                                    "by_check", "exit_code", "next"}
     assert set(doc["summary"]["by_check"]) == set(audit_op.CHECKS)
-    assert (doc["summary"]["errors"], doc["summary"]["warnings"], doc["summary"]["info"]) == (14, 5, 5)
-    assert doc["summary"]["blocking"] == 13 and doc["summary"]["exit_code"] == 1
+    assert (doc["summary"]["errors"], doc["summary"]["warnings"], doc["summary"]["info"]) == (17, 2, 5)  # 3 flow_queue_missing block
+    assert doc["summary"]["blocking"] == 16 and doc["summary"]["exit_code"] == 1
     assert all(set(f) == FINDING_KEYS for f in doc["findings"])
     assert all(set(f) == FLOW_KEYS for f in doc["flows"])
     assert {(f["check_id"], f["flow_slug"], f["step_slug"], f["object_name"], tuple(f["reasons"]))

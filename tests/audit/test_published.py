@@ -99,6 +99,9 @@ def test_schema_info_of_the_published_release(published_db):
     assert {"flows", "steps", "deps", "runs", "step_states", "step_tasks", "workers"} <= set(schema.pgflow_tables)
     assert "opt_start_delay" in schema.pgflow_tables["steps"]
     assert any("pre-upgrade schema" in note for note in schema.notes)
+    assert schema.recognition["status"] == "upstream"
+    assert schema.recognition["releases"] == ["0.8.0", "0.8.1", "0.9.0", "0.9.1"]
+    assert schema.notes[0].startswith("installed by pgflow 0.8.0/0.8.1/0.9.0/0.9.1 (recognised from the catalog)")
 
 
 def test_cli_table_report(published_db):
@@ -106,10 +109,11 @@ def test_cli_table_report(published_db):
 
     assert result.code == ExitCode.FINDINGS, result.output
     out = result.stdout
+    assert "pgflow schema installed by pgflow 0.8.0/0.8.1/0.9.0/0.9.1 (recognised from the catalog)" in out
     assert "flow MyFlow" in out and "[blocks the upgrade]" in out
     assert "queues no flow owns" in out and "adhoc_jobs" in out
     assert "flow(s) without findings: reindex" in out
-    assert "next: fix the 13 blocking finding(s)" in out
+    assert "next: fix the 16 blocking finding(s)" in out
     assert "runs: 2 active of 2" in out  # greetUser's impact line
     assert "auditing " in result.stderr and "read-only" in result.stderr  # progress only on stderr
     assert "auditing" not in out

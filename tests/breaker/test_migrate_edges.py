@@ -13,6 +13,7 @@ from pgflow_cli import sqlfiles
 from pgflow_cli.errors import ExitCode
 from tests.support.cli import run_cli
 from tests.support.fingerprint import fingerprint
+from tests.support.levels import versions_after
 from tests.upgrade.test_phased import _interrupt_main
 
 
@@ -25,7 +26,7 @@ def _ledger(conn) -> list[int]:
 def test_migrate_apply_installs_a_fresh_database(empty_db):
     result = run_cli("migrate", "apply", "--install-pgmq", "--dsn", empty_db.conninfo)
     assert result.code == ExitCode.OK, result.output
-    assert _ledger(empty_db.connect()) == [1, 2, 3]
+    assert _ledger(empty_db.connect()) == [1, 2, 3, *versions_after(3)]
 
 
 def test_migrate_plan_lists_a_fresh_install(empty_db):
@@ -33,7 +34,7 @@ def test_migrate_plan_lists_a_fresh_install(empty_db):
     empty_db.connect().execute("DROP SCHEMA pgflow CASCADE")  # PGMQ stays: a database ready for pgflow
     result = run_cli("migrate", "plan", "--format", "json", "--dsn", empty_db.conninfo)
     assert result.code == ExitCode.OK, result.output
-    assert [m["version"] for m in json.loads(result.stdout)["pending"]] == [1, 2, 3]
+    assert [m["version"] for m in json.loads(result.stdout)["pending"]] == [1, 2, 3, *versions_after(3)]
 
 
 def test_dry_run_with_install_pgmq_changes_nothing(empty_db):

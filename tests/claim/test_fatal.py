@@ -205,12 +205,19 @@ def test_a_worker_of_alpha_claiming_from_the_queue_of_beta_is_fatal(cl, alpha):
     assert cl.function_row("beta-worker") is None  # beta's workers are not affected
 
 
-def test_a_worker_of_alpha_claiming_as_beta_is_fatal(cl, alpha):
+def test_a_worker_of_alpha_claiming_as_beta_is_refused_and_pauses_nobody(cl, alpha):
     """The registered route decides: a worker registered for alpha may not claim beta's work even
-    when it names beta and beta's queue in the call."""
-    ids = [t["message_id"] for t in cl.tasks(alpha["beta_run"])]
-    _fatal_case(cl, alpha, queue="beta", flow="beta", extra_ids=ids, fatal={m: "queue_not_owned_by_route" for m in ids})
+    when it names beta and beta's queue in the call. Schema 0004: the call is refused (PF007)
+    without pausing alpha's function, because the caller may be a stale process under a reused id
+    (tests/claim/test_live_safety.py)."""
+    batch = cl.read("beta")
+    before = cl.snapshot()
+    with pytest.raises(psycopg.Error) as refused:
+        cl.claim("beta", batch, alpha["worker"], "beta")
+    assert refused.value.sqlstate == "PF007" and "registered for flow \"alpha\"" in str(refused.value)
+    assert cl.snapshot(cl.connect()) == before
     assert cl.task(alpha["beta_run"], "b")["status"] == "queued"
+    assert cl.function_row("alpha-worker")["enabled"] is True
 
 
 def test_a_queue_no_flow_owns_is_fatal(cl, alpha):

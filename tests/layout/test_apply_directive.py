@@ -1,8 +1,8 @@
 """Migrations from 0004 on apply function files by name (``--@apply``), with pinned checksums.
 
-The shipped tree has no such migration yet, so these tests run the installer on a copy of sql/
-with two example migrations: 0004 adds a column and applies an older text of is_local.sql,
-0005 applies its current text.
+These tests run the installer on a copy of sql/ with two example migrations in place of the
+real 0004+: 0004 adds a column and applies an older text of calculate_retry_delay.sql, 0005
+applies its current text.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from pgflow_cli import installer, sqlfiles, sqlfreeze
 from pgflow_cli.errors import StateConflict
 from tests.layout.catalog import definitions
 
-FILE = "functions/supabase/is_local.sql"
+FILE = "functions/runtime/calculate_retry_delay.sql"
+"""An example file no migration from 0004 on changes yet (0002 still includes it directly)."""
+SIGNATURE = "pgflow.calculate_retry_delay(numeric, integer)"
 OLDER = "0" * 64  # stands for the text 0004 applied when it was written
 
 
@@ -27,16 +29,19 @@ def tree(tmp_path, monkeypatch, baseline_db):
     tree before the copy takes its place."""
     root = tmp_path / "sql"
     shutil.copytree(sqlfiles.sql_root(), root)
+    for real in (root / "migrations").glob("*.sql"):
+        if int(real.name.split("_", 1)[0]) >= 4:
+            real.unlink()  # the examples below stand in for the shipped migrations from 0004 on
     released = sqlfiles.load(FILE)
-    is_local = root / FILE
-    is_local.write_text(is_local.read_text(encoding="utf-8").replace(
+    example = root / FILE
+    example.write_text(example.read_text(encoding="utf-8").replace(
         "AS $$\n", "AS $$\n  -- 0005: the text the example migrations ship\n", 1), encoding="utf-8")
     monkeypatch.setattr(sqlfiles, "sql_root", lambda: root)
     _clear()
     # what sqlfreeze does after such an edit: 0002 keeps its released text through a recipe
     frozen = f"released/0002/{FILE}"
-    (root / frozen).parent.mkdir(parents=True)
-    (root / frozen).write_text(sqlfreeze.recipe(released, [FILE], "is_local as 0002 released it"), encoding="utf-8")
+    (root / frozen).parent.mkdir(parents=True, exist_ok=True)
+    (root / frozen).write_text(sqlfreeze.recipe(released, [FILE], "the example file as 0002 released it"), encoding="utf-8")
     baseline = root / "migrations/0002_baseline_runtime.sql"
     baseline.write_text(baseline.read_text(encoding="utf-8").replace(
         f"--@include {FILE} as-create", f"--@include {frozen} as-create"), encoding="utf-8")
@@ -45,11 +50,11 @@ def tree(tmp_path, monkeypatch, baseline_db):
         sqlfreeze.RELEASED_CHECKSUMS["migrations/0002_baseline_runtime.sql"]
     current = sqlfiles.checksum(sqlfiles.load(FILE))
     (root / "migrations/0004_example_column.sql").write_text(
-        "-- 0004 example column: a once-only change plus an older text of is_local.\n"
+        "-- 0004 example column: a once-only change plus an older text of the example file.\n"
         "ALTER TABLE pgflow.flows ADD COLUMN example_note text;\n"
         f"--@apply {FILE} sha256={OLDER}\n", encoding="utf-8")
     (root / "migrations/0005_example_again.sql").write_text(
-        "-- 0005 example again: is_local's current text.\n"
+        "-- 0005 example again: the example file's current text.\n"
         f"--@apply {FILE} sha256={current}\n"
         "COMMENT ON COLUMN pgflow.flows.example_note IS 'example';\n", encoding="utf-8")
     _clear()
@@ -74,7 +79,7 @@ def test_each_file_runs_once_in_the_last_migration_and_is_recorded(tree, empty_d
         assert [a.migration.version for a in applied] == [1, 2, 3, 4, 5]
         assert _files(conn) == [(5, FILE, current)]
         assert "0005: the text" in conn.execute(
-            "SELECT pg_get_functiondef('pgflow.is_local()'::regprocedure)").fetchone()[0]
+            "SELECT pg_get_functiondef(%s::regprocedure)", (SIGNATURE,)).fetchone()[0]
         plan = installer.make_plan(conn)
         assert [(f.path, f.state) for f in plan.files] == [(FILE, "current")]
         fresh = definitions(conn)

@@ -23,6 +23,7 @@ ALLOWED = {
     "set_vt_batch": "upstream-compatible utility on an explicit queue name; the runtime never calls it",
     "start_ready_steps": "the initial send (pgmq.send_batch)",
     "create_flow": "creates the flow's queue",
+    "_create_private_queue": "creates one private step queue of a step-queued flow being provisioned",
     "delete_flow_and_data": "drops the flow's queue",
     "prune_data_older_than": "deletes old rows of archive tables (optional file)",
 }
@@ -153,6 +154,7 @@ UPGRADED_ALLOWED = {
     # go through a helper), and on a fatal batch makes the whole batch visible again
     "claim_tasks": {"select_rows", "archive", "update_rows"},
     "create_flow": {"create"},  # the flow's default queue
+    "_create_private_queue": {"create"},  # one private step queue of a flow being provisioned (0005)
     "delete_flow_and_data": {"drop_queue", "drop_table", "delete_meta"},  # drops the flow's queues
     "set_vt_batch": {"update_rows"},  # compatibility utility on an explicit queue; the runtime never calls it
     "prune_data_older_than": {"delete_rows"},  # old rows of archive tables (optional file)

@@ -14,6 +14,7 @@ import pytest
 from pgflow_cli import installer
 from tests.runtime.driver import Runtime
 from tests.support.invariants import assert_runtime_invariants
+from tests.support.levels import versions_after
 
 
 @pytest.fixture
@@ -31,9 +32,9 @@ def old_rt(baseline_db):
 
 
 def upgrade(database, runtime: Runtime) -> list[installer.Applied]:
-    """Apply the pending migrations (0003) with the one installer, then let ``runtime`` speak protocol 2."""
+    """Apply the pending migrations (0003 and any later ones) with the one installer, then let ``runtime`` speak protocol 2."""
     applied = installer.apply(database.connect())
-    assert [a.migration.version for a in applied] == [3], applied
+    assert [a.migration.version for a in applied] == [3, *versions_after(3)], applied
     assert runtime.val("SELECT pgflow.protocol_version()") == 2
     runtime.level = "upgraded"
     return applied

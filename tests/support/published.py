@@ -296,6 +296,15 @@ EXPECTED_FINDINGS: set[tuple[str, str | None, str | None, str, tuple[str, ...]]]
 
 def build(conninfo: str, admin: psycopg.Connection) -> None:
     """Build the published-release database at ``conninfo`` (an empty database)."""
+    build_schema(conninfo, admin)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("SET LOCAL client_min_messages = warning")
+            conn.execute(SCENARIO)  # type: ignore[arg-type]
+
+
+def build_schema(conninfo: str, admin: psycopg.Connection) -> None:
+    """Only the release's own migrations (and the Realtime stand-in) in the empty database at ``conninfo``."""
     install_pgmq_extension_files(admin)
     migrations = release_migrations()
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -306,6 +315,3 @@ def build(conninfo: str, admin: psycopg.Connection) -> None:
                     conn.execute(text)  # type: ignore[arg-type]  # the release's own SQL
             except psycopg.Error as exc:
                 raise PublishedReleaseError(f"{PACKAGE}@{RELEASE} migration {name} failed: {exc}") from exc
-        with conn.transaction():
-            conn.execute("SET LOCAL client_min_messages = warning")
-            conn.execute(SCENARIO)  # type: ignore[arg-type]

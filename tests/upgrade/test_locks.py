@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import psycopg
@@ -16,6 +15,7 @@ from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode, LockTimeout, StateConflict
 from tests.support.cli import run_cli
 from tests.support.fingerprint import fingerprint
+from tests.support.levels import versions_after
 from tests.upgrade.conftest import build_pre_upgrade, bulk_finished_runs
 
 
@@ -45,18 +45,43 @@ def test_never_getting_the_lock_ends_with_exit_4_and_names_the_blocker(pre_upgra
     assert fingerprint(database.conninfo).differences(before) == []
 
 
+def _lock_wait_behind(observer, blocker_pid: int, *, not_in, deadline: float):
+    """Wait until some backend waits for a lock ``blocker_pid`` holds, in a transaction whose start
+    is not in ``not_in``; returns that transaction's start (a new one means the migration retried)."""
+    while True:
+        row = observer.execute(
+            "SELECT xact_start FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND %s = ANY (pg_blocking_pids(pid)) AND NOT (xact_start = ANY (%s)) LIMIT 1",
+            (blocker_pid, list(not_in))).fetchone()
+        if row:
+            return row[0]
+        assert time.monotonic() < deadline, "the migration never waited for the blocker's lock"
+        time.sleep(0.02)
+
+
 def test_a_blocker_that_lets_go_is_waited_out(pre_upgrade):
     database, _state = pre_upgrade
     blocker, pid = _blocker(database)
-    timer = threading.Timer(1.5, blocker.rollback)
-    timer.start()
+    observer = database.connect()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgflow_cli", "migrate", "apply", "--dsn", database.conninfo,
+         "--lock-timeout", "0.5", "--retries", "10"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
     try:
-        result = run_cli("migrate", "apply", "--dsn", database.conninfo, "--lock-timeout", "0.5", "--retries", "10")
+        deadline = time.monotonic() + 120
+        # let go only after the migration waited, timed out, rolled back and waited again
+        first = _lock_wait_behind(observer, pid, not_in=[], deadline=deadline)
+        _lock_wait_behind(observer, pid, not_in=[first], deadline=deadline)
+        blocker.rollback()
+        _out, err = proc.communicate(timeout=120)
     finally:
-        timer.join()
+        if proc.poll() is None:
+            proc.kill()
         blocker.close()
-    assert result.code == ExitCode.OK, result.output
-    assert f"pid {pid}" in result.stderr and "applied 0003_queue_identity" in result.stderr
+    assert proc.returncode == ExitCode.OK, err
+    assert f"pid {pid}" in err and "applied 0003_queue_identity" in err
 
 
 def test_two_migrators_never_interleave(baseline_db):
@@ -67,7 +92,7 @@ def test_two_migrators_never_interleave(baseline_db):
         installer.apply(conn, lock_wait=1.0)
     assert f"pid {holder.info.backend_pid}" in info.value.message
     holder.execute("SELECT pg_advisory_unlock(1885824631, 0)")
-    assert [a.migration.version for a in installer.apply(conn)] == [3]
+    assert [a.migration.version for a in installer.apply(conn)] == [3, *versions_after(3)]
 
 
 def test_killing_the_client_mid_migration_leaves_the_database_unchanged(pre_upgrade):
@@ -100,4 +125,4 @@ def test_killing_the_client_mid_migration_leaves_the_database_unchanged(pre_upgr
         if proc.poll() is None:
             proc.kill()
     assert fingerprint(database.conninfo).differences(before) == []
-    assert [s.state for s in installer.make_plan(conn).statuses] == ["applied", "applied", "pending"]
+    assert [s.state for s in installer.make_plan(conn).statuses] == ["applied", "applied"] + ["pending"] * (1 + len(versions_after(3)))

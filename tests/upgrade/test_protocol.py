@@ -87,3 +87,29 @@ def test_the_cli_maps_a_protocol_refusal_to_exit_6(pre_upgrade):
         conn.execute("SELECT pgflow.ensure_flow_compiled('x', '{\"steps\": []}')")
     mapped = map_database_error(info.value)
     assert mapped.exit_code == ExitCode.CONFLICT and mapped.hint
+
+
+def test_a_protocol_1_worker_left_running_through_the_upgrade_stops_and_hides_nothing(pre_upgrade):
+    """The released worker keeps polling while `migrate apply` runs; its first claim afterwards gets
+    PF002: it must stop for good (not retry) and hand the batch back at once, so protocol-2 workers
+    see the messages immediately instead of after the read's visibility timeout."""
+    database, _state = pre_upgrade
+    conn = database.connect()
+    flow = Flow("keepFlow").step("only", lambda run, ctx: {"by": "old"})
+    old = Worker(flow, database.conninfo, function_name="keep-old", protocol=ProtocolV1(), poll_vt=300,
+                 max_poll_seconds=1, heartbeat_interval=3600)
+    old.start()
+    try:
+        installer.apply(conn)
+        run_id = conn.execute("SELECT run_id FROM pgflow.start_flow('keepFlow', '{}'::jsonb)").fetchone()[0]
+        assert old.join(60), "the protocol-1 worker kept retrying after the upgrade"
+    finally:
+        old.stop()
+        old.join(30)
+    assert old.fatal and "protocol 1" in old.fatal
+    assert old.stats.snapshot()["messages_read"] >= 1  # it did read the new message ...
+    visible, reads = conn.execute(
+        "SELECT q.vt <= clock_timestamp(), q.read_ct FROM pgmq.q_keepflow AS q "
+        "JOIN pgflow.step_tasks AS t ON t.message_id = q.msg_id WHERE t.run_id = %s", (run_id,)).fetchone()
+    assert reads >= 1 and visible  # ... and handed it back instead of hiding it for 300 s
+    assert conn.execute("SELECT status FROM pgflow.step_tasks WHERE run_id = %s", (run_id,)).fetchone()[0] == "queued"

@@ -286,12 +286,35 @@ def test_a_fenced_worker_refuses_before_compiling_its_flow(env):
 
 
 def test_a_worker_that_cannot_connect_ends_stopped_instead_of_hanging(env):
-    import psycopg
-
+    from pgflow_cli.errors import ConnectionFailed
     from pgflow_cli.worker import Worker
 
     worker = Worker(Flow("nowhereFlow").step("only", lambda v, ctx: v),
-                    "host=127.0.0.1 port=1 dbname=none connect_timeout=2", function_name="nowhere-fn")
-    with pytest.raises(psycopg.OperationalError):
+                    "host=127.0.0.1 port=1 dbname=none", function_name="nowhere-fn", connect_timeout=2)
+    with pytest.raises(ConnectionFailed) as refused:  # through db.connect: mapped and redacted like the CLI's
         worker.start()
+    assert refused.value.exit_code == 3 and "worker nowhere-fn" in refused.value.message
     assert worker.state == "stopped" and worker.join(1)
+
+
+def test_a_stale_process_under_a_reused_worker_id_stops_and_leaves_the_new_owner_alone(env):
+    """Schema 0004: the id of a pruned alpha worker is registered again for beta; the alpha process
+    that still runs under it is refused (heartbeat and claim) and stops, and beta's function and
+    worker row are left exactly as beta's worker set them."""
+    from tests.worker.helpers import wait_until
+
+    alpha = Flow("staleAlpha").step("only", env.recorder.wrap(lambda v, ctx: v))
+    beta = Flow("staleBeta").step("only", lambda v, ctx: v)
+    stale = env.start_worker(alpha, heartbeat_interval=0.2)
+    env.start_worker(beta).stop("only compiles and registers beta")
+    env.conn.execute("DELETE FROM pgflow.workers WHERE worker_id = %s", (stale.worker_id,))
+    env.conn.execute("SELECT pgflow.register_worker(%s, 'staleBeta-worker', 'stalebeta', 'staleBeta')",
+                     (stale.worker_id,))
+    env.start_run("staleAlpha", {})
+    assert stale.join(60), "the stale process kept running under an id that belongs to beta now"
+    assert stale.fatal and "no longer belongs to this process" in stale.fatal
+    assert env.recorder.for_step("only") == []  # no handler ran for the stale process
+    row = env.conn.execute("SELECT flow_slug, stopped_at, deprecated_at FROM pgflow.workers WHERE worker_id = %s",
+                           (stale.worker_id,)).fetchone()
+    assert (row["flow_slug"], row["stopped_at"], row["deprecated_at"]) == ("staleBeta", None, None)
+    assert env.val("SELECT enabled FROM pgflow.worker_functions WHERE function_name = 'staleBeta-worker'") is True

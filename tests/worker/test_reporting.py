@@ -41,3 +41,78 @@ def test_error_message_with_nul_byte_still_fails_the_task(env):
     task = env.task(run_id, "only")
     assert task["status"] != "started", "the worker never reported the failure"
     assert (task["status"], env.run(run_id)["status"]) == ("failed", "failed")
+
+
+class UnreadableMessage(Exception):
+    def __str__(self):
+        raise RuntimeError("str() of this exception is broken")
+
+
+class ItemsRaise(dict):
+    """A dict whose serialisation raises something json does not document (RuntimeError)."""
+
+    def items(self):
+        raise RuntimeError("cannot list items")
+
+
+def _finished(env, run_id):
+    task = env.task(run_id, "only")
+    assert task["status"] != "started", "the attempt was never recorded: the task is stuck started"
+    return task
+
+
+def test_error_text_with_a_lone_surrogate_is_recorded_readably(env):
+    def explode(v, ctx):
+        raise ValueError("bad file name \udcff.csv")
+
+    run_id, _worker = _run_one(env, "surrogateError", explode)
+    task = _finished(env, run_id)
+    assert task["status"] == "failed"
+    assert task["error_message"] == "ValueError: bad file name \\udcff.csv"
+
+
+def test_an_exception_whose_str_raises_is_recorded(env):
+    def explode(v, ctx):
+        raise UnreadableMessage()
+
+    run_id, _worker = _run_one(env, "brokenStrError", explode)
+    task = _finished(env, run_id)
+    assert task["status"] == "failed"
+    assert task["error_message"] == "UnreadableMessage: <its message could not be read: str() raised RuntimeError>"
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (ItemsRaise(a=1), "serialising it as JSON raised RuntimeError"),
+        ("nested", "it is nested too deeply to serialise as JSON"),
+        ({"name": "lone \ud800 surrogate"}, "a lone surrogate"),
+    ],
+    ids=["serialiser-raises", "too-deep", "lone-surrogate"],
+)
+def test_output_that_cannot_even_be_serialised_fails_the_task(env, value, reason):
+    if value == "nested":
+        value = []
+        for _ in range(100_000):
+            value = [value]
+    run_id, _worker = _run_one(env, "oddOutput", lambda v, ctx: value)
+    task = _finished(env, run_id)
+    assert task["status"] == "failed"
+    assert task["error_message"].startswith("handler output cannot be stored: ")
+    assert reason in task["error_message"]
+
+
+def test_the_literal_text_backslash_u0000_is_stored_as_it_is(env):
+    text = "C:\\u0000\\path and \\\\u0000"
+    run_id, _worker = _run_one(env, "literalEscape", lambda v, ctx: {"text": text, text: 1})
+    task = _finished(env, run_id)
+    assert task["status"] == "completed", task["error_message"]
+    assert task["output"] == {"text": text, text: 1}
+
+
+@pytest.mark.parametrize("value", [{"k\x00": 1}, ["a", {"b": "c\x00d"}]], ids=["nul-in-key", "nul-nested"])
+def test_a_real_nul_anywhere_is_still_refused(env, value):
+    run_id, _worker = _run_one(env, "realNul", lambda v, ctx: value)
+    task = _finished(env, run_id)
+    assert task["status"] == "failed"
+    assert "NUL character" in task["error_message"]

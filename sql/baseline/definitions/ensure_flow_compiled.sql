@@ -8,7 +8,7 @@
 --   different, production   -> nothing (never deletes)             -> {"status": "mismatch"}
 -- Every result has a "differences" array (worker vs database).
 CREATE OR REPLACE FUNCTION pgflow.ensure_flow_compiled(flow_slug text, shape jsonb)
---@include functions/definitions/ensure_flow_compiled.sql lines=13-19
+--@include functions/definitions/ensure_flow_compiled.sql lines=19-25
   v_diffs text[];
 BEGIN
   PERFORM pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(ensure_flow_compiled.flow_slug));
@@ -24,7 +24,9 @@ BEGIN
     RETURN pg_catalog.jsonb_build_object('status', 'verified', 'differences', '[]'::jsonb);
   END IF;
 
---@include functions/definitions/ensure_flow_compiled.sql lines=94-96
+  IF pgflow.is_local() THEN
+    PERFORM pgflow.delete_flow_and_data(ensure_flow_compiled.flow_slug);
+    PERFORM pgflow._create_flow_from_shape(ensure_flow_compiled.flow_slug, ensure_flow_compiled.shape);
     RETURN pg_catalog.jsonb_build_object('status', 'recompiled', 'differences', pg_catalog.to_jsonb(v_diffs));
   END IF;
 

@@ -10,13 +10,15 @@
 --   message already gone              -> missing (nothing to do)
 --   anything ambiguous: no task but a pgflow-shaped body, a body that does not match its
 --   task (a missing key or a NULL body is a mismatch), a task on another route, a task that
---   cannot run, a queue the worker's route does not own (the route of the call, and the one
---   the worker registered when it registered one; a queue without a table included)
+--   cannot run, a queue the worker's route does not own (a queue that does not exist
+--   included), a queue whose queue table or archive table is missing
 --   -> fatal: nothing claimed, no task changed, nothing archived; the whole batch
 --   is made visible again, the worker's function is paused (worker_functions.enabled =
 --   false, paused_reason) and the worker deprecated. These safety writes are RETURNED as an
 --   outcome, not raised, so they commit; the worker logs one error and stops.
 --
+-- A call for another route than the worker id registered raises PF007 (nothing changed, no
+-- function paused: the row belongs to whoever registered it last), as an unregistered id does.
 -- Ordinary database errors still raise (and roll back): they are retryable. Notices carry
 -- queue names and message ids, never message bodies.
 -- Lock order: runs (FOR SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
@@ -96,8 +98,26 @@ BEGIN
   ELSIF v_worker.flow_slug IS NOT NULL
         AND (v_worker.flow_slug, v_worker.queue_name, v_worker.step_slug)
             IS DISTINCT FROM (claim_tasks.flow_slug, claim_tasks.queue_name, claim_tasks.step_slug) THEN
-    -- the route the worker registered is the one it may claim from (coverage trusts it)
-    v_route_reason := 'queue_not_owned_by_route';
+    -- The route the worker registered is the one it may claim from (coverage trusts it). A
+    -- consistent call for another route under this id is a stale process (the row was pruned
+    -- and the id registered again) or a misconfigured one: refused, and nothing is paused or
+    -- deprecated, because the row belongs to whoever registered it last.
+    RAISE EXCEPTION 'worker id % is registered for flow "%" (queue "%"%), not for flow "%" (queue "%"%) this call claims for: nothing was claimed',
+      claim_tasks.worker_id, v_worker.flow_slug, v_worker.queue_name,
+      coalesce(', step "' || v_worker.step_slug || '"', ''), claim_tasks.flow_slug, claim_tasks.queue_name,
+      coalesce(', step "' || claim_tasks.step_slug || '"', '')
+      USING ERRCODE = 'PF007',
+            HINT = 'this process is stale or misconfigured: stop it; a worker id belongs to one registration (docs/claim-protocol.md)';
+  END IF;
+
+  -- The queue's own tables: without the queue table nothing can be read, without the archive
+  -- table no task could ever be completed or failed; both stop the worker before any handler runs.
+  v_qtable := pgmq.format_table_name(claim_tasks.queue_name, 'q');
+  IF v_route_reason IS NULL AND pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', v_qtable)) IS NULL THEN
+    v_route_reason := 'queue_table_missing';
+  ELSIF v_route_reason IS NULL AND pg_catalog.to_regclass(
+          pg_catalog.format('pgmq.%I', pgmq.format_table_name(claim_tasks.queue_name, 'a'))) IS NULL THEN
+    v_route_reason := 'archive_table_missing';
   END IF;
 
   -- Lock what the classification reads, in the runtime's order.
@@ -112,8 +132,7 @@ BEGIN
   FOR UPDATE;
 
   -- The messages, read after the task locks (a concurrent claim of the same tasks has committed
-  -- by now). A queue without a table has no messages: every id is missing (or fatal by route).
-  v_qtable := pgmq.format_table_name(claim_tasks.queue_name, 'q');
+  -- by now). A queue without a table has no messages (the batch is fatal, see above).
   IF pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', v_qtable)) IS NOT NULL THEN
     EXECUTE pg_catalog.format(
       'SELECT pg_catalog.array_agg(q.msg_id ORDER BY q.msg_id), pg_catalog.array_agg(q.message ORDER BY q.msg_id)

@@ -1,4 +1,5 @@
--- The structural shape of a stored flow (options excluded), NULL when the flow does not exist.
+-- The structural shape of a stored flow (options excluded); {"steps": []} for a flow without
+-- steps and for an unknown one, as released pgflow answers (docs/compatibility.md item 3).
 CREATE OR REPLACE FUNCTION pgflow._get_flow_shape(p_flow_slug text)
 RETURNS jsonb
 LANGUAGE sql
@@ -24,6 +25,4 @@ AS $$
            ORDER BY s.step_index)
     FROM pgflow.steps AS s
     WHERE s.flow_slug = p_flow_slug), '[]'::jsonb))
-  FROM pgflow.flows AS f
-  WHERE f.flow_slug = p_flow_slug
 $$;

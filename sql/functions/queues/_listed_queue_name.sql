@@ -1,4 +1,4 @@
--- The spelling pgmq.meta lists for a queue (case-insensitive match), for operations that need it
+-- The spelling pgmq.meta lists for a queue (the row naming the same tables), for operations that need it
 -- exactly (pgmq.drop_queue). Returns the argument when nothing is listed; PF004 when several
 -- spellings map to the same tables.
 CREATE OR REPLACE FUNCTION pgflow._listed_queue_name(p_queue_name text)
@@ -13,7 +13,10 @@ BEGIN
   SELECT pg_catalog.array_agg(m.queue_name::text ORDER BY m.queue_name::text)
   INTO v_spellings
   FROM pgmq.meta AS m
-  WHERE pg_catalog.lower(m.queue_name::text COLLATE "C") = pg_catalog.lower(p_queue_name COLLATE "C");
+  -- the rows whose tables are this queue's, derived as PGMQ derives them (lower() in the database
+  -- collation): in a tr-TR database "Import" names q_ımport, not the tables of "import"
+  WHERE ('q_' || pg_catalog.lower(m.queue_name::text COLLATE "default"))::name
+        = ('q_' || pg_catalog.lower(p_queue_name COLLATE "default"))::name;
   IF v_spellings IS NULL THEN
     RETURN p_queue_name;
   END IF;

@@ -3,7 +3,7 @@
 -- recovery) is left alone with its message. Otherwise the task completes; when it was the
 -- step's last one the step completes (map output: task outputs in task_index order), the
 -- children are released, and the run moves on. A single step whose output is not an array but
--- feeds a map step fails the run with a [TYPE_VIOLATION] error.
+-- feeds a map step fails the run with a [TYPE_VIOLATION] error; the failed task keeps that output.
 CREATE OR REPLACE FUNCTION pgflow.complete_task(run_id uuid, step_slug text, task_index integer, output jsonb)
 --@include functions/runtime/parts/task_call_header.sql
   v_step pgflow.steps;
@@ -30,8 +30,9 @@ BEGIN
     JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
     WHERE d.flow_slug = v_run.flow_slug AND d.dep_slug = complete_task.step_slug AND c.step_type = 'map';
 
+    -- the failed task keeps the offending output, for diagnosis (docs/compatibility.md item 4)
     UPDATE pgflow.step_tasks AS t
-       SET status = 'failed', failed_at = pg_catalog.now(), error_message = v_error
+       SET status = 'failed', failed_at = pg_catalog.now(), error_message = v_error, output = complete_task.output
      WHERE t.run_id = complete_task.run_id AND t.step_slug = complete_task.step_slug
        AND t.task_index = complete_task.task_index
     RETURNING t.* INTO v_task;

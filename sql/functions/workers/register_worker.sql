@@ -1,11 +1,14 @@
--- Registration now also checks the route: a worker of a concrete flow polls exactly that flow's
--- queue (PF004 otherwise), so coverage can trust worker rows.
+-- Registration checks the route: a worker of a concrete flow polls exactly that flow's queue, a
+-- step worker exactly its step's private queue (PF004 otherwise), so coverage can trust worker
+-- rows. worker_version is free text the worker reports (its release), shown by `pgflow coverage`;
+-- callers that do not pass it register as before.
 CREATE OR REPLACE FUNCTION pgflow.register_worker(
   worker_id uuid,
   function_name text,
   queue_name text,
   flow_slug text,
-  step_slug text DEFAULT NULL
+  step_slug text DEFAULT NULL,
+  worker_version text DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -64,8 +67,10 @@ BEGIN
             HINT = 'a rollout fence or a fatal claim paused this function (see worker_functions.paused_reason); enable it again when the rollout is done (docs/upgrade.md step 7) or once the cause is fixed (docs/claim-protocol.md)';
   END IF;
 
-  INSERT INTO pgflow.workers (worker_id, queue_name, function_name, flow_slug, step_slug, started_at, last_heartbeat_at)
+  INSERT INTO pgflow.workers (worker_id, queue_name, function_name, flow_slug, step_slug, started_at, last_heartbeat_at,
+                              worker_version)
   VALUES (register_worker.worker_id, register_worker.queue_name, register_worker.function_name,
-          register_worker.flow_slug, register_worker.step_slug, pg_catalog.now(), pg_catalog.clock_timestamp());
+          register_worker.flow_slug, register_worker.step_slug, pg_catalog.now(), pg_catalog.clock_timestamp(),
+          register_worker.worker_version);
 END;
 $$;

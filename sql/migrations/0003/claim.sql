@@ -4,4 +4,4 @@
 
 --@include functions/claim/claim_result.sql
 
---@include functions/claim/claim_tasks.sql as-create
+--@include released/0003/functions/claim/claim_tasks.sql as-create

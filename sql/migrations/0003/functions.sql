@@ -17,9 +17,9 @@
 
 --@include functions/definitions/step_queue_name.sql as-create
 
---@include functions/queues/_listed_queue_name.sql as-create
+--@include released/0003/functions/queues/_listed_queue_name.sql as-create
 
---@include functions/queues/_queue_exists.sql as-create
+--@include released/0003/functions/queues/_queue_exists.sql as-create
 
 --@include functions/queues/_assert_queue_unclaimed.sql as-create
 
@@ -43,7 +43,7 @@
 
 --@include functions/definitions/ensure_flow_compiled_protocol1.sql
 
---@include functions/definitions/ensure_flow_compiled.sql as-create
+--@include released/0003/functions/definitions/ensure_flow_compiled.sql as-create
 
 --@include functions/definitions/delete_flow_and_data.sql
 
@@ -63,7 +63,7 @@
 -- Workers
 ------------------------------------------------------------------------------------------------
 
---@include functions/workers/register_worker.sql
+--@include released/0003/functions/workers/register_worker.sql
 
 --@include functions/workers/_clear_pause_on_enable.sql as-create
 

@@ -12,7 +12,7 @@ BEGIN
                                E'\n' ORDER BY f.flow_slug, f.check_id, f.object_name)
   INTO v_count, v_detail
   FROM (
---@include audit/findings.sql
+--@include released/0003/audit/findings.sql
   ) AS f
   WHERE f.blocking;
   IF v_count > 0 THEN

@@ -1,0 +1,146 @@
+"""Adopting a large database installed by pgflow 0.8.1, then the queue-identity upgrade, against a bare UPDATE.
+
+Data: ``--scale`` x 100,000 finished runs of 20 ten-step flows (1,000,000 step_states and
+1,000,000 task rows, every task with an output), loaded in bulk into a database built by the
+published ``@pgflow/core`` 0.8.1 migrations (tests/support/published.py; the hand-written 0.8.1
+shape of tests/support/upstream_shapes.py when the release cannot be built here), vacuumed and
+analysed, then used as a template; every sample runs on a fresh copy.
+
+Timed, per sample:
+
+* **baseline**: ``UPDATE pgflow.step_tasks SET error_message = lower(flow_slug)`` in one
+  transaction (the bare update of the migration benchmark);
+* **measured**: what ``pgflow migrate apply`` does on such a database: recognition,
+  :func:`pgflow_cli.upstream.adopt.adopt` (``online="auto"``: the adoption transaction, then the
+  online completion: step output backfill in batches, concurrent index, constraint validation),
+  then ``pgflow_cli.installer.apply`` of 0003 (its phased path), from the first statement to
+  the last ledger row.
+
+The prober of the migration benchmark runs meanwhile (a worker's read and claim of a task row at
+each end of the heap, every 20 ms); its longest single wait is the longest time a lock blocked
+workers. Goals (issue 8): longest blocking wait under 1 s, total within 2x of the bare update.
+The adoption transaction alone is reported too. At most 2 samples per quantity.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+from psycopg import sql
+
+from bench.benchmarks.migration import Prober
+from bench.core import Context, Result
+from pgflow_cli import installer
+from pgflow_cli.upstream import adopt as adoption
+from pgflow_cli.upstream import recognise as rec
+from tests.support import upstream_shapes
+
+STEPS = upstream_shapes.LOAD_STEPS
+
+
+def _build_release(ctx: Context, conninfo: str) -> str:
+    from tests.support import published
+
+    with psycopg.connect(ctx.conninfo("postgres"), autocommit=True) as admin:
+        try:
+            published.build_schema(conninfo, admin)
+            return f"published @pgflow/core {published.RELEASE}"
+        except published.PublishedReleaseError as exc:
+            ctx.log(f"cannot build the published release ({exc}); using the hand-written 0.8.1 shape")
+    upstream_shapes.build(conninfo, "0.8.1")
+    return "hand-written 0.8.1 shape"
+
+
+def run(ctx: Context) -> list[Result]:
+    runs = ctx.size(100_000, minimum=1_000)
+    samples = min(ctx.repeat, 2)
+    work = runs * STEPS
+    results = {
+        "bare": Result("bare UPDATE of one column", "s", [], work=work,
+                       details={"statement": "UPDATE pgflow.step_tasks SET error_message = lower(flow_slug)"}),
+        "total": Result("adopt 0.8.1 + migration 0003 total", "s", [], work=work,
+                        baseline="bare UPDATE of one column"),
+        "adopt": Result("adoption transaction", "s", [], work=work),
+        "bare_claim": Result("longest claim wait, bare UPDATE", "s", [], work=work),
+        "claim": Result("longest claim wait, adopt + 0003", "s", [], work=work,
+                        baseline="longest claim wait, bare UPDATE"),
+        "read": Result("longest read wait, adopt + 0003", "s", [], work=work),
+    }
+    admin = psycopg.connect(ctx.conninfo("postgres"), autocommit=True)
+    source = "bench_adopt_data"
+    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(source)))
+    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(source)))
+    try:
+        loaded = ctx.conninfo(source)
+        built = _build_release(ctx, loaded)
+        ctx.log(f"loading {runs} runs / {work} task rows into a {built} database")
+        started = time.perf_counter()
+        upstream_shapes.load_finished_runs(loaded, runs)
+        ctx.log(f"loaded in {time.perf_counter() - started:.0f}s")
+        with psycopg.connect(loaded) as conn:
+            keys = [conn.execute(f"SELECT run_id, step_slug FROM pgflow.step_tasks ORDER BY ctid {order} LIMIT 1").fetchone()
+                    for order in ("ASC", "DESC")]
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (source,))
+        for name in ("bare", "total"):
+            results[name].details["database"] = built
+        for sample in range(samples):
+            for kind in ("bare", "total"):
+                copy = f"adopt_{kind}_{sample}"
+                admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(copy), sql.Identifier(source)))
+                conninfo = ctx.conninfo(copy)
+                try:
+                    with psycopg.connect(conninfo, autocommit=True) as conn, Prober(conninfo, keys).running() as prober:
+                        time.sleep(0.2)
+                        started = time.perf_counter()
+                        if kind == "bare":
+                            conn.execute("UPDATE pgflow.step_tasks SET error_message = lower(flow_slug)")
+                        else:
+                            phases: dict[str, float] = {}
+                            mark = [time.perf_counter()]
+
+                            def progress(event: str, data: dict, phases: dict = phases, mark: list = mark) -> None:
+                                if event in ("phase_done", "done"):
+                                    key = f"{data['migration']} {data.get('phase', 'transaction' if event == 'done' else '')}"
+                                    now = time.perf_counter()
+                                    phases[key] = round(phases.get(key, 0) + now - mark[0], 2)
+                                    mark[0] = now
+
+                            found = rec.recognise(conn)
+                            adopted = adoption.adopt(conn, found, online="auto", progress=progress)
+                            applied = installer.apply(conn, online="auto", progress=progress)
+                        seconds = time.perf_counter() - started
+                        time.sleep(0.2)
+                    if kind == "bare":
+                        results["bare"].samples.append(seconds)
+                        results["bare_claim"].samples.append(prober.longest["claim"])
+                    else:
+                        _check(conninfo, runs)
+                        results["total"].samples.append(seconds)
+                        results["total"].details.update(
+                            phases_s=phases, release=found.label, adoption_online=adopted.online,
+                            migration_path="phased" if applied and applied[-1].online else "one transaction")
+                        results["adopt"].samples.append(adopted.duration_ms / 1000)
+                        results["claim"].samples.append(prober.longest["claim"])
+                        results["read"].samples.append(prober.longest["read"])
+                    if kind == "total":
+                        ctx.log(f"  seconds per phase: {phases}")
+                    ctx.log(f"sample {sample + 1}/{samples} {kind}: {seconds:.1f}s total, longest claim wait "
+                            f"{prober.longest['claim']:.3f}s, read {prober.longest['read']:.3f}s ({prober.count} probes)")
+                finally:
+                    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(copy)))
+    finally:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(source)))
+        admin.close()
+    return list(results.values())
+
+
+def _check(conninfo: str, runs: int) -> None:
+    """The measured run did all the work: every step output backfilled, 0003 applied, rows kept."""
+    with psycopg.connect(conninfo) as conn:
+        missing = conn.execute("SELECT count(*) FROM pgflow.step_states WHERE output IS NULL").fetchone()[0]
+        tasks = conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE queue_name IS NOT NULL").fetchone()[0]
+        protocol = conn.execute("SELECT pgflow.protocol_version()").fetchone()[0]
+    if missing or tasks != runs * STEPS or protocol != 2:
+        raise RuntimeError(f"adoption benchmark did not finish its work: {missing} outputs missing, "
+                           f"{tasks} tasks with a queue, protocol {protocol}")

@@ -1,0 +1,170 @@
+"""``pgflow coverage``: which routes have live workers, and which have work waiting (docs/coverage.md)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import psycopg
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from pgflow_cli import render
+from pgflow_cli.cli import common
+from pgflow_cli.cli.common import OutputFormat
+from pgflow_cli.db import map_database_error
+from pgflow_cli.operations import coverage as coverage_op
+
+CSV_COLUMNS = [
+    "flow_slug", "step_slug", "step_index", "queue_mode", "queue_name", "state", "work_waiting", "live_workers",
+    "live_versions", "draining_workers", "draining_versions", "stale_workers", "last_heartbeat_at", "functions",
+    "fenced_functions", "queue_exists", "queue_readable", "backlog", "visible_messages", "oldest_message_age_seconds",
+]
+"""One CSV row per route, in this column order (docs/coverage.md)."""
+
+STATE_STYLE = {
+    "covered": "green", "draining": "yellow", "fenced": "yellow", "stale": "red", "uncovered": "bold red",
+    "queue_missing": "bold red",
+}
+
+HELP = """Persisted routes versus live workers: for every route (a plain flow's queue, or each step's
+private queue) the live workers and the versions they reported, deprecated workers still draining,
+killed workers (stale), fenced functions, and the queue's backlog and oldest message. Routes without
+a live worker and with messages waiting are flagged "work waiting"; workers polling queues no route
+owns are listed.
+
+States: covered, draining, fenced, stale, uncovered, queue_missing. Read-only; SELECT on the pgflow
+and pgmq tables suffices. `--sql` prints the same query for psql.
+
+Gate a deployment on it: start the new version's workers, then `pgflow coverage --flow NEW --wait
+--timeout 120` before switching callers (docs/step-queues.md).
+
+Exit 0: every route covered. Exit 1: a route is not covered. Exit 3: cannot connect or no pgflow
+schema. Exit 5: --wait reached --timeout (the routes still missing are named). Exit 6: a --flow that
+names no flow (without --wait)."""
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``coverage`` to the root command."""
+    app.command("coverage", help=HELP)(coverage)
+
+
+def coverage(
+    flow: Annotated[Optional[list[str]], typer.Option(
+        "--flow", metavar="SLUG", show_default=False,
+        help="Check only this flow (exact slug; repeat for several).")] = None,
+    output_format: common.FormatOption = OutputFormat.table,
+    heartbeat_window: Annotated[float, typer.Option(
+        "--heartbeat-window", min=0.1, metavar="SECONDS",
+        help="A worker is live when its last heartbeat is at most this old (default: three 5 s heartbeat "
+        "intervals, so one late beat does not flap a route).")] = coverage_op.DEFAULT_HEARTBEAT_WINDOW,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="Check repeatedly until every route is covered (progress on stderr); exit 5 at --timeout.")]
+    = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, metavar="SECONDS", help="Deadline of --wait.")]
+    = 300.0,
+    interval: Annotated[float, typer.Option("--interval", min=0.1, metavar="SECONDS",
+                                            help="Seconds between checks with --wait.")] = 2.0,
+    print_sql: Annotated[bool, typer.Option(
+        "--sql", help="Print the coverage query as a read-only psql script and exit; no database is contacted.")]
+    = False,
+    dsn: common.DsnOption = None,
+    sandbox: common.SandboxOption = False,
+    connect_timeout: common.ConnectTimeoutOption = 10,
+) -> None:
+    common.STATE.output_format = output_format
+    if print_sql:
+        sys.stdout.write(coverage_op.psql_script(flow, heartbeat_window))
+        sys.stdout.flush()
+        return
+    err = render.stderr_console()
+    conn, target = common.open_connection(dsn, sandbox, connect_timeout)
+
+    def progress(report: coverage_op.CoverageReport, left: float) -> None:
+        missing = report.describe_missing()
+        err.print(render.text(f"waiting ({left:.0f} s left): {len(missing)} not covered: " + "; ".join(missing), "dim"))
+
+    try:
+        if wait:
+            report = coverage_op.wait_for_coverage(conn, flow, heartbeat_window=heartbeat_window, timeout=timeout,
+                                                   interval=interval, progress=progress)
+        else:
+            report = coverage_op.check_coverage(conn, flow, heartbeat_window=heartbeat_window)
+    except psycopg.Error as exc:
+        raise map_database_error(exc, target=target) from None
+    finally:
+        conn.close()
+
+    if output_format == OutputFormat.json:
+        render.write_json(report.to_document())
+    elif output_format == OutputFormat.csv:
+        render.write_csv(CSV_COLUMNS, [r.to_dict() for r in report.routes])
+    else:
+        _render_table(report, render.stdout_console())
+    code = report.exit_code()
+    if code:
+        raise typer.Exit(code)
+
+
+def _versions(count: int, versions: list[str]) -> Text:
+    if not count:
+        return render.text("0")
+    return render.text(f"{count} ({', '.join(versions)})")
+
+
+def _backlog(route: coverage_op.Route) -> Text:
+    if not route.queue_exists:
+        return render.text("no queue", "bold red")
+    if route.backlog is None:
+        return render.text("unreadable", "dim")
+    text = f"{route.backlog}"
+    if route.backlog and route.visible_messages is not None and route.visible_messages != route.backlog:
+        text += f" ({route.visible_messages} visible)"
+    return render.text(text, "bold red" if route.work_waiting else None)
+
+
+def _age(seconds: float | None) -> Text:
+    if seconds is None:
+        return render.text("-", "dim")
+    whole = int(seconds)
+    if whole < 120:
+        return render.text(f"{seconds:.0f} s")
+    if whole < 7200:
+        return render.text(f"{whole // 60} min")
+    return render.text(f"{whole // 3600} h")
+
+
+def _render_table(report: coverage_op.CoverageReport, console: Console) -> None:
+    table = Table(title=Text(f"pgflow coverage (heartbeat window {report.heartbeat_window:g} s)", style="bold"),
+                  show_header=True, pad_edge=False)
+    for column, justify in (("flow", "left"), ("step", "left"), ("queue", "left"), ("state", "left"),
+                            ("live workers (versions)", "left"), ("draining", "left"), ("stale", "right"),
+                            ("fenced functions", "left"), ("backlog", "right"), ("oldest", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for route in report.routes:
+        state = render.text(route.state.replace("_", " "), STATE_STYLE.get(route.state))
+        if route.work_waiting:
+            state.append("  work waiting", style="bold red")
+        table.add_row(
+            render.text(route.flow_slug), render.text(route.step_slug or "(all steps)", None if route.step_slug else "dim"),
+            render.text(route.queue_name), state, _versions(route.live_workers, route.live_versions),
+            _versions(route.draining_workers, route.draining_versions), render.text(route.stale_workers),
+            render.text(", ".join(route.fenced_functions) or "-"), _backlog(route), _age(route.oldest_message_age_seconds),
+        )
+    console.print(table)
+    if report.unowned_workers:
+        console.print(render.text("workers polling queues no route owns:", "bold yellow"))
+        for w in report.unowned_workers:
+            owner = f"flow {w.flow_slug}" + (f" step {w.step_slug}" if w.step_slug else "") if w.flow_slug else "no flow"
+            console.print(render.text(
+                f"  worker {w.worker_id} (function {w.function_name}, {owner}) polls queue {w.queue_name}"
+                + (" [deprecated]" if w.deprecated else "")))
+    counts = report.counts()
+    summary = ", ".join(f"{n} {state.replace('_', ' ')}" for state, n in counts.items() if n)
+    waiting = sum(1 for r in report.routes if r.work_waiting)
+    line = f"{len(report.routes)} route(s): {summary or 'none'}"
+    if waiting:
+        line += f"; work waiting on {waiting} route(s)"
+    console.print(render.text(line, "bold green" if report.covered else "bold red"))

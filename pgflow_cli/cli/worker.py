@@ -1,0 +1,99 @@
+"""``pgflow worker MODULE:FLOW``: run the reference worker for a flow from your Python module."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import sys
+from typing import Annotated, Optional
+
+import psycopg
+import typer
+
+from pgflow_cli import db, render
+from pgflow_cli.cli.common import ConnectTimeoutOption, DsnOption, SandboxOption, resolve
+from pgflow_cli.db import map_database_error
+from pgflow_cli.operations import worker as worker_op
+
+log = logging.getLogger("pgflow.worker")
+
+HELP = """Run the reference worker for a flow defined in your Python module.
+
+MODULE:FLOW names a Flow, or a with_step_queues() flow, as `package.module:name` (imported with
+the current directory on the path) or `path/to/file.py:name`. A plain flow's worker serves the
+whole flow on its queue lower(flow_slug) and takes no --step; a step-queued flow's worker serves
+exactly one step (--step, required) on that step's private queue. The module, the flow, the step
+and every generated queue name are checked before the database is contacted.
+
+Logs (stderr) name the flow, step, queue and function; never inputs, outputs or message bodies.
+SIGTERM or SIGINT stops polling, lets running handlers finish (--drain-timeout), marks the
+worker stopped and exits 0.
+
+Exit 0: stopped cleanly. Exit 1: stopped after a fatal claim (unsupported work; the function is
+paused, see docs/claim-protocol.md). Exit 2: bad MODULE:FLOW, --step or options. Exit 3: cannot
+connect. Exit 6: startup refused by the database: function fenced (PF001), protocol mismatch
+(PF002), the flow exists with another shape or routing, or a queue collision (PF004).
+Details: docs/step-queues.md."""
+
+
+class LogLevel(str, enum.Enum):
+    """Lowest level the worker logs."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``worker`` to the root command."""
+    app.command("worker", help=HELP)(worker)
+
+
+def worker(
+    target: Annotated[str, typer.Argument(metavar="MODULE:FLOW", help="Where the flow is defined, e.g. myapp.flows:scrape.",
+                                          show_default=False)],
+    step: Annotated[Optional[str], typer.Option(
+        "--step", metavar="SLUG", show_default=False,
+        help="The step to serve (step-queued flows only, where it is required).")] = None,
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", "-c", min=1, metavar="N", help="Handlers running at once (tasks in flight).")] = 10,
+    function: Annotated[Optional[str], typer.Option(
+        "--function", metavar="NAME", show_default=False,
+        help="Worker function to register under (the fence acts on it). Default: <flow>-worker, "
+        "or <flow>-<step>-worker for a step worker.")] = None,
+    dsn: DsnOption = None,
+    sandbox: SandboxOption = False,
+    connect_timeout: ConnectTimeoutOption = 10,
+    heartbeat_interval: Annotated[float, typer.Option(
+        "--heartbeat-interval", min=0.1, metavar="SECONDS", help="Seconds between heartbeats.")] = 5.0,
+    drain_timeout: Annotated[float, typer.Option(
+        "--drain-timeout", min=0, metavar="SECONDS",
+        help="On stop, seconds to wait for running handlers; tasks still running are left to stalled recovery.")] = 60.0,
+    worker_version: Annotated[str, typer.Option(
+        "--worker-version", envvar="PGFLOW_WORKER_VERSION", metavar="TEXT",
+        help="Version this worker reports at registration, shown by `pgflow coverage` "
+        "(e.g. your release tag). Env: PGFLOW_WORKER_VERSION.")] = worker_op.DEFAULT_WORKER_VERSION,
+    log_level: Annotated[LogLevel, typer.Option("--log-level", case_sensitive=False, help="Lowest level logged.")]
+    = LogLevel.info,
+) -> None:
+    logging.basicConfig(level=log_level.value.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    plan = worker_op.plan_worker(target, step_slug=step, function_name=function)
+    where = resolve(dsn, sandbox)
+    db.connect(where, connect_timeout=connect_timeout).close()  # a clear exit 3 before anything starts
+    runner = worker_op.build_worker(
+        plan, where.conninfo, max_concurrent=concurrency, batch_size=min(concurrency, 10),
+        connect_timeout=connect_timeout,
+        heartbeat_interval=heartbeat_interval, drain_timeout=drain_timeout, worker_version=worker_version,
+        application_name=f"pgflow-worker {plan.function_name}"[:63],
+    )
+    log.info("pgflow worker %s: flow=%s step=%s queue=%s mode=%s function=%s concurrency=%d version=%s database=%s",
+             runner.worker_id, plan.flow.slug, plan.step_slug or "-", plan.queue_name, plan.queue_mode,
+             plan.function_name, concurrency, render.display(worker_version), where.describe())
+    try:
+        code = runner.run()
+    except psycopg.Error as exc:
+        raise map_database_error(exc, target=where) from None
+    if code:
+        raise typer.Exit(code)

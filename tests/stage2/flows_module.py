@@ -1,0 +1,43 @@
+"""Flows that tests start with the real `pgflow worker MODULE:FLOW` command.
+
+``plain``: a plain two-step flow. ``queued``: the same steps with private step queues.
+``not_a_flow``: something else, for the refusal tests. Handlers return at once.
+"""
+
+from typing import Literal
+
+from pgflow_cli.worker import Flow, with_step_queues
+
+
+def first(run_input, ctx):
+    return {"first": run_input}
+
+
+def second(deps, ctx):
+    return {"second": deps["first"]}
+
+
+def build(slug: str) -> Flow[Literal["first", "second"]]:
+    return Flow[Literal["first", "second"]](slug).step("first", first).step("second", second, depends_on=["first"])
+
+
+plain = build("cliPlain")
+queued = with_step_queues(build("cliQueued"))
+not_a_flow = {"slug": "nope"}
+
+
+def hold(run_input, ctx):
+    """Blocks until the file named by $PGFLOW_TEST_RELEASE exists (a task that keeps its worker busy)."""
+    import os
+    import time
+    from pathlib import Path
+
+    print(f"HOLDING {ctx.run_id}", flush=True)
+    release = Path(os.environ["PGFLOW_TEST_RELEASE"])
+    deadline = time.monotonic() + 300
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {"held": True}
+
+
+blocking = Flow("cliBlocking").step("hold", hold)

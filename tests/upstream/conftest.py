@@ -1,0 +1,156 @@
+"""Fixtures of the upstream-adoption tests: databases installed by pgflow's own migrations.
+
+* ``release_db``: the published @pgflow/core 0.8.1 migrations, nothing else (no flows);
+* ``inflight_db``: the same with runs in every state, driven through the 0.8.1 functions
+  (``(database, PreUpgrade)``);
+* ``shape_db(release)``: a factory for the hand-written schema shapes of later releases
+  (tests/support/upstream_shapes.py);
+* ``catalog(conninfo)``: the catalog facts two databases must share after adoption.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+import pytest
+
+from tests.support import published, upstream_shapes
+from tests.upgrade.conftest import BaselineDriver, PreUpgrade
+
+OLD_WORKER = "00000000-0000-4000-8000-0000000000aa"
+
+FLOWS_081 = """
+SELECT pgflow.create_flow('orderFlow', base_delay => 30);
+SELECT pgflow.add_step('orderFlow', 'validate', max_attempts => 1);
+SELECT pgflow.add_step('orderFlow', 'charge', ARRAY['validate'], max_attempts => 3);
+SELECT pgflow.add_step('orderFlow', 'ship', ARRAY['charge']);
+SELECT pgflow.create_flow('fanOut');
+SELECT pgflow.add_step('fanOut', 'list');
+SELECT pgflow.add_step('fanOut', 'process', ARRAY['list'], step_type => 'map');
+SELECT pgflow.add_step('fanOut', 'collect', ARRAY['process']);
+"""
+"""The upgrade fixture's orderFlow and fanOut, defined with the 0.8.1 functions (0.8.1 has no
+conditional steps, so the fixture's third flow is left out)."""
+
+
+def _label(request) -> str:
+    return re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
+
+
+@pytest.fixture(scope="session")
+def release_template(harness) -> str:
+    try:
+        return harness.template("release_081", lambda c: published.build_schema(c, harness.admin))
+    except published.PublishedReleaseError as exc:
+        pytest.fail(f"cannot build the published-release database: {exc}", pytrace=False)
+
+
+@pytest.fixture
+def release_db(harness, release_template, request):
+    database = harness.clone(release_template, _label(request))
+    yield database
+    harness.drop(database)
+
+
+def build_inflight(conninfo: str) -> PreUpgrade:
+    """Runs in every state on a 0.8.1 database, made only with the 0.8.1 functions."""
+    state = PreUpgrade()
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(FLOWS_081)
+        conn.execute("INSERT INTO pgflow.workers (worker_id, queue_name, function_name) VALUES (%s, 'orderFlow', "
+                     "'legacy-worker')", (str(state.old_worker),))
+        d = BaselineDriver(conn, state.old_worker)
+
+        run = state.runs["completed"] = d.start("orderFlow", {"order": 1})
+        d.finish("orderFlow", run, "validate", {"ok": True})
+        d.finish("orderFlow", run, "charge", {"charged": 10})
+        d.finish("orderFlow", run, "ship", {"parcel": "p1"})
+
+        run = state.runs["failed"] = d.start("orderFlow", {"order": 2})
+        for task in d.claim("orderFlow", run, "validate"):
+            d.fail(task, "invalid order")  # max_attempts 1: the run fails
+
+        state.runs["queued"] = d.start("orderFlow", {"order": 3})
+
+        run = state.runs["started"] = d.start("orderFlow", {"order": 4})
+        assert len(d.claim("orderFlow", run, "validate")) == 1  # claimed by a worker that then vanished
+
+        run = state.runs["retry_pending"] = d.start("orderFlow", {"order": 5})
+        d.finish("orderFlow", run, "validate", {"ok": True})
+        for task in d.claim("orderFlow", run, "charge"):
+            d.fail(task, "card service timed out")  # retried after 30 * 2**1 = 60 s
+
+        run = state.runs["map_half_done"] = d.start("fanOut", {})
+        d.finish("fanOut", run, "list", [1, 2, 3, 4])
+        for task in d.claim("fanOut", run, "process", 2):
+            d.complete(task, task["input"] * 10)
+        assert len(d.claim("fanOut", run, "process", 1)) == 1  # one in flight, one still queued
+    return state
+
+
+@pytest.fixture
+def inflight_db(harness, release_template, request):
+    """``(database, PreUpgrade)``: 0.8.1 with runs in every state (built per test: ~0.2 s)."""
+    database = harness.clone(release_template, _label(request))
+    try:
+        yield database, build_inflight(database.conninfo)
+    finally:
+        harness.drop(database)
+
+
+@pytest.fixture
+def shape_db(harness, request):
+    """``shape_db(release)``: a fresh database holding the hand-written shape of ``release``."""
+    made = []
+
+    def make(release: str):
+        template = harness.template(f"shape_{release.replace('.', '')}",
+                                    lambda c: upstream_shapes.build(c, release))
+        database = harness.clone(template, _label(request))
+        made.append(database)
+        return database
+
+    yield make
+    for database in made:
+        harness.drop(database)
+
+
+CATALOG = """
+SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+       || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+       || COALESCE(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+       || COALESCE(' comment ' || col_description(c.oid, a.attnum), '')
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE c.relnamespace = 'pgflow'::regnamespace AND c.relkind IN ('r', 'c') AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' ' || COALESCE(array_to_string(c.relacl, ','), '-')
+       || ' ' || COALESCE(obj_description(c.oid, 'pg_class'), '')
+FROM pg_class c WHERE c.relnamespace = 'pgflow'::regnamespace
+UNION ALL
+SELECT 'constraint ' || c.relname || '.' || co.conname || ' ' || pg_get_constraintdef(co.oid)
+       || ' validated=' || co.convalidated::text
+FROM pg_constraint co JOIN pg_class c ON c.oid = co.conrelid WHERE c.relnamespace = 'pgflow'::regnamespace
+UNION ALL
+SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relnamespace = 'pgflow'::regnamespace
+UNION ALL
+SELECT 'function ' || p.oid::regprocedure::text || ' -> ' || pg_get_function_result(p.oid)
+       || ' acl=' || COALESCE(array_to_string(p.proacl, ','), '-') || ' body=' || md5(p.prosrc)
+       || ' config=' || COALESCE(array_to_string(p.proconfig, ','), '-') || ' definer=' || p.prosecdef::text
+       || ' volatility=' || p.provolatile::text || ' comment=' || COALESCE(obj_description(p.oid, 'pg_proc'), '')
+FROM pg_proc p WHERE p.pronamespace = 'pgflow'::regnamespace
+UNION ALL
+SELECT 'schema acl=' || COALESCE(array_to_string(nspacl, ','), '-') FROM pg_namespace WHERE nspname = 'pgflow'
+UNION ALL
+SELECT 'default acl ' || defaclobjtype::text || ' ' || array_to_string(defaclacl, ',') FROM pg_default_acl
+"""
+
+
+def catalog(conninfo: str) -> set[str]:
+    """Every catalog fact of schema pgflow that adoption must make equal to a baseline install
+    (columns by name, not position; the ledger and the adoption record left out)."""
+    with psycopg.connect(conninfo) as conn:
+        rows = {r[0] for r in conn.execute(CATALOG).fetchall()}
+    return {r for r in rows if "schema_adoption" not in r and "schema_migrations" not in r}
