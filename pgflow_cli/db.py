@@ -548,6 +548,13 @@ def map_database_error(exc: psycopg.Error, *, target: Target | None = None) -> P
             hint="is this the right database? run `pgflow migrate status` to see what is installed",
             detail=detail,
         )
+    if isinstance(exc, pgerrors.ReadOnlySqlTransaction):  # 25006: a hot standby or a read-only session
+        return ConnectionFailed(
+            f"the database refused a write: {message.splitlines()[0]}",
+            hint="this is a hot standby or a read-only session (default_transaction_read_only); connect to the "
+            "primary, as a role that may write",
+            detail=detail,
+        )
     if isinstance(exc, pgerrors.InsufficientPrivilege):
         return ConnectionFailed(
             f"permission denied: {message.splitlines()[0]}",

@@ -92,12 +92,7 @@ AssumeReleaseOption = Annotated[
 def _conflict(the_plan: installer.Plan, found: upstream.UpstreamPlan) -> PgflowError | None:
     """What stops `apply` here: an unrecognised upstream schema, else the ledger's conflicts; a
     recognised upstream schema (or one whose release is asserted) is adopted instead."""
-    refused = upstream.refusal(found)
-    if refused is not None:
-        return refused  # type: ignore[return-value]
-    if found.adoption_pending:
-        return None
-    return the_plan.refuse_reasons()
+    return migrate_op.blocking_conflict(the_plan, found)
 
 
 def _after_adoption(the_plan: installer.Plan, found: upstream.UpstreamPlan) -> list[installer.Migration]:
@@ -134,40 +129,39 @@ def status(
     connect_timeout: ConnectTimeoutOption = 10,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
-    """Show applied, pending, changed (checksum mismatch) and unknown migrations, and which pgflow
-    release installed a schema pgflow-cli did not (or adopted). Read-only.
+    """Show applied, pending, in-progress, changed (checksum mismatch) and unknown migrations, function-file
+    drift, invalid indexes, and which pgflow release installed a schema pgflow-cli did not (or adopted). Read-only.
 
-    Exit 0, or 6 when the database cannot be migrated by this tool (changed files, a newer database,
-    a pgflow schema that matches no published release).
+    Exit 0 up to date or only pending; 1 a migration in progress (resume or abort it), function files whose
+    installed text differs, or an invalid index; 6 when this tool cannot migrate the database (changed files,
+    a newer database, a pgflow schema that matches no published release).
     """
     STATE.output_format = output_format
     conn, target = open_connection(dsn, sandbox, connect_timeout)
     with conn:
-        plan = installer.make_plan(conn)
-        found = upstream.inspect(conn)
+        report = migrate_op.status(conn)
+    plan = report.plan
     rows = _status_rows(plan)
-    conflict = _conflict(plan, found)
     if output_format == OutputFormat.json:
         render.write_json({
             "kind": "pgflow-cli/migrate-status", "version": 1, "database": target.describe(),
-            "pgmq_version": plan.state.pgmq_version, "migrations": rows,
-            "pending": [r["version"] for r in rows if r["state"] == "pending"],
-            "installed": found.recognition.summary(), "upstream": found.to_dict(),
-            "conflict": conflict.to_dict() if conflict else None,
+            "pgmq_version": plan.state.pgmq_version, "migrations": rows, **report.to_dict(),
         })
     elif output_format == OutputFormat.csv:
         render.write_csv(STATUS_COLUMNS, rows)
     else:
-        _print_status(rows, target.describe(), plan)
-        _print_upstream(found)
-    if conflict:
+        _print_status(rows, target.describe(), report)
+        if report.found is not None:
+            _print_upstream(report.found)
+    if report.conflict:
         from pgflow_cli.cli import report_error
 
-        report_error(conflict)
-        raise typer.Exit(int(conflict.exit_code))
+        report_error(report.conflict)
+    if report.exit_code:
+        raise typer.Exit(int(report.exit_code))
 
 
-def _print_status(rows: list[dict[str, Any]], where: str, plan: installer.Plan) -> None:
+def _print_status(rows: list[dict[str, Any]], where: str, report: migrate_op.StatusReport) -> None:
     from rich.table import Table
 
     console = render.stdout_console()
@@ -187,15 +181,19 @@ def _print_status(rows: list[dict[str, Any]], where: str, plan: installer.Plan) 
             render.text(row["summary"]),
         )
     console.print(table)
-    pending = [r for r in rows if r["state"] == "pending"]
-    console.print(render.text(f"PGMQ: {plan.state.pgmq_version or 'not installed'}"))
-    if pending and plan.state.foreign_pgflow:
-        console.print(render.text(f"{len(pending)} pending, the baseline through adoption; next: pgflow migrate plan",
-                                  "yellow"))
-    elif pending and not plan.refuse_reasons():
-        console.print(render.text(f"{len(pending)} pending; next: pgflow migrate plan", "yellow"))
-    elif not pending:
-        console.print(render.text("up to date", "green"))
+    if report.plan.files:
+        files = Table(title="function files", title_justify="left")
+        for column in ("file", "state", "recorded by"):
+            files.add_column(column, no_wrap=True)
+        for f in report.plan.files:
+            files.add_row(render.text(f"sql/{f.path}"),
+                          render.text(f.state, "green" if f.state == "current" else "bold red" if f in report.plan.file_drift else "yellow"),
+                          render.text(f"{f.recorded_version:04d}" if f.recorded_version else ""))
+        console.print(files)
+    console.print(render.text(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}"))
+    style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")
+    for line in report.lines():
+        console.print(render.text(line, style))
 
 
 @app.command()
@@ -312,9 +310,10 @@ def apply(
     up to --retries times, naming the sessions that block it (never their queries).
 
     Exit 0 applied (or nothing pending); 1 refused by the preflight audit or the recheck under the locks
-    (nothing changed); 3 cannot connect or no PGMQ; 4 a lock never became free (the database is as before
-    that transaction); 6 changed migration files, a newer database, or a pgflow schema that matches no
-    published release (adopt it anyway with --assume-release). A database installed by pgflow itself is
+    (nothing changed); 3 cannot connect, no PGMQ, a hot standby or a read-only session; 4 a lock never became
+    free (the database is as before that transaction); 6 changed migration files, a newer database, another
+    migrator holding the migrator lock, or a pgflow schema that matches no published release (adopt it anyway
+    with --assume-release); 130 Ctrl-C (the message says what was left and how to go on). A database installed by pgflow itself is
     adopted first, in one transaction (with --dry-run: only the adoption runs, rolled back).
     Read docs/upgrade.md first: workers must be fenced and drained for an upgrade that changes their protocol.
     """
@@ -338,21 +337,25 @@ def apply(
             todo = [m for m in _after_adoption(the_plan, found) if target_version is None or m.version <= target_version]
             for migration in todo:
                 typer.echo(f"-- ===== {migration.label} (sha256 {migration.checksum}) =====")
+                locks = migration.locks_for([None, *(p.name for p in migration.phases_for_single_transaction())])
+                if locks:
+                    typer.echo("-- taken first, all or none, on the one-transaction path (each phase takes its own "
+                               "--@lock lines): " + ", ".join(f"{lock.table} {lock.mode}" for lock in locks))
                 typer.echo(migration.sql.rstrip("\n"))
             if not todo and not found.adoption_pending:
                 err.print("nothing pending")
             return
-        if install_pgmq:
-            installed = installer.ensure_pgmq(conn)
-            if installed:
-                err.print(render.text(f"installed PGMQ {installed} (SQL bundled with pgflow-cli)"))
 
         def progress(event: str, data: dict[str, Any]) -> None:
             # json/csv: stderr carries one JSON error document at most (blockers go into its detail)
             if output_format != OutputFormat.table:
                 return
             if event == "lock_wait":
-                err.print(render.text("waiting for another migrator to finish...", "yellow"))
+                holder = data["described"][0] if data["described"] else "a session"
+                err.print(render.text(f"another migrator holds the lock: {holder}; waiting up to "
+                                      f"{data['wait_seconds']:g} s for it to finish...", "yellow"))
+            elif event == "pgmq_installed":
+                err.print(render.text(f"installed PGMQ {data['version']} (SQL bundled with pgflow-cli)"))
             elif event == "workers_alive":
                 err.print(render.text(
                     f"warning: {data['alive']} worker(s) have a recent heartbeat and {data['enabled_functions']} worker "
@@ -379,15 +382,25 @@ def apply(
                 done = min(data["first_page"] + data["pages"], data["relation_pages"])
                 err.print(render.text(f"    backfill pages {done}/{data['relation_pages']}: {data['rows']} rows "
                                       f"in {data['ms']} ms", "dim"))
+            elif event == "invalid_index":
+                err.print(render.text(f"    dropping invalid index {data['index']} (left by an earlier concurrent "
+                                      "build) before building it again", "yellow"))
             elif event == "done":
                 verb = "rolled back (dry run)" if data["dry_run"] else "applied"
                 err.print(render.text(f"{verb} {data['migration']} in {data['duration_ms']} ms", "green"))
 
-        result = migrate_op.apply(
-            conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
-            dry_run=dry_run, progress=progress, online=online, batch_seconds=batch_seconds,
-            assume_release=assume_release,
-        )
+        try:
+            result = migrate_op.apply(
+                conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
+                dry_run=dry_run, progress=progress, online=online, batch_seconds=batch_seconds,
+                install_pgmq=install_pgmq, assume_release=assume_release,
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+        else:
+            interrupted = False
+    if interrupted:  # the migrator's connection is closed now (its session lock released): read what is left
+        raise migrate_op.interrupted(target)
     if output_format == OutputFormat.json:
         render.write_json({"kind": "pgflow-cli/migrate-apply", "version": 1, "database": target.describe(), **result.to_dict()})
         return

@@ -44,6 +44,7 @@ from pgflow_cli.installer.files import (
     Migration,
     Phase,
     PhasedMigration,
+    TableLock,
     available_migrations,
     parse_applies,
     parse_phases,
@@ -60,13 +61,24 @@ from pgflow_cli.installer.ledger import (
     read_state,
 )
 from pgflow_cli.installer.pgmq_bootstrap import PGMQ_SQL_SHA256, PGMQ_SQL_VERSION, bundled_pgmq_sql, ensure_pgmq
-from pgflow_cli.installer.runner import Applied, ProgressFn, abort, apply, file_runs, install, migrator_lock
+from pgflow_cli.installer.runner import (
+    Applied,
+    ProgressFn,
+    abort,
+    apply,
+    check_writable,
+    file_runs,
+    install,
+    locked_transaction,
+    migrator_lock,
+    take_locks,
+)
 
 __all__ = [
     "BASELINE_VERSION", "MAX_BATCH_PAGES", "PGMQ_SQL_SHA256", "PGMQ_SQL_VERSION", "QUERIES", "RELEASED_CHECKSUMS",
     "Applied", "DatabaseState", "FileApply", "FileStatus", "LedgerRow", "Migration", "MigrationStatus", "Phase",
-    "PhasedMigration", "Plan", "ProgressFn", "abort", "apply", "available_migrations", "bundled_pgmq_sql",
-    "ensure_pgmq", "file_runs", "install", "ledger", "make_plan", "migrator_lock", "parse_applies", "parse_phases",
-    "read_state",
+    "PhasedMigration", "Plan", "ProgressFn", "TableLock", "abort", "apply", "available_migrations",
+    "bundled_pgmq_sql", "check_writable", "ensure_pgmq", "file_runs", "install", "ledger", "locked_transaction",
+    "make_plan", "migrator_lock", "parse_applies", "parse_phases", "read_state", "take_locks",
     "versions",
 ]

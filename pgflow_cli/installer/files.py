@@ -42,7 +42,86 @@ _APPLY = re.compile(r"^--@apply\b(?P<rest>.*)$", re.MULTILINE)
 _APPLY_LINE = re.compile(r"^[ \t]+(?P<path>functions/[a-z0-9_/]+\.sql)[ \t]+sha256=(?P<sha>[0-9a-f]{64})[ \t]*$")
 _WORKER_PROTOCOL = re.compile(r"^--@worker-protocol[ \t]+(\d+)[ \t]*$", re.MULTILINE)
 _PREFLIGHT = re.compile(r"^--@preflight[ \t]+audit[ \t]*$", re.MULTILINE)
+_LOCK = re.compile(r"^--@lock\b(?P<rest>.*)$", re.MULTILINE)
+_LOCK_LINE = re.compile(r"^[ \t]+(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)[ \t]+(?P<mode>[A-Z][A-Z ]*[A-Z])[ \t]*$")
 _THRESHOLD = re.compile(r"^--@online-threshold[ \t]+(?P<table>[a-z_.]+)[ \t]+(?P<rows>\d+)[ \t]*$", re.MULTILINE)
+
+
+LOCK_MODES = ("ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE",
+              "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE")
+"""PostgreSQL's table lock modes, weakest first (``LOCK TABLE ... IN <mode> MODE``)."""
+
+LOCK_ORDER = ("pgflow.flows", "pgflow.steps", "pgflow.runs", "pgflow.step_states", "pgflow.step_tasks",
+              "pgflow.workers", "pgflow.worker_functions")
+"""The order a migration takes its table locks in (docs/runtime.md "Lock order"): definitions,
+then runs and their states and tasks, then workers. Tables not listed come after, in the order
+their ``--@lock`` lines name them."""
+
+
+@dataclass(frozen=True)
+class TableLock:
+    """One ``--@lock TABLE MODE`` line: a lock the runner takes before the transaction's SQL runs.
+
+    Attributes:
+        table: ``schema.table`` (lowercase, quoted as two identifiers when locked).
+        mode: one of :data:`LOCK_MODES`.
+    """
+
+    table: str
+    mode: str
+
+    @property
+    def rank(self) -> int:
+        return LOCK_MODES.index(self.mode)
+
+
+def merge_locks(locks: Sequence[TableLock]) -> tuple[TableLock, ...]:
+    """One lock per table, strong enough for every line naming it, in :data:`LOCK_ORDER`.
+
+    ``SHARE`` and ``SHARE UPDATE EXCLUSIVE`` together need ``SHARE ROW EXCLUSIVE`` (the weakest
+    mode that conflicts with everything either does); otherwise the stronger mode wins.
+    """
+    modes: dict[str, set[str]] = {}
+    for lock in locks:
+        modes.setdefault(lock.table, set()).add(lock.mode)
+    merged = []
+    for table, found in modes.items():
+        mode = max(found, key=LOCK_MODES.index)
+        if mode in ("SHARE", "SHARE UPDATE EXCLUSIVE") and {"SHARE", "SHARE UPDATE EXCLUSIVE"} <= found:
+            mode = "SHARE ROW EXCLUSIVE"
+        merged.append(TableLock(table, mode))
+    first_seen = list(modes)
+
+    def position(lock: TableLock) -> tuple[int, int]:
+        known = LOCK_ORDER.index(lock.table) if lock.table in LOCK_ORDER else len(LOCK_ORDER)
+        return known, first_seen.index(lock.table)
+
+    return tuple(sorted(merged, key=position))
+
+
+def parse_locks(text: str, label: str) -> dict[str | None, tuple[TableLock, ...]]:
+    """The ``--@lock`` lines of a migration (or of its lock file), by phase.
+
+    Returns:
+        phase name -> its locks (in written order); ``None`` holds the lines before the first
+        ``--@phase`` marker (a migration without phases: its one transaction).
+
+    Raises:
+        RuntimeError: a malformed line (a packaging error: the message gives the syntax).
+    """
+    markers = [(m.start(), m["name"]) for m in _PHASE.finditer(text)]
+    found: dict[str | None, list[TableLock]] = {}
+    for match in _LOCK.finditer(text):
+        line = _LOCK_LINE.match(match.group("rest"))
+        if line is None or line["mode"] not in LOCK_MODES:
+            raise RuntimeError(f"{label}: malformed line {match.group(0)!r}: write '--@lock schema.table MODE' "
+                               f"with MODE one of {', '.join(LOCK_MODES)}")
+        phase = None
+        for start, name in markers:
+            if start < match.start():
+                phase = name
+        found.setdefault(phase, []).append(TableLock(line["table"], line["mode"]))
+    return {phase: tuple(locks) for phase, locks in found.items()}
 
 
 @dataclass(frozen=True)
@@ -201,6 +280,27 @@ class Migration:
     @property
     def phased(self) -> PhasedMigration | None:
         return parse_phases(self.sql)
+
+    @property
+    def lock_file(self) -> str:
+        """Where the ``--@lock`` lines of a released migration that predates them live
+        (``migrations/NNNN/locks.sql``; not part of the migration's text or checksum)."""
+        return f"migrations/{self.version:04d}/locks.sql"
+
+    @property
+    def lock_plan(self) -> dict[str | None, tuple[TableLock, ...]]:
+        """The table locks the runner takes first in each transaction of this migration, by phase
+        (see :func:`parse_locks`): the migration's own ``--@lock`` lines, or, for a released
+        migration written before them, the lines of :attr:`lock_file`."""
+        own = parse_locks(self.text, self.label)
+        if own or not (sqlfiles.sql_root() / self.lock_file).is_file():
+            return own
+        return parse_locks(sqlfiles.load(self.lock_file), self.lock_file)
+
+    def locks_for(self, phases: Sequence[str | None]) -> tuple[TableLock, ...]:
+        """The locks one transaction running ``phases`` takes up front (merged, in lock order)."""
+        plan = self.lock_plan
+        return merge_locks([lock for phase in phases for lock in plan.get(phase, ())])
 
     @property
     def worker_protocol(self) -> int | None:

@@ -31,6 +31,9 @@ class DatabaseState:
     pgmq_schema_comment: str | None
     server_version_num: int
     database_name: str
+    ledger_columns: list[str] = field(default_factory=list)
+    pgflow_relations: int = 0
+    pgflow_functions: int = 0
 
     @property
     def pgmq_version(self) -> str | None:
@@ -44,6 +47,23 @@ class DatabaseState:
     def foreign_pgflow(self) -> bool:
         """A pgflow schema with tables that pgflow-cli did not install (no ledger)."""
         return self.has_flows_table and not self.has_ledger
+
+    @property
+    def foreign_ledger(self) -> bool:
+        """A ``pgflow.schema_migrations`` that is not pgflow-cli's ledger (other columns)."""
+        return self.has_ledger and not set(LEDGER_COLUMNS) <= set(self.ledger_columns)
+
+    @property
+    def partial_pgflow(self) -> bool:
+        """A pgflow schema holding objects (functions, types, tables) but neither the ledger nor
+        the flows table: a partial or hand-made installation the first migration would collide with."""
+        return (self.has_pgflow_schema and not self.has_ledger and not self.has_flows_table
+                and (self.pgflow_relations > 0 or self.pgflow_functions > 0))
+
+
+LEDGER_COLUMNS = ("version", "name", "checksum", "tool_version", "applied_by", "applied_at", "duration_ms",
+                  "state", "phases_done")
+"""Columns of pgflow-cli's ledger (sql/queries/installer.sql ``ledger_bootstrap``)."""
 
 
 def read_state(conn: psycopg.Connection) -> DatabaseState:
@@ -108,6 +128,8 @@ class Plan:
     state: DatabaseState
     statuses: list[MigrationStatus] = field(default_factory=list)
     files: list[FileStatus] = field(default_factory=list)
+    invalid_indexes: list[str] = field(default_factory=list)
+    """``pgflow.<index>`` names of INVALID indexes (an interrupted ``CREATE INDEX CONCURRENTLY``)."""
 
     @property
     def file_drift(self) -> list[FileStatus]:
@@ -120,6 +142,11 @@ class Plan:
         return [by_version[s.version] for s in self.statuses if s.state in ("pending", "in_progress")]
 
     @property
+    def in_progress(self) -> list[MigrationStatus]:
+        """Phased migrations that committed some phases but not the last (apply resumes, abort undoes)."""
+        return [s for s in self.statuses if s.state == "in_progress"]
+
+    @property
     def changed(self) -> list[MigrationStatus]:
         return [s for s in self.statuses if s.state == "changed"]
 
@@ -129,6 +156,22 @@ class Plan:
 
     def refuse_reasons(self) -> StateConflict | None:
         """The conflict that forbids applying anything, or ``None``."""
+        if self.state.foreign_ledger:
+            return StateConflict(
+                "pgflow.schema_migrations exists but is not pgflow-cli's migration ledger (it has other columns)",
+                hint="another tool owns a table of that name in the pgflow schema; move it elsewhere (ALTER TABLE ... "
+                "SET SCHEMA) or use a database without it; pgflow-cli never changes a table it did not create",
+                detail=[f"columns found: {', '.join(self.state.ledger_columns) or 'none'}",
+                        f"columns expected: {', '.join(LEDGER_COLUMNS)}"],
+            )
+        if self.state.partial_pgflow:
+            return StateConflict(
+                f"the pgflow schema holds {self.state.pgflow_functions} function(s) and {self.state.pgflow_relations} "
+                "table(s)/type(s) but no pgflow-cli ledger and no pgflow.flows table: a partial installation that "
+                "pgflow-cli did not make",
+                hint="find out what created them (`\\df pgflow.*`, `\\d pgflow.*` in psql); if nothing uses them, drop "
+                "them (DROP SCHEMA pgflow CASCADE removes everything in it) and apply again",
+            )
         if self.state.foreign_pgflow:
             return StateConflict(
                 "this database has a pgflow schema that pgflow-cli did not install (no pgflow.schema_migrations ledger)",
@@ -152,7 +195,8 @@ class Plan:
 
 def ledger(conn: psycopg.Connection) -> list[LedgerRow]:
     """Rows of ``pgflow.schema_migrations`` (empty when there is no ledger)."""
-    if not read_state(conn).has_ledger:
+    state = read_state(conn)
+    if not state.has_ledger or state.foreign_ledger:
         return []
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(sqlfiles.statement(QUERIES, "ledger_rows"))
@@ -162,7 +206,7 @@ def ledger(conn: psycopg.Connection) -> list[LedgerRow]:
 def make_plan(conn: psycopg.Connection) -> Plan:
     """Compare the shipped migrations with the database's ledger (read-only)."""
     state = read_state(conn)
-    recorded = {row.version: row for row in (ledger(conn) if state.has_ledger else [])}
+    recorded = {row.version: row for row in (ledger(conn) if state.has_ledger and not state.foreign_ledger else [])}
     plan = Plan(state)
     for migration in available_migrations():
         row = recorded.pop(migration.version, None)
@@ -178,13 +222,15 @@ def make_plan(conn: psycopg.Connection) -> Plan:
         plan.statuses.append(MigrationStatus(row.version, row.name, "unknown", None, row))
     plan.statuses.sort(key=lambda s: s.version)
     plan.files = _file_statuses(conn, state, plan)
+    if state.has_pgflow_schema:
+        plan.invalid_indexes = [r[0] for r in conn.execute(sqlfiles.statement(QUERIES, "invalid_indexes")).fetchall()]
     return plan
 
 
 def _file_statuses(conn: psycopg.Connection, state: DatabaseState, plan: Plan) -> list[FileStatus]:
     """Compare every ``--@apply`` file with the newest text the database recorded for it."""
     applied_anywhere = {a.path for m in available_migrations() for a in m.applies}
-    if not applied_anywhere or not state.has_ledger:
+    if not applied_anywhere or not state.has_ledger or state.foreign_ledger:
         return []
     ran: dict[str, tuple[int, str]] = {}
     if state.has_file_ledger:

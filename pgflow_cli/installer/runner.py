@@ -7,6 +7,8 @@ migrators apart; lock timeouts and deadlocks roll back and retry a bounded numbe
 
 from __future__ import annotations
 
+import random
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,16 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import first_line, retry_on_lock, transaction
-from pgflow_cli.errors import LockTimeout, Refused, SchemaMissing, StateConflict
+from pgflow_cli.errors import ConnectionFailed, Refused, SchemaMissing, StateConflict
 from pgflow_cli.installer.files import (
     MAX_BATCH_PAGES,
     QUERIES,
     Migration,
+    LOCK_MODES,
     Phase,
+    TableLock,
     available_migrations,
     parse_phases,
 )
@@ -77,6 +82,87 @@ def file_runs(migrations: Sequence[Migration], todo: Sequence[Migration]) -> dic
 ProgressFn = Callable[[str, dict[str, Any]], None]
 
 
+def take_locks(conn: psycopg.Connection, locks: Sequence[TableLock], *, lock_timeout: float) -> int:
+    """Take ``locks`` at the start of the caller's transaction: all of them, or none.
+
+    The first lock is waited for (up to ``lock_timeout`` seconds) while the transaction holds
+    nothing, so that wait can never be part of a deadlock. Each further lock may only be waited
+    for briefly: together at most half the server's ``deadlock_timeout`` (and ``lock_timeout``).
+    A producer or worker queued behind a lock already taken would only look for a deadlock after
+    ``deadlock_timeout``; by then the migrator has either got everything or given every lock back
+    (the savepoint is rolled back) and tries again after a short random pause. So the migration
+    never holds a lock while it waits for one long enough to deadlock anybody, whatever order the
+    other sessions lock in. The locks are taken in :data:`~pgflow_cli.installer.files.LOCK_ORDER`.
+
+    Args:
+        conn: a connection inside the transaction that needs the locks (nothing locked yet).
+        locks: the merged lock plan (:meth:`Migration.locks_for`).
+        lock_timeout: seconds, overall: how long to keep trying before giving up.
+
+    Returns:
+        How many times the whole set was tried (1 when nothing stood in the way).
+
+    Raises:
+        psycopg.errors.LockNotAvailable: not all locks within ``lock_timeout`` (the caller's
+            bounded retry treats it as any lock timeout).
+    """
+    if not locks:
+        return 0
+    template = sqlfiles.statement(QUERIES, "lock_table")
+    statements = []
+    for lock in locks:
+        if lock.mode not in LOCK_MODES:  # parse_locks checked; the mode is spliced as SQL text
+            raise ValueError(f"unknown lock mode {lock.mode!r}")
+        schema, table = lock.table.split(".")
+        statements.append(sql.SQL(template).format(table=sql.Identifier(schema, table), mode=sql.SQL(lock.mode)))
+    row = conn.execute(sqlfiles.statement(QUERIES, "deadlock_timeout_ms")).fetchone()
+    deadlock_ms = int(row[0]) if row and row[0] else 1000
+    budget = max(0.001, min(lock_timeout or float("inf"), deadlock_ms / 2000))
+    deadline = time.monotonic() + (lock_timeout or float("inf"))
+    local_timeout = sqlfiles.statement(QUERIES, "local_lock_timeout")
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            with conn.transaction():  # a savepoint: rolling it back gives back every lock taken in it
+                conn.execute(local_timeout, {"value": _millis(max(0.001, deadline - time.monotonic()))})
+                conn.execute(statements[0])
+                holding_since = time.monotonic()
+                for statement in statements[1:]:
+                    left = budget - (time.monotonic() - holding_since)
+                    if left <= 0:
+                        raise psycopg.errors.LockNotAvailable("lock plan: out of time for the next lock")
+                    conn.execute(local_timeout, {"value": _millis(left)})
+                    conn.execute(statement)
+            return tries
+        except psycopg.errors.LockNotAvailable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(random.uniform(0.005, 0.05))
+        finally:
+            if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+                conn.execute(local_timeout, {"value": _millis(lock_timeout)})
+
+
+def _millis(seconds: float | None) -> str:
+    return f"{max(1, int(seconds * 1000))}ms" if seconds else "0"
+
+
+@contextmanager
+def locked_transaction(conn: psycopg.Connection, locks: Sequence[TableLock], *,
+                       lock_timeout: float) -> Iterator[psycopg.Connection]:
+    """One migration transaction: no statement timeout, ``lock_timeout`` per statement, and
+    ``locks`` taken first (:func:`take_locks`). Every transaction the installer opens on pgflow
+    tables goes through here (migrations, their phases, abort, adoption steps).
+
+    Yields:
+        The connection, inside the transaction, holding every lock of ``locks``.
+    """
+    with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+        take_locks(conn, locks, lock_timeout=lock_timeout)
+        yield conn
+
+
 @dataclass
 class Applied:
     """Result of applying one migration.
@@ -109,6 +195,7 @@ def apply(
     online: str = "auto",
     batch_pages: int = 64,
     batch_seconds: float = 0.2,
+    install_pgmq: bool = False,
 ) -> list[Applied]:
     """Apply pending migrations in order, each atomically with its ledger row.
 
@@ -128,12 +215,16 @@ def apply(
             or ``never`` (see :class:`PhasedMigration`).
         batch_pages: heap pages of the first backfill batch (later ones adapt).
         batch_seconds: time each backfill batch aims at, seconds: how long its rows stay locked.
+        install_pgmq: install the bundled PGMQ SQL when the database has none, under the
+            migrator lock (event ``pgmq_installed`` with its version).
 
     Returns:
         One :class:`Applied` per migration applied (or tried, in a dry run).
 
     Raises:
-        StateConflict: ledger mismatch, unknown migrations, foreign pgflow schema (exit 6).
+        StateConflict: ledger mismatch, unknown migrations, foreign pgflow schema or ledger, another
+            migrator holding the migrator lock past ``lock_wait`` (exit 6).
+        ConnectionFailed: a hot standby or a read-only session (exit 3).
         SchemaMissing: PGMQ is not installed (exit 3).
         LockTimeout: a lock could not be taken within the retries (exit 4).
         Refused: the current audit's blocking rules found something under a migration's locks
@@ -142,8 +233,13 @@ def apply(
     if online not in ("auto", "always", "never"):
         raise ValueError(f"online must be auto, always or never, not {online!r}")
     emit = progress or (lambda event, data: None)
+    check_writable(conn)
     _take_migrator_lock(conn, lock_wait, emit)
     try:
+        if install_pgmq:
+            installed = ensure_pgmq(conn)
+            if installed:
+                emit("pgmq_installed", {"version": installed})
         plan = make_plan(conn)
         conflict = plan.refuse_reasons()
         if conflict:
@@ -286,7 +382,8 @@ class _Runner:
             def one(first_page: int = first_page, pages: int = pages) -> tuple[int, int]:
                 params = {"first_page": first_page, "pages": pages}
                 if own_transactions:
-                    with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    locks = self.migration.locks_for([phase.name])
+                    with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
                         row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
                 else:
                     row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
@@ -314,9 +411,11 @@ class _Runner:
             self.notices.clear()
             self.emit("start", {"migration": label, "attempt": self.tries, "online": False})
             t0 = time.monotonic()
+            phases = self.migration.phases_for_single_transaction(self.skip)
+            locks = self.migration.locks_for([None, *(p.name for p in phases)])
             try:
-                with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
-                    for phase in self.migration.phases_for_single_transaction(self.skip):
+                with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
+                    for phase in phases:
                         if phase.mode == "batch":
                             self._backfill(phase, own_transactions=False)
                         else:
@@ -362,7 +461,8 @@ class _Runner:
                                  duration_ms=int((time.monotonic() - t0) * 1000))
             else:
                 def run_tx(phase: Phase = phase, final: bool = final) -> None:
-                    with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
+                    locks = self.migration.locks_for([phase.name])
+                    with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
                         self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
                         self._record(state="applied" if final else "in_progress",
                                      phases_done=[] if final else done + [phase.name],
@@ -380,13 +480,48 @@ class _Runner:
         return Applied(self.migration, duration, self.tries, True, list(self.notices))
 
     def _notx(self, phase: "Phase") -> None:
-        # Outside a transaction (CREATE INDEX CONCURRENTLY); a session lock_timeout still applies.
+        """Run a statement outside a transaction (``CREATE INDEX CONCURRENTLY``), under a session
+        ``lock_timeout``. A concurrent build that failed (a lock timeout while it waits for older
+        transactions, a cancel, a duplicate) leaves an INVALID index that ``IF NOT EXISTS`` would
+        then skip: every index the statement builds is dropped (concurrently) first when it is
+        invalid, and checked valid afterwards, so the phase is recorded only with a valid index.
+
+        Raises:
+            StateConflict: the statement finished but an index it builds is not valid (exit 6).
+        """
         timeout = sqlfiles.statement(QUERIES, "session_lock_timeout")
         self.conn.execute(timeout, {"value": f"{int(self.lock_timeout * 1000)}ms"})
         try:
+            for index in concurrent_indexes(phase.sql):
+                if index_valid(self.conn, index) is False:
+                    self.emit("invalid_index", {"migration": self.migration.label, "index": index, "action": "drop"})
+                    schema, name = index.split(".")
+                    self.conn.execute(sql.SQL(sqlfiles.statement(QUERIES, "drop_index_concurrently")).format(
+                        index=sql.Identifier(schema, name)))
             self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
         finally:
             self.conn.execute(timeout, {"value": "0"})
+        for index in concurrent_indexes(phase.sql):
+            if not index_valid(self.conn, index):
+                raise StateConflict(
+                    f"phase {phase.name} of {self.migration.label} finished but index {index} is not valid",
+                    hint="rerun `pgflow migrate apply`: it drops the invalid index and builds it again")
+
+
+_CONCURRENT_INDEX = re.compile(
+    r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(?P<name>[a-z_][a-z0-9_]*)"
+    r"\s+ON\s+(?:ONLY\s+)?(?P<schema>[a-z_][a-z0-9_]*)\.", re.IGNORECASE)
+
+
+def concurrent_indexes(text: str) -> list[str]:
+    """``schema.index`` of every ``CREATE INDEX CONCURRENTLY`` in ``text`` (the index lives in its table's schema)."""
+    return [f"{m['schema'].lower()}.{m['name'].lower()}" for m in _CONCURRENT_INDEX.finditer(text)]
+
+
+def index_valid(conn: psycopg.Connection, index: str) -> bool | None:
+    """``pg_index.indisvalid`` of ``schema.index``; ``None`` when there is no such index."""
+    row = conn.execute(sqlfiles.statement(QUERIES, "index_validity"), {"index": index}).fetchone()
+    return None if row is None else bool(row[0])
 
 
 def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
@@ -397,6 +532,7 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
         StateConflict: the migration is not in progress, or has no abort phase (exit 6).
     """
     emit = progress or (lambda event, data: None)
+    check_writable(conn)
     _take_migrator_lock(conn, 30.0, emit)
     try:
         plan = make_plan(conn)
@@ -408,7 +544,7 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
         phased = migration.phased
         if phased is None or phased.abort is None:
             raise StateConflict(f"migration {migration.label} has no abort phase")
-        with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+        with locked_transaction(conn, migration.locks_for([phased.abort.name]), lock_timeout=lock_timeout):
             conn.execute(phased.abort.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
             conn.execute(sqlfiles.statement(QUERIES, "ledger_forget"), {"version": version})
         return migration
@@ -417,13 +553,38 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
             conn.execute(sqlfiles.statement(QUERIES, "migrator_unlock"))
 
 
+def check_writable(conn: psycopg.Connection) -> None:
+    """Refuse a server or session that cannot write, before anything is locked or changed.
+
+    Raises:
+        ConnectionFailed: a hot standby (recovery), or a session whose transactions are read-only
+            (``default_transaction_read_only`` / ``transaction_read_only``, SQLSTATE 25006 later) (exit 3).
+    """
+    row = conn.execute(sqlfiles.statement(QUERIES, "writable")).fetchone()
+    in_recovery, default_ro, ro = row if row else (False, "off", "off")
+    if in_recovery:
+        raise ConnectionFailed(
+            "this server is a hot standby (in recovery): it cannot be migrated",
+            hint="connect to the primary (--dsn); the standby receives the migration from it by replication")
+    if "on" in (default_ro, ro):
+        raise ConnectionFailed(
+            "this session is read-only (default_transaction_read_only or transaction_read_only is on): it cannot migrate",
+            hint="connect as a role (or to a database) without default_transaction_read_only = on, or set "
+            "PGOPTIONS='-c default_transaction_read_only=off' for this command if the setting is yours")
+
+
+def _describe_holders(holders: list[dict[str, Any]]) -> list[str]:
+    return [f"pid {h['pid']} ({h['application_name'] or 'no application name'}, user {h['user_name']}), "
+            f"since {h['since']} ({h['connected_seconds']} s), {h['state']}" for h in holders]
+
+
 @contextmanager
 def migrator_lock(conn: psycopg.Connection, wait: float = 30.0, progress: ProgressFn | None = None) -> Iterator[None]:
     """Hold the session advisory lock of migrators for a block (what :func:`apply` takes itself);
     the adoption of an upstream schema runs under it.
 
     Raises:
-        LockTimeout: another migrator held it for ``wait`` seconds (exit 4).
+        StateConflict: another migrator held it for ``wait`` seconds (exit 6), naming the holder.
     """
     _take_migrator_lock(conn, wait, progress or (lambda event, data: None))
     try:
@@ -443,13 +604,15 @@ def _take_migrator_lock(conn: psycopg.Connection, wait: float, emit: ProgressFn)
         with conn.cursor(row_factory=dict_row) as cur:
             holders = cur.execute(sqlfiles.statement(QUERIES, "migrator_lock_holder")).fetchall()
         if not announced:
-            emit("lock_wait", {"holders": holders})
+            emit("lock_wait", {"holders": holders, "described": _describe_holders(holders), "wait_seconds": wait})
             announced = True
         if time.monotonic() >= deadline:
-            raise LockTimeout(
-                "another migrator holds the pgflow migration lock",
-                hint="wait for it to finish; the holder is listed below",
-                detail=[f"pid {h['pid']} ({h['application_name'] or 'no application name'}), {h['state']}, connected {h['connected_seconds']}s" for h in holders],
+            who = _describe_holders(holders)
+            raise StateConflict(
+                f"another migrator holds the lock: {who[0] if who else 'a session that just ended'}",
+                hint=f"waited {wait:g} s; let it finish (`pgflow migrate status` shows its progress), then run the "
+                "command again; two migrators never run at once",
+                detail=who[1:],
             )
         time.sleep(0.5)
 
@@ -457,6 +620,4 @@ def _take_migrator_lock(conn: psycopg.Connection, wait: float, emit: ProgressFn)
 def install(conn: psycopg.Connection, *, target: int | None = None, with_pgmq: bool = True,
             progress: ProgressFn | None = None) -> list[Applied]:
     """Install PGMQ (if asked and missing) and apply pending migrations: the sandbox/test entry point."""
-    if with_pgmq:
-        ensure_pgmq(conn)
-    return apply(conn, target=target, progress=progress)
+    return apply(conn, target=target, progress=progress, install_pgmq=with_pgmq)

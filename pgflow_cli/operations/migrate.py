@@ -28,7 +28,7 @@ from psycopg.rows import dict_row
 
 from pgflow_cli import installer, sqlfiles
 from pgflow_cli.db import Target, connect
-from pgflow_cli.errors import LockTimeout, Refused, StateConflict
+from pgflow_cli.errors import ExitCode, LockTimeout, PgflowError, Refused, StateConflict
 from pgflow_cli.operations import upstream
 
 QUERIES = "queries/migrate.sql"
@@ -73,6 +73,168 @@ class MigrateResult:
             "protocol_change": self.protocol_change,
             "adoption": self.adoption,
         }
+
+
+@dataclass
+class StatusReport:
+    """The truth about one database's migrations, for ``pgflow migrate status`` and after Ctrl-C.
+
+    Attributes:
+        plan: the installer's comparison of the shipped files with the ledger.
+        verdict: ``conflict`` (changed checksum, newer database, foreign pgflow: nothing can be
+            applied), ``in_progress`` (a phased run stopped part way), ``drift`` (installed
+            function text differs from the files, or an invalid index is left, with nothing
+            pending to fix it), ``pending`` or ``up_to_date``.
+        conflict: the error ``migrate apply`` would refuse with (``verdict == "conflict"``): an
+            unrecognised upstream schema, or the ledger's conflict when nothing is to be adopted.
+        found: which release installed a pgflow schema pgflow-cli did not (or adopted), and what
+            adopting it involves (:func:`pgflow_cli.operations.upstream.inspect`).
+    """
+
+    plan: installer.Plan
+    verdict: str
+    conflict: PgflowError | None
+    found: upstream.UpstreamPlan | None = None
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """0 up to date or only pending; 1 in progress or drift (operator work); 6 conflict (docs/exit-codes.md)."""
+        if self.verdict == "conflict":
+            return ExitCode.CONFLICT
+        if self.verdict in ("in_progress", "drift"):
+            return ExitCode.FINDINGS
+        return ExitCode.OK
+
+    def lines(self) -> list[str]:
+        """What is true, one sentence a line, each with the command that moves on from it."""
+        plan = self.plan
+        out = []
+        for s in plan.in_progress:
+            done = ", ".join(s.recorded.phases_done) if s.recorded and s.recorded.phases_done else "none"
+            out.append(f"migration {s.version:04d}_{s.name} is IN PROGRESS (committed phases: {done}); the database "
+                       f"keeps its old behaviour until the last phase commits: resume with `pgflow migrate apply`, "
+                       f"or undo with `pgflow migrate abort {s.version}`")
+        for index in plan.invalid_indexes:
+            out.append(f"index {index} is INVALID (left by an interrupted concurrent build); `pgflow migrate apply` "
+                       "drops and rebuilds it")
+        for f in plan.file_drift:
+            what = "was never recorded as run" if f.state == "missing" else \
+                f"was run with another text (recorded {(f.recorded_checksum or '')[:12]}..., file {f.file_checksum[:12]}...)"
+            out.append(f"function file sql/{f.path} {what}: the installed function differs from this tool's file "
+                       "and no pending migration applies it")
+        pending = [s for s in plan.statuses if s.state == "pending"]
+        if self.verdict == "conflict":
+            out.append("NOT up to date: this tool cannot migrate this database (see the error below)")
+        elif pending and self.found is not None and self.found.adoption_pending:
+            out.append(f"{len(pending)} pending, the baseline through adoption; next: pgflow migrate plan")
+        elif pending:
+            out.append(f"{len(pending)} pending ({', '.join(f'{s.version:04d}' for s in pending)}); "
+                       "next: pgflow migrate plan")
+        elif self.verdict == "up_to_date":
+            out.append("up to date")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "verdict": self.verdict,
+            "pending": [m.version for m in plan.pending],
+            "in_progress": [{"version": s.version, "phases_done": list(s.recorded.phases_done) if s.recorded else []}
+                            for s in plan.in_progress],
+            "changed": [s.version for s in plan.changed],
+            "unknown": [s.version for s in plan.unknown],
+            "invalid_indexes": list(plan.invalid_indexes),
+            "files": [{"path": f.path, "state": f.state, "file_checksum": f.file_checksum,
+                       "recorded_checksum": f.recorded_checksum, "recorded_version": f.recorded_version}
+                      for f in plan.files],
+            "file_drift": [f.path for f in plan.file_drift],
+            "installed": self.found.recognition.summary() if self.found else None,
+            "upstream": self.found.to_dict() if self.found else None,
+            "conflict": self.conflict.to_dict() if self.conflict else None,
+        }
+
+
+def blocking_conflict(plan: installer.Plan, found: upstream.UpstreamPlan) -> PgflowError | None:
+    """What stops ``apply`` here: a foreign ``pgflow.schema_migrations`` or a partial pgflow schema
+    (no ``pgflow.flows``: not a release's schema either), else an unrecognised upstream schema,
+    else the ledger's conflicts; a recognised upstream schema (or one whose release is asserted)
+    is adopted instead.
+
+    Args:
+        plan: :func:`pgflow_cli.installer.make_plan` of the database.
+        found: :func:`pgflow_cli.operations.upstream.inspect` of the same database.
+
+    Returns:
+        The error ``migrate apply`` would refuse with (exit 6), or ``None``.
+    """
+    if plan.state.foreign_ledger or plan.state.partial_pgflow:
+        return plan.refuse_reasons()
+    refused = upstream.refusal(found)
+    if refused is not None:
+        return refused  # type: ignore[return-value]
+    if found.adoption_pending:
+        return None
+    return plan.refuse_reasons()
+
+
+def status(conn: psycopg.Connection) -> StatusReport:
+    """Read the ledger, the function-file records, invalid indexes and which release installed the
+    schema (read-only) and judge them.
+
+    Returns:
+        A :class:`StatusReport`; its ``exit_code`` is what ``migrate status`` exits with.
+    """
+    plan = installer.make_plan(conn)
+    found = upstream.inspect(conn)
+    conflict = blocking_conflict(plan, found)
+    if conflict:
+        verdict = "conflict"
+    elif plan.in_progress:
+        verdict = "in_progress"
+    elif plan.file_drift or plan.invalid_indexes:
+        verdict = "drift"
+    elif plan.pending:
+        verdict = "pending"
+    else:
+        verdict = "up_to_date"
+    return StatusReport(plan, verdict, conflict, found)
+
+
+def interrupted(target: Target) -> PgflowError:
+    """The error to report after Ctrl-C during ``migrate apply``: what state the database was left in.
+
+    Reads the state over a new connection (the migrator's own connection was closed, which also
+    released its migrator lock). Never raises: when the state cannot be read the message says so.
+
+    Returns:
+        A :class:`PgflowError` with exit code 130 (INTERRUPTED), the state in its detail and how
+        to resume or abort in its hint.
+    """
+    try:
+        conn = connect(target, application_name="pgflow-cli", connect_timeout=5)
+        try:
+            report = status(conn)
+        finally:
+            conn.close()
+    except (PgflowError, psycopg.Error) as exc:
+        return PgflowError("interrupted; the state afterwards could not be read",
+                           hint="run `pgflow migrate status` to see what was applied", detail=[str(exc).splitlines()[0]],
+                           exit_code=ExitCode.INTERRUPTED)
+    plan = report.plan
+    if plan.in_progress:
+        first = plan.in_progress[0]
+        return PgflowError(
+            f"interrupted: migration {first.version:04d}_{first.name} is left in progress",
+            detail=report.lines(),
+            hint=f"resume with `pgflow migrate apply` (it continues after the last committed phase), or undo the "
+            f"committed phases with `pgflow migrate abort {first.version}`",
+            exit_code=ExitCode.INTERRUPTED)
+    applied = [f"{s.version:04d}" for s in plan.statuses if s.state == "applied"]
+    return PgflowError(
+        "interrupted: the migration's open transaction was rolled back; nothing of it was kept",
+        detail=[f"applied: {', '.join(applied) or 'none'}", *report.lines()],
+        hint="rerun `pgflow migrate apply` when ready" if plan.pending else "",
+        exit_code=ExitCode.INTERRUPTED)
 
 
 class LockWatcher:
@@ -194,6 +356,7 @@ def apply(
     progress: Progress | None = None,
     online: str = "auto",
     batch_seconds: float = 0.2,
+    install_pgmq: bool = False,
     assume_release: str | None = None,
 ) -> MigrateResult:
     """Apply (or dry-run) pending migrations with a lock watcher; see the module docstring.
@@ -215,6 +378,7 @@ def apply(
         online: phased-migration choice (``auto``, ``always``, ``never``).
         batch_seconds: time each backfill batch aims at (how long its rows stay locked), seconds.
         progress: ``progress(event, data)`` for stderr reporting.
+        install_pgmq: install the bundled PGMQ SQL when missing, under the migrator lock.
         assume_release: ``--assume-release``: the release the operator asserts for an unrecognised
             upstream schema (recorded with the adoption).
 
@@ -222,10 +386,11 @@ def apply(
         A :class:`MigrateResult` with one phase per migration (and one for the adoption).
 
     Raises:
-        StateConflict, SchemaMissing, LockTimeout: see :func:`pgflow_cli.installer.apply`;
+        StateConflict, ConnectionFailed, SchemaMissing, LockTimeout: see :func:`pgflow_cli.installer.apply`;
             StateConflict also for an unrecognised upstream schema without ``assume_release``.
         UsageError: ``assume_release`` is not a release pgflow-cli knows.
     """
+    installer.check_writable(conn)  # a standby or read-only session: say so before the preflight
     emit = progress or (lambda event, data: None)
     result = MigrateResult(dry_run=dry_run)
     pid = conn.info.backend_pid
@@ -259,12 +424,9 @@ def apply(
         emit("blocked", {"blockers": blockers, "waiting_on": waiting})
 
     found = upstream.inspect(conn, assume_release=assume_release)
-    refused = upstream.refusal(found)
-    if refused:
-        raise refused
     adopting = found.adoption_pending
     plan = installer.make_plan(conn)
-    conflict = None if adopting else plan.refuse_reasons()
+    conflict = blocking_conflict(plan, found)
     if conflict:
         raise conflict
     pending = [m for m in plan.pending if (target_version is None or m.version <= target_version)
@@ -319,6 +481,7 @@ def apply(
                 dry_run=dry_run,
                 online=online,
                 batch_seconds=batch_seconds,
+                install_pgmq=install_pgmq,
             )
         except LockTimeout as exc:
             exc.detail.extend(f"blocked by {describe_blocker(b)}" for b in watcher.seen)

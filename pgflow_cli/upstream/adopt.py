@@ -35,7 +35,7 @@ from psycopg.types.json import Jsonb
 from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import first_line, retry_on_lock, transaction
 from pgflow_cli.errors import StateConflict
-from pgflow_cli.installer import MAX_BATCH_PAGES
+from pgflow_cli.installer import MAX_BATCH_PAGES, TableLock, locked_transaction
 from pgflow_cli.upstream import recognise as rec
 from pgflow_cli.upstream.releases import REPLACED_BY
 
@@ -45,6 +45,20 @@ SCHEMA_FILE = "adoption/schema.sql"
 FINISH_FILE = "adoption/finish.sql"
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
+
+ADOPTION_LOCKS = tuple(TableLock(f"pgflow.{table}", "ACCESS EXCLUSIVE") for table in (
+    "flows", "steps", "deps", "runs", "step_states", "step_tasks", "workers", "worker_functions"))
+"""What the adoption transaction locks before its SQL runs, all or none
+(:func:`pgflow_cli.installer.take_locks`), in the runtime's order; ``worker_functions`` only where the
+release has it. ``sql/adoption/schema.sql`` locks the same tables again (already held) so its text
+also stands alone in ``--sql``."""
+
+
+def adoption_locks(conn: psycopg.Connection) -> tuple[TableLock, ...]:
+    """:data:`ADOPTION_LOCKS` for this database (without ``pgflow.worker_functions`` when the release
+    that installed it has no such table)."""
+    has_worker_functions = bool(conn.execute(sqlfiles.statement(QUERIES, "has_worker_functions")).fetchone()[0])
+    return tuple(lock for lock in ADOPTION_LOCKS if has_worker_functions or lock.table != "pgflow.worker_functions")
 
 _FUNCTION_STATEMENT = re.compile(r"^CREATE FUNCTION pgflow\.[\s\S]*?\bAS \$\$[\s\S]*?\$\$;", re.MULTILINE)
 _FUNCTION_NAME = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION pgflow\.([a-z_][a-z0-9_]*)\(", re.MULTILINE)
@@ -260,7 +274,7 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
         emit("start", {"migration": label, "release": release, "attempt": tries, "online": use_online})
         started = time.monotonic()
         try:
-            with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+            with locked_transaction(conn, adoption_locks(conn), lock_timeout=lock_timeout):
                 _recheck(conn, recognition, assume_release)
                 had_output = bool(conn.execute(sqlfiles.statement(QUERIES, "has_output_column")).fetchone()[0])
                 before = set(_unvalidated(conn))

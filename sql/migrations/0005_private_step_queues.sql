@@ -16,6 +16,10 @@
 -- and deletion already work per task queue (0003), so nothing else changes.
 --
 -- Lock order: pgflow.flows -> pgflow.steps -> pgflow.workers (short: DDL on workers only).
+-- The installer takes these locks first, all or none (docs/architecture.md "Locks a migration takes").
+--@lock pgflow.flows SHARE ROW EXCLUSIVE
+--@lock pgflow.steps SHARE ROW EXCLUSIVE
+--@lock pgflow.workers ACCESS EXCLUSIVE
 
 SET LOCAL jit = off;
 LOCK TABLE pgflow.flows, pgflow.steps IN SHARE ROW EXCLUSIVE MODE;

@@ -13,6 +13,10 @@
 -- order the runtime reaches them (a run row, its step states, then definition reads), catalog
 -- only (no scan, no rewrite). Each rename runs only while the old name is there and the
 -- released one is not, so a database that already has the released names passes unchanged.
+-- The installer takes these locks first, all or none (docs/architecture.md "Locks a migration takes").
+--@lock pgflow.runs ACCESS EXCLUSIVE
+--@lock pgflow.step_states ACCESS EXCLUSIVE
+--@lock pgflow.deps ACCESS EXCLUSIVE
 
 LOCK TABLE pgflow.runs, pgflow.step_states, pgflow.deps IN ACCESS EXCLUSIVE MODE;
 

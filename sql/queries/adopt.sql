@@ -43,6 +43,9 @@ SELECT function_name FROM pgflow.worker_functions WHERE NOT enabled ORDER BY fun
 -- Heap bytes of the two tables adoption rewrites or scans (no scan: the relation's size).
 SELECT pg_catalog.pg_relation_size('pgflow.step_states') + pg_catalog.pg_relation_size('pgflow.step_tasks') AS bytes
 
+--@name has_worker_functions
+SELECT pg_catalog.to_regclass('pgflow.worker_functions') IS NOT NULL
+
 --@name has_output_column
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
                WHERE attrelid = 'pgflow.step_states'::regclass AND attname = 'output' AND NOT attisdropped)

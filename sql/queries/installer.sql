@@ -55,7 +55,21 @@ SELECT
   (SELECT extversion FROM pg_extension WHERE extname = 'pgmq') AS pgmq_extension_version,
   obj_description(to_regnamespace('pgmq'), 'pg_namespace')    AS pgmq_schema_comment,
   current_setting('server_version_num')::integer              AS server_version_num,
-  current_database()                                          AS database_name;
+  current_database()                                          AS database_name,
+  -- the ledger's columns (a table of that name from another tool has other ones)
+  coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute AS a
+            WHERE a.attrelid = to_regclass('pgflow.schema_migrations') AND a.attnum > 0 AND NOT a.attisdropped),
+           '{}')                                              AS ledger_columns,
+  -- what else the pgflow schema holds: relations (tables, views, sequences, types) and functions
+  (SELECT count(*) FROM pg_class AS c WHERE c.relnamespace = to_regnamespace('pgflow')
+     AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'c', 'f'))::integer AS pgflow_relations,
+  (SELECT count(*) FROM pg_proc AS p WHERE p.pronamespace = to_regnamespace('pgflow'))::integer AS pgflow_functions;
+
+--@name writable
+-- Whether this session can write: not a hot standby, not a read-only session.
+SELECT pg_is_in_recovery()                              AS in_recovery,
+       current_setting('default_transaction_read_only') AS default_read_only,
+       current_setting('transaction_read_only')         AS read_only;
 
 --@name ledger_rows
 SELECT version, name, checksum, tool_version, applied_by, applied_at, duration_ms, state, phases_done
@@ -92,12 +106,47 @@ SELECT pg_try_advisory_lock(1885824631, 0) AS locked;
 SELECT pg_advisory_unlock(1885824631, 0) AS unlocked;
 
 --@name migrator_lock_holder
-SELECT a.pid, a.application_name, a.state,
+-- The session holding the migrator lock; it takes the lock right after connecting, so its
+-- connection time is when it started migrating.
+SELECT a.pid, a.application_name, a.usename AS user_name, a.state,
+       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC' AS since,
        extract(epoch FROM (clock_timestamp() - a.backend_start))::integer AS connected_seconds
 FROM pg_locks AS l
 JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid = 1885824631 AND l.objid = 0 AND l.granted
   AND l.pid <> pg_backend_pid();
+
+--@name lock_table
+-- One lock of a migration's lock plan; the runner fills in the table (as quoted identifiers) and
+-- the mode (from the fixed list installer.files.LOCK_MODES).
+LOCK TABLE {table} IN {mode} MODE;
+
+--@name local_lock_timeout
+SELECT set_config('lock_timeout', %(value)s, true);
+
+--@name deadlock_timeout_ms
+-- The server's deadlock_timeout: a lock waiter checks for a deadlock after this long.
+SELECT setting::integer AS ms FROM pg_settings WHERE name = 'deadlock_timeout';
+
+--@name index_validity
+-- Whether an index exists and is valid (a failed CREATE INDEX CONCURRENTLY leaves it invalid).
+SELECT i.indisvalid AS valid
+FROM pg_index AS i
+WHERE i.indexrelid = to_regclass(%(index)s);
+
+--@name drop_index_concurrently
+-- Drops an invalid index left by a failed concurrent build; the runner fills in the index name.
+DROP INDEX CONCURRENTLY IF EXISTS {index};
+
+--@name invalid_indexes
+-- Invalid indexes in the pgflow schema (left by an interrupted CREATE INDEX CONCURRENTLY).
+SELECT n.nspname || '.' || c.relname AS index_name, t.relname AS table_name
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_class AS t ON t.oid = i.indrelid
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = 'pgflow' AND NOT i.indisvalid
+ORDER BY 1;
 
 --@name session_lock_timeout
 -- Session-level lock_timeout for statements that cannot run in a transaction (CONCURRENTLY).

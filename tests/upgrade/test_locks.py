@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from pgflow_cli import installer
-from pgflow_cli.errors import ExitCode, LockTimeout
+from pgflow_cli.errors import ExitCode, LockTimeout, StateConflict
 from tests.support.cli import run_cli
 from tests.support.fingerprint import fingerprint
 from tests.support.levels import versions_after
@@ -88,9 +88,9 @@ def test_two_migrators_never_interleave(baseline_db):
     holder = baseline_db.connect()
     holder.execute("SELECT pg_advisory_lock(1885824631, 0)")
     conn = baseline_db.connect()
-    with pytest.raises(LockTimeout) as info:
+    with pytest.raises(StateConflict) as info:
         installer.apply(conn, lock_wait=1.0)
-    assert f"pid {holder.info.backend_pid}" in "\n".join(info.value.detail)
+    assert f"pid {holder.info.backend_pid}" in info.value.message
     holder.execute("SELECT pg_advisory_unlock(1885824631, 0)")
     assert [a.migration.version for a in installer.apply(conn)] == [3, *versions_after(3)]
 

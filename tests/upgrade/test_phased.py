@@ -120,6 +120,8 @@ def test_sql_prints_the_pending_migration_for_review_and_changes_nothing(pre_upg
     assert result.stdout.startswith("-- ===== 0003_queue_identity (sha256 ")
     assert "--@include" not in result.stdout  # included files are expanded
     assert "pgflow queue-identity upgrade refused" in result.stdout
+    assert "taken first, all or none, on the one-transaction path (each phase takes its own --@lock lines): " \
+        "pgflow.flows ACCESS EXCLUSIVE, pgflow.steps ACCESS EXCLUSIVE, pgflow.step_tasks ACCESS EXCLUSIVE" in result.stdout
     assert fingerprint(database.conninfo).differences(before) == []
 
 

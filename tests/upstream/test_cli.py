@@ -97,7 +97,9 @@ def test_status_after_adoption_shows_the_release_and_the_remaining_path(release_
     status = run_cli("migrate", "status", "--dsn", release_db.conninfo)
 
     assert "pgflow schema: adopted from pgflow 0.8.0/0.8.1/0.9.0/0.9.1 by postgres" in status.stdout
-    assert f"{1 + len(versions_after(3))} pending; next: pgflow migrate plan" in status.stdout
+    later = versions_after(3)
+    assert (f"{1 + len(later)} pending ({', '.join(f'{v:04d}' for v in [3, *later])}); next: pgflow migrate plan"
+            in " ".join(status.stdout.split()))
     audit = run_cli("audit", "--dsn", release_db.conninfo)
     assert "adopted from pgflow 0.8.0/0.8.1/0.9.0/0.9.1" in audit.stdout
 
