@@ -14,6 +14,9 @@
 -- their values (enabled_changes starts at 0). Locks: ACCESS EXCLUSIVE on pgflow.worker_functions
 -- for the new column (no rewrite: a constant default), SHARE on pgflow.workers for the index
 -- (small tables; heartbeats wait for milliseconds).
+-- The installer takes these locks first, all or none (docs/architecture.md "Locks a migration takes").
+--@lock pgflow.workers SHARE
+--@lock pgflow.worker_functions ACCESS EXCLUSIVE
 
 ALTER TABLE pgflow.worker_functions ADD COLUMN enabled_changes bigint NOT NULL DEFAULT 0;
 COMMENT ON COLUMN pgflow.worker_functions.enabled_changes IS

@@ -15,6 +15,10 @@
 -- Locks: steps then step_tasks, ACCESS EXCLUSIVE, in the order the runtime reaches definitions and
 -- tasks (runs and step states are not touched).
 
+-- The installer takes these locks first, all or none (docs/architecture.md "Locks a migration takes").
+--@lock pgflow.steps ACCESS EXCLUSIVE
+--@lock pgflow.step_tasks ACCESS EXCLUSIVE
+
 LOCK TABLE pgflow.steps, pgflow.step_tasks IN ACCESS EXCLUSIVE MODE;
 
 ALTER TABLE pgflow.steps ADD COLUMN execution_mode text NOT NULL DEFAULT 'queue';
