@@ -64,7 +64,8 @@ def _register() -> None:
                 raise
             continue
         module.register(app)
-    from pgflow_cli.cli import coverage as coverage_cli, worker as worker_cli
+    from pgflow_cli.cli import coverage as coverage_cli
+    from pgflow_cli.cli import worker as worker_cli
 
     worker_cli.register(app)
     coverage_cli.register(app)

@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 import psycopg
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.padding import Padding
+from rich.table import Table
 from rich.text import Text
 
 from pgflow_cli import render

@@ -287,7 +287,8 @@ def apply(
         bool, typer.Option("--sql", help="Print the SQL of the pending migrations for review and exit; changes nothing.")
     ] = False,
     lock_timeout: Annotated[
-        float, typer.Option("--lock-timeout", min=0.1, help="Seconds a statement may wait for a lock before the migration is rolled back and retried.", metavar="SECONDS")
+        float, typer.Option("--lock-timeout", min=0.1, metavar="SECONDS",
+                            help="Seconds a statement may wait for a lock before the migration is rolled back and retried.")
     ] = 5.0,
     retries: Annotated[
         int, typer.Option("--retries", min=1, max=50, metavar="N", help="Attempts per transaction, on lock timeouts and deadlocks only.")

@@ -30,6 +30,7 @@ from pgflow_cli.installer.files import (
 from pgflow_cli.installer.ledger import LedgerRow, make_plan
 from pgflow_cli.installer.pgmq_bootstrap import ensure_pgmq
 
+
 def file_runs(migrations: Sequence[Migration], todo: Sequence[Migration]) -> dict[int, frozenset[str]]:
     """Which ``--@apply`` files each migration of ``todo`` skips: each file runs once, in the last
     migration of ``todo`` that applies it.
@@ -351,7 +352,7 @@ class _Runner:
             t0 = time.monotonic()
             final = phase is phased.apply_phases[-1]
             if phase.mode == "notx":
-                self._retrying(lambda: self._notx(phase))
+                self._retrying(lambda phase=phase: self._notx(phase))
                 with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
                     self._record(state="in_progress", phases_done=done + [phase.name],
                                  duration_ms=int((time.monotonic() - t0) * 1000))
@@ -361,7 +362,7 @@ class _Runner:
                     self._record(state="in_progress", phases_done=done + [phase.name],
                                  duration_ms=int((time.monotonic() - t0) * 1000))
             else:
-                def run_tx(phase: Phase = phase, final: bool = final) -> None:
+                def run_tx(phase: Phase = phase, final: bool = final, t0: float = t0) -> None:
                     with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
                         self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
                         self._record(state="applied" if final else "in_progress",
@@ -449,7 +450,8 @@ def _take_migrator_lock(conn: psycopg.Connection, wait: float, emit: ProgressFn)
             raise LockTimeout(
                 "another migrator holds the pgflow migration lock",
                 hint="wait for it to finish; the holder is listed below",
-                detail=[f"pid {h['pid']} ({h['application_name'] or 'no application name'}), {h['state']}, connected {h['connected_seconds']}s" for h in holders],
+                detail=[f"pid {h['pid']} ({h['application_name'] or 'no application name'}), {h['state']},"
+                        f" connected {h['connected_seconds']}s" for h in holders],
             )
         time.sleep(0.5)
 

@@ -19,7 +19,6 @@ filter, counts, and builds the versioned JSON document. The same SQL ships as on
 from __future__ import annotations
 
 import dataclasses
-
 import re
 import time
 from collections.abc import Iterable, Sequence

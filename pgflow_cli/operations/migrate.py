@@ -177,7 +177,8 @@ def preflight(conn: psycopg.Connection, pending: list[installer.Migration]) -> P
             f"the upgrade is refused: {len(blocking)} blocking finding(s); nothing was locked or changed",
             hint="run `pgflow audit` for the full report and the fix of each finding: a rejected name needs a new "
             "concrete flow under a compliant slug; pgflow never renames or deletes flows",
-            detail=[f"{f.check_id}: {f.object_type} {f.object_name}" + (f" (flow {f.flow_slug})" if f.flow_slug and f.flow_slug != f.object_name else "")
+            detail=[f"{f.check_id}: {f.object_type} {f.object_name}"
+                    + (f" (flow {f.flow_slug})" if f.flow_slug and f.flow_slug != f.object_name else "")
                     + f": {f.message}" for f in blocking],
         )
     return phase

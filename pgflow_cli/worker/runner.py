@@ -39,11 +39,10 @@ from pgflow_cli import db
 from pgflow_cli.db import first_line
 from pgflow_cli.worker.flow import FlowDefinition, TaskContext
 from pgflow_cli.worker.protocol import (
+    LATEST,
     SQLSTATE_NOT_REGISTERED,
     SQLSTATE_PROTOCOL,
     ClaimedTask,
-    LATEST,
-    WorkerStartupError,
 )
 
 log = logging.getLogger("pgflow.worker")

@@ -16,7 +16,7 @@ from pgflow_cli.errors import ExitCode, LockTimeout
 from tests.support.cli import run_cli
 from tests.support.fingerprint import fingerprint
 from tests.support.levels import versions_after
-from tests.upgrade.conftest import build_pre_upgrade, bulk_finished_runs
+from tests.upgrade.conftest import bulk_finished_runs
 
 
 def _blocker(database):
