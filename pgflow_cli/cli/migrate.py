@@ -300,7 +300,7 @@ def apply(
         OnlineMode, typer.Option("--online", case_sensitive=False,
                                  help="Phased migrations: auto commits phase by phase (short locks, batched backfill) "
                                  "only when the task table is large; always or never force the choice.")
-    ] = "auto",
+    ] = OnlineMode.auto,
     batch_seconds: Annotated[
         float, typer.Option("--batch-seconds", min=0.01, max=60, metavar="SECONDS",
                             help="Phased path: how long each backfill batch may keep its rows locked (batches adapt to it).")
@@ -320,7 +320,6 @@ def apply(
     Read docs/upgrade.md first: workers must be fenced and drained for an upgrade that changes their protocol.
     """
     STATE.output_format = output_format
-    online = OnlineMode(online).value
     if dry_run and install_pgmq:
         raise UsageError("--dry-run cannot be combined with --install-pgmq: installing PGMQ is not rolled back",
                          hint="install PGMQ first (migrate apply --install-pgmq --target 1), or drop --install-pgmq")
@@ -386,7 +385,7 @@ def apply(
 
         result = migrate_op.apply(
             conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
-            dry_run=dry_run, progress=progress, online=online, batch_seconds=batch_seconds,
+            dry_run=dry_run, progress=progress, online=OnlineMode(online).value, batch_seconds=batch_seconds,
             assume_release=assume_release,
         )
     if output_format == OutputFormat.json:

@@ -6,6 +6,7 @@ import sys
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
 
 from pgflow_cli import render
 from pgflow_cli.cli.common import STATE, FormatOption, OutputFormat
@@ -30,7 +31,7 @@ SeedOption = Annotated[
 ]
 
 
-def _err() -> render.Console:
+def _err() -> Console:
     return render.stderr_console()
 
 

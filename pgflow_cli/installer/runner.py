@@ -7,6 +7,7 @@ migrators apart; lock timeouts and deadlocks roll back and retry a bounded numbe
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -288,9 +289,9 @@ class _Runner:
                 params = {"first_page": first_page, "pages": pages}
                 if own_transactions:
                     with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
-                        row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
+                        row = self.conn.execute(phase.sql, params).fetchone()
                 else:
-                    row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
+                    row = self.conn.execute(phase.sql, params).fetchone()
                 return (int(row[0]), int(row[1])) if row else (0, 0)
 
             started = time.monotonic()
@@ -321,7 +322,7 @@ class _Runner:
                         if phase.mode == "batch":
                             self._backfill(phase, own_transactions=False)
                         else:
-                            self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+                            self.conn.execute(phase.sql)  # trusted, shipped SQL
                     self._record(state="applied", phases_done=[], duration_ms=int((time.monotonic() - t0) * 1000))
                     if self.before_commit:
                         self.before_commit(self.conn, self.migration)
@@ -352,7 +353,7 @@ class _Runner:
             t0 = time.monotonic()
             final = phase is phased.apply_phases[-1]
             if phase.mode == "notx":
-                self._retrying(lambda phase=phase: self._notx(phase))
+                self._retrying(functools.partial(self._notx, phase))
                 with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
                     self._record(state="in_progress", phases_done=done + [phase.name],
                                  duration_ms=int((time.monotonic() - t0) * 1000))
@@ -364,7 +365,7 @@ class _Runner:
             else:
                 def run_tx(phase: Phase = phase, final: bool = final, t0: float = t0) -> None:
                     with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
-                        self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+                        self.conn.execute(phase.sql)  # trusted, shipped SQL
                         self._record(state="applied" if final else "in_progress",
                                      phases_done=[] if final else done + [phase.name],
                                      duration_ms=int((time.monotonic() - t0) * 1000))
@@ -385,7 +386,7 @@ class _Runner:
         timeout = sqlfiles.statement(QUERIES, "session_lock_timeout")
         self.conn.execute(timeout, {"value": f"{int(self.lock_timeout * 1000)}ms"})
         try:
-            self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+            self.conn.execute(phase.sql)  # trusted, shipped SQL
         finally:
             self.conn.execute(timeout, {"value": "0"})
 
@@ -410,7 +411,7 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
         if phased is None or phased.abort is None:
             raise StateConflict(f"migration {migration.label} has no abort phase")
         with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
-            conn.execute(phased.abort.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+            conn.execute(phased.abort.sql)  # trusted, shipped SQL
             conn.execute(sqlfiles.statement(QUERIES, "ledger_forget"), {"version": version})
         return migration
     finally:

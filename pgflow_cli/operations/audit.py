@@ -605,7 +605,7 @@ def schema_from_probe(probe: dict[str, Any]) -> SchemaInfo:
         )
     notes.append("archive row counts are planner estimates (pg_class.reltuples), unknown until a table is analyzed")
 
-    audited_at = probe.get("audited_at")
+    audited_at: object = probe.get("audited_at")
     return SchemaInfo(
         database=database,
         role=role,

@@ -281,6 +281,7 @@ def apply(
     if checked is not None:
         result.phases.append(checked)
         emit("preflight", checked.detail)
+    workers: dict[str, int] | None
     if adopting:
         protocols = [m.worker_protocol for m in pending if m.worker_protocol]
         workers = {**upstream.live_workers(conn), "enabled_functions": 0, "protocol": max(protocols or [1])}
