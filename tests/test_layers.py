@@ -145,6 +145,20 @@ def test_the_known_exceptions_still_exist():
         warnings.warn(f"tests/test_layers.py: {stale} is fixed; remove it from KNOWN_EXCEPTIONS", stacklevel=1)
 
 
+def test_cli_maps_database_errors_only_through_mapped_errors():
+    """Commands wrap their work in ``cli.common.mapped_errors``; none catches or maps psycopg errors itself."""
+    problems = []
+    for module, path in _package_modules():
+        if not module.startswith("pgflow_cli.cli.") or module == "pgflow_cli.cli.common":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ExceptHandler) and node.type is not None and "psycopg" in ast.unparse(node.type):
+                problems.append(f"{module}:{node.lineno} catches {ast.unparse(node.type)}")
+            if isinstance(node, (ast.Name, ast.Attribute, ast.alias)) and "map_database_error" in ast.dump(node):
+                problems.append(f"{module}:{node.lineno} calls map_database_error")
+    assert problems == [], "use `with mapped_errors(target):` (pgflow_cli/cli/common.py):\n" + "\n".join(problems)
+
+
 @pytest.mark.parametrize(
     ("module", "source", "expected"),
     [
