@@ -511,6 +511,7 @@ PGFLOW_SQLSTATES: dict[str, type[PgflowError]] = {
     "PF005": Refused,  # the upgrade recheck found incompatible data
     "PF006": StateConflict,  # unknown flow or run
     "PF007": StateConflict,  # worker not registered
+    "PF008": Refused,  # whole-flow deletion refused: the flow is still active (no force)
 }
 """Exit-code class of each pgflow SQLSTATE (docs/architecture.md "Errors raised by pgflow SQL")."""
 
@@ -548,7 +549,7 @@ def map_database_error(exc: psycopg.Error, *, target: Target | None = None) -> P
     if isinstance(exc, pgerrors.InsufficientPrivilege):
         return ConnectionFailed(
             f"permission denied: {message.splitlines()[0]}",
-            hint="connect as a role with the privileges this command needs (see docs/permissions.md)",
+            hint=hint_from_server or "connect as a role with the privileges this command needs (see docs/permissions.md)",
             detail=detail,
         )
     if isinstance(exc, psycopg.OperationalError):

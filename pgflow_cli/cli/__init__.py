@@ -53,12 +53,14 @@ def _root(
 
 def _register() -> None:
     from pgflow_cli.cli import audit as audit_cli
+    from pgflow_cli.cli import drop_flow as drop_flow_cli
     from pgflow_cli.cli import migrate as migrate_cli
     from pgflow_cli.cli import sandbox as sandbox_cli
 
     app.add_typer(sandbox_cli.app, name="sandbox")
     audit_cli.register(app)
     migrate_cli.register(app)
+    drop_flow_cli.register(app)
     from pgflow_cli.cli import coverage as coverage_cli
     from pgflow_cli.cli import worker as worker_cli
 

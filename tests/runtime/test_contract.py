@@ -156,6 +156,10 @@ UPGRADED_ALLOWED = {
     "create_flow": {"create"},  # the flow's default queue
     "_create_private_queue": {"create"},  # one private step queue of a flow being provisioned (0005)
     "delete_flow_and_data": {"drop_queue", "drop_table", "delete_meta"},  # drops the flow's queues
+    # whole-flow deletion (0008): counts what goes, drops each queue whole by its listed spelling,
+    # and removes what is left of a queue whose table was already gone (archive table, meta row)
+    "drop_flow": {"select_rows", "drop_queue", "drop_table", "delete_meta"},
+    "drop_flow_plan": {"select_rows"},  # counts queued and archived messages for the plan
     "set_vt_batch": {"update_rows"},  # compatibility utility on an explicit queue; the runtime never calls it
     "prune_data_older_than": {"delete_rows"},  # old rows of archive tables (optional file)
 }

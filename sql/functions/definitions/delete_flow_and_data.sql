@@ -1,9 +1,11 @@
--- Whole-flow deletion: runtime rows, definition and the flow's own queues (with archives), in one
--- transaction. Lock order: flow locks -> runs -> step_states -> step_tasks -> queue tables, the
--- runtime-rows-before-queues order workers use, so deletion and workers cannot deadlock. Queue
--- tables are dropped whole; messages are not archived one by one first. A queue another flow
--- also uses (never the case for generated names) is kept, with only this flow's live messages
--- archived.
+-- Whole-flow deletion without questions, for local recompilation (ensure_flow_compiled when
+-- is_local()): runtime rows, definition and the flow's own queues (with archives), in one
+-- transaction. Operators use pgflow.drop_flow, which plans, refuses and reports (docs/drop-flow.md).
+-- Both share the locks (pgflow._lock_flow_for_deletion: flow locks, then every run FOR UPDATE; tasks
+-- and step states are locked as they are deleted) and the row deletion (pgflow._delete_flow_rows),
+-- so deletion and workers take rows in the same order and cannot deadlock. Queue tables are dropped
+-- whole; messages are not archived one by one first. A queue another flow also uses (never the case
+-- for generated names) is kept, with only this flow's live messages archived.
 CREATE OR REPLACE FUNCTION pgflow.delete_flow_and_data(p_flow_slug text)
 RETURNS void
 LANGUAGE plpgsql
@@ -20,16 +22,9 @@ DECLARE
   v_step_slugs text[];
   v_task_indexes integer[];
 BEGIN
-  PERFORM pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(pg_catalog.lower(p_flow_slug COLLATE "C")));
-  PERFORM pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(p_flow_slug));
+  PERFORM pgflow._lock_flow_for_deletion(p_flow_slug);
 
   SELECT f.queue_mode INTO v_mode FROM pgflow.flows AS f WHERE f.flow_slug = p_flow_slug;
-
-  PERFORM 1 FROM pgflow.runs AS r WHERE r.flow_slug = p_flow_slug ORDER BY r.run_id FOR UPDATE;
-  PERFORM 1 FROM pgflow.step_states AS ss WHERE ss.flow_slug = p_flow_slug
-    ORDER BY ss.run_id, ss.step_slug FOR UPDATE;
-  PERFORM 1 FROM pgflow.step_tasks AS t WHERE t.flow_slug = p_flow_slug
-    ORDER BY t.run_id, t.step_slug, t.task_index FOR UPDATE;
 
   SELECT pg_catalog.array_agg(DISTINCT q.queue_name ORDER BY q.queue_name) INTO v_queues
   FROM (
@@ -58,9 +53,7 @@ BEGIN
     PERFORM pgflow._archive_task_messages(v_run_ids, v_step_slugs, v_task_indexes);
   END IF;
 
-  DELETE FROM pgflow.step_tasks AS t WHERE t.flow_slug = p_flow_slug;
-  DELETE FROM pgflow.step_states AS ss WHERE ss.flow_slug = p_flow_slug;
-  DELETE FROM pgflow.runs AS r WHERE r.flow_slug = p_flow_slug;
+  PERFORM pgflow._delete_flow_rows(p_flow_slug, ARRAY['step_tasks', 'step_states', 'runs']);
 
   FOREACH v_queue IN ARRAY coalesce(v_queues, '{}') LOOP
     CONTINUE WHEN v_queue = ANY (coalesce(v_shared, '{}'));
@@ -74,8 +67,6 @@ BEGIN
     END IF;
   END LOOP;
 
-  DELETE FROM pgflow.deps AS d WHERE d.flow_slug = p_flow_slug;
-  DELETE FROM pgflow.steps AS s WHERE s.flow_slug = p_flow_slug;
-  DELETE FROM pgflow.flows AS f WHERE f.flow_slug = p_flow_slug;
+  PERFORM pgflow._delete_flow_rows(p_flow_slug, ARRAY['deps', 'steps', 'flows']);
 END;
 $$;

@@ -45,7 +45,7 @@
 
 --@include released/0003/functions/definitions/ensure_flow_compiled.sql as-create
 
---@include functions/definitions/delete_flow_and_data.sql
+--@include released/0003/functions/definitions/delete_flow_and_data.sql
 
 ------------------------------------------------------------------------------------------------
 -- Runtime: send to the persisted route, snapshot it on the task

@@ -1,0 +1,25 @@
+-- 0008 drop_flow: whole-flow deletion with a plan, a route check and one transaction (pgflow drop-flow).
+--
+-- What changes (spec "Generated private ownership": whole-flow deletion; docs/drop-flow.md):
+--   * pgflow.drop_flow(flow_slug, force): under the flow locks and every run of the flow locked
+--     FOR UPDATE (the runtime's order: runtime rows before queues), checks that the flow exists
+--     with exactly this slug, that every queue of its complete private route is its own alone
+--     (no other flow's route or tasks, one pgmq.meta row) and, unless forced, that nothing still
+--     works on it; then deletes tasks, step states, runs, stale worker rows, drops each queue and
+--     archive with pgmq.drop_queue(<exact pgmq.meta spelling>) checking the answer (a queue already
+--     gone is reported), and deletes the definition; never archives a message first;
+--   * pgflow.drop_flow_plan(flow_slug): the same checks and every count, read-only;
+--   * helpers: _require_flow, _lock_flow_for_deletion, _delete_flow_rows, _drop_flow_route,
+--     _drop_flow_activity; delete_flow_and_data (local recompilation) now shares the locks and
+--     the row deletion (same behaviour);
+--   * who: only the owner of the pgflow tables or a member of the role pgflow_operator may run
+--     drop_flow (it checks; EXECUTE alone is not enough). Nothing is granted to anyone.
+-- No table changes. Only functions are created or replaced: no lock a worker waits on.
+--@apply functions/definitions/_require_flow.sql sha256=cec40c1a6c8c82fc1406882c31cf6b726b0bca68abe7b0ad139c7e0aff536d2a
+--@apply functions/definitions/_lock_flow_for_deletion.sql sha256=438ec8cbf9b8917f54f7457093fb58912f2417cd31be84e2c9ca081828c1af77
+--@apply functions/definitions/_delete_flow_rows.sql sha256=58002eb5a6e107c2be9d06ac34ac90d16cafbf7448dca27ada6b409da7500ba2
+--@apply functions/definitions/_drop_flow_route.sql sha256=61f68db464f8d59bbf6142fb48cb0409fd42ff4179b33a4eb7f0037d2d0e8b4b
+--@apply functions/definitions/_drop_flow_activity.sql sha256=3edaf5453b4ef849852bccf85d09be43ef256816dd1f7b1e4345e3eb479e17e7
+--@apply functions/definitions/drop_flow_plan.sql sha256=89149f8763fa08b636764677673a5573441f0c23fc109e2f3a3882e399ca4621
+--@apply functions/definitions/drop_flow.sql sha256=5cf836034a5cafa0071924a418265e1e96e3d373b7e4012de93e6cc7c202f3af
+--@apply functions/definitions/delete_flow_and_data.sql sha256=e091c485111b80708c5d689714a814e15ccc8e22f0bdfded78e120746d826c67
