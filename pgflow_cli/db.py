@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -405,6 +405,19 @@ def _libpq_set_error_verbosity() -> Callable[[int | None, int], object] | None:
         function.argtypes = [ctypes.c_void_p, ctypes.c_int]
         return function
     return None
+
+
+def scalar(cursor: psycopg.Cursor[tuple[Any, ...]]) -> Any:
+    """The first value of the next row of ``cursor``, for statements that always return one row
+    (``SELECT pgflow.some_function(...)``, ``SELECT count(*) ...``).
+
+    Raises:
+        psycopg.ProgrammingError: the statement returned no row (a bug in the statement).
+    """
+    row = cursor.fetchone()
+    if row is None:
+        raise psycopg.ProgrammingError("the statement returned no row")
+    return row[0]
 
 
 @contextmanager

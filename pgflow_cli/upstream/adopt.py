@@ -33,7 +33,7 @@ from psycopg import sql as pgsql
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import __version__, sqlfiles
-from pgflow_cli.db import first_line, retry_on_lock, transaction
+from pgflow_cli.db import first_line, retry_on_lock, scalar, transaction
 from pgflow_cli.errors import StateConflict
 from pgflow_cli.installer import MAX_BATCH_PAGES, Migration
 from pgflow_cli.upstream import recognise as rec
@@ -262,8 +262,7 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
         try:
             with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
                 _recheck(conn, recognition, assume_release)
-                row = conn.execute(sqlfiles.statement(QUERIES, "has_output_column")).fetchone()
-                had_output = bool(row and row[0])
+                had_output = bool(scalar(conn.execute(sqlfiles.statement(QUERIES, "has_output_column"))))
                 before = set(_unvalidated(conn))
                 for part in parts:
                     conn.execute(part.sql)  # shipped SQL (and quoted literals)
@@ -401,8 +400,7 @@ def _online_index(conn: psycopg.Connection, lock_timeout: float) -> None:
     timeout = sqlfiles.statement(INSTALLER_QUERIES, "session_lock_timeout")
     conn.execute(timeout, {"value": f"{int(lock_timeout * 1000)}ms"})
     try:
-        invalid = conn.execute(sqlfiles.statement(QUERIES, "skipped_index_invalid")).fetchone()
-        if invalid and invalid[0]:
+        if scalar(conn.execute(sqlfiles.statement(QUERIES, "skipped_index_invalid"))):
             conn.execute(sqlfiles.statement(QUERIES, "skipped_index_drop"))
         conn.execute(sqlfiles.statement(QUERIES, "skipped_index_concurrently"))
     finally:
