@@ -1,0 +1,1 @@
+"""Example applications built on pgflow-cli (see each package's README)."""

@@ -1,0 +1,1 @@
+"""Document ingestion without pgflow step queues: the application's own PGMQ stage queues."""
