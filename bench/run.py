@@ -122,7 +122,7 @@ def paired_ratio(r: Result, base: Result) -> float | None:
     """Median of sample-by-sample ratios (samples were interleaved, so each pair shares the machine's mood)."""
     if len(r.samples) != len(base.samples):
         return None
-    return statistics.median(a / b for a, b in zip(r.samples, base.samples))
+    return statistics.median(a / b for a, b in zip(r.samples, base.samples, strict=True))
 
 
 def _fmt(value: float) -> str:

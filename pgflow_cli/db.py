@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -107,7 +107,8 @@ def resolve_target(dsn: str | None, environ: Mapping[str, str] | None = None) ->
 def _parse_or_raise(target: Target) -> dict[str, str]:
     _refuse_ambiguous_url(target)
     try:
-        return conninfo_to_dict(target.conninfo)
+        # parsed from a string, every value is a string (the other types come only from keywords)
+        return {key: str(value) for key, value in conninfo_to_dict(target.conninfo).items() if value is not None}
     except psycopg.ProgrammingError as exc:
         raise UsageError(
             f"the connection string from {target.source} cannot be parsed: {_parse_problem(str(exc))}",
@@ -196,7 +197,7 @@ def _secrets(conninfo: str) -> list[str]:
     try:
         password = conninfo_to_dict(conninfo).get("password")
         if password:
-            found.append(password)
+            found.append(str(password))
     except psycopg.ProgrammingError:
         pass
     userinfo = _url_userinfo(conninfo)
@@ -359,7 +360,8 @@ def _server_sqlstate(conninfo: str, connect_timeout: int) -> str | None:
         return None
     pgconn = pq.PGconn.connect_start(conninfo.encode())
     try:
-        set_verbosity(pgconn.pgconn_ptr, 2)  # PQERRORS_VERBOSE
+        # psycopg's PGconn protocol omits pgconn_ptr; both implementations (ctypes, C) have it
+        set_verbosity(pgconn.pgconn_ptr, 2)  # type: ignore[attr-defined]  # PQERRORS_VERBOSE
         deadline = time.monotonic() + min(connect_timeout, 5)
         with selectors.DefaultSelector() as selector:
             while pgconn.status != pq.ConnStatus.BAD and time.monotonic() < deadline:
@@ -378,7 +380,7 @@ def _server_sqlstate(conninfo: str, connect_timeout: int) -> str | None:
         pgconn.finish()
 
 
-def _libpq_set_error_verbosity():
+def _libpq_set_error_verbosity() -> Callable[[int | None, int], object] | None:
     """``PQsetErrorVerbosity`` of the libpq psycopg runs on (psycopg's pq wrapper does not expose it)."""
     import ctypes
     import ctypes.util
@@ -403,6 +405,19 @@ def _libpq_set_error_verbosity():
         function.argtypes = [ctypes.c_void_p, ctypes.c_int]
         return function
     return None
+
+
+def scalar(cursor: psycopg.Cursor[tuple[Any, ...]]) -> Any:
+    """The first value of the next row of ``cursor``, for statements that always return one row
+    (``SELECT pgflow.some_function(...)``, ``SELECT count(*) ...``).
+
+    Raises:
+        psycopg.ProgrammingError: the statement returned no row (a bug in the statement).
+    """
+    row = cursor.fetchone()
+    if row is None:
+        raise psycopg.ProgrammingError("the statement returned no row")
+    return row[0]
 
 
 @contextmanager

@@ -61,8 +61,8 @@ def find_bindir() -> Path:
     if override:
         candidates.append(Path(override))
     on_path = [shutil.which(name) for name in SERVER_BINARIES]
-    if all(on_path):
-        candidates.append(Path(os.path.realpath(on_path[0])).parent)  # type: ignore[arg-type]
+    if on_path[0] and all(on_path):
+        candidates.append(Path(os.path.realpath(on_path[0])).parent)
     pg_config = shutil.which("pg_config")
     if pg_config:
         try:
@@ -320,14 +320,13 @@ class LocalServer:
 
     def _run(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
         account = _service_account()
-        kwargs: dict[str, object] = {}
-        if account:
-            kwargs.update(user=account.pw_uid, group=account.pw_gid, extra_groups=[])
         env = dict(os.environ)
         env.pop("PGDATA", None)
         try:
             result = subprocess.run(
-                argv, capture_output=True, text=True, env=env, cwd=str(self.base_dir), timeout=300, **kwargs  # type: ignore[arg-type]
+                argv, capture_output=True, text=True, env=env, cwd=str(self.base_dir), timeout=300,
+                user=account.pw_uid if account else None, group=account.pw_gid if account else None,
+                extra_groups=[] if account else None,
             )
         except FileNotFoundError as exc:
             raise ServerError(f"cannot run {argv[0]}: {exc.strerror}", hint="check the PostgreSQL installation") from None

@@ -146,7 +146,7 @@ class Sandbox:
         lock_path = self.directory.parent / f".{self.directory.name}.lock"
         try:
             self.directory.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(lock_path, "a+")
+            handle = open(lock_path, "a+")  # noqa: SIM115 (entered below, once the open's OSError is mapped)
         except OSError as exc:
             raise UsageError(
                 f"cannot use the sandbox directory {self.directory}: {exc.strerror}",

@@ -8,11 +8,20 @@ real deployment would hold. See :mod:`pgflow_cli.demo` for the ``demo`` seed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 from pgflow_cli import db, installer, sqlfiles
 from pgflow_cli.errors import UsageError
 
-SEEDS = {
+
+class Seed(TypedDict):
+    """One seed: the schema version its data is written for, and a line for ``--help``/errors."""
+
+    schema: int
+    about: str
+
+
+SEEDS: dict[str, Seed] = {
     "demo": {
         "schema": installer.BASELINE_VERSION,
         "about": "pre-upgrade baseline: compliant and rejected flow names, runs in several states",
@@ -29,7 +38,7 @@ def check_name(name: str) -> None:
 def schema_target(name: str) -> int:
     """Schema version a seed is written for."""
     check_name(name)
-    return int(SEEDS[name]["schema"])  # type: ignore[arg-type]
+    return SEEDS[name]["schema"]
 
 
 def load(conninfo: str, name: str, progress: Callable[[str], None] = lambda message: None) -> bool:

@@ -36,7 +36,7 @@ import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -63,7 +63,7 @@ def sql_root() -> Path:
     raise FileNotFoundError("pgflow-cli's SQL files are missing: reinstall the package")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(relative: str) -> str:
     """Return the text of ``sql/<relative>`` with every ``--@include`` expanded.
 
@@ -174,7 +174,7 @@ class NamedStatement:
     sql: str
 
 
-@lru_cache(maxsize=None)
+@cache
 def named_statements(relative: str) -> dict[str, NamedStatement]:
     """Split ``sql/<relative>`` (after include expansion) into its named statements.
 

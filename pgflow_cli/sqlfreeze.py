@@ -59,7 +59,7 @@ def recipe(target: str, sources: Sequence[str], note: str) -> str:
         written = sqlfiles.read_file(source).split("\n")
         expanded: list[str] = []
         starts: list[int] = []  # expanded index where each written line begins
-        for index, line in enumerate(written):
+        for line in written:
             starts.append(len(expanded))
             text = sqlfiles.expand(line, origin=source)
             if text == "" and sqlfiles.NOTE.match(line):

@@ -44,7 +44,7 @@ EXAMPLES = 120  # 120 x 50 = 6,000 names per property
 
 def sql_queue_names(conn, routes):
     """``{(flow, step, index): (queue_name, name_kind, reason)}`` as the SQL fragment derives them."""
-    flows, steps, indexes = (list(x) for x in zip(*routes))
+    flows, steps, indexes = (list(x) for x in zip(*routes, strict=True))
     rows = conn.execute(
         sqlfiles.statement("queries/naming.sql", "check_step_queue_names"),
         {"flows": flows, "steps": steps, "indexes": indexes},

@@ -137,7 +137,7 @@ def _counts(conn: psycopg.Connection) -> dict[str, int]:
                (SELECT count(*) FROM pgmq.a_bystander) AS bystander_archived,
                (to_regclass('pgmq.q_retired') IS NOT NULL OR to_regclass('pgmq.a_retired') IS NOT NULL)::int AS tables
         """).fetchone()
-    return dict(zip(("tasks", "runs", "bystander_tasks", "bystander_archived", "tables"), row))
+    return dict(zip(("tasks", "runs", "bystander_tasks", "bystander_archived", "tables"), row, strict=True))
 
 
 def run(ctx: Context) -> list[Result]:

@@ -14,9 +14,9 @@ Timed, per sample:
 While each runs, a prober on its own connection repeats what a worker does every 20 ms: a read of
 a task row by key, and the row lock a claim takes on it (``SELECT ... FOR UPDATE``, which waits for
 any transaction holding the row or a conflicting table lock, without writing), for one row at each
-end of the heap (a bulk update locks the first early and the last late). The longest single probe is the longest time a lock blocked workers'
-reads or claims. Goals (issue "pgflow migrate and Stage 1"): longest blocking wait under 1 s, total
-within 2x of the bare update.
+end of the heap (a bulk update locks the first early and the last late). The longest single probe
+is the longest time a lock blocked workers' reads or claims. Goals (issue "pgflow migrate and
+Stage 1"): longest blocking wait under 1 s, total within 2x of the bare update.
 
 This benchmark is heavy: it takes at most 2 samples per quantity whatever ``--repeat`` says.
 """
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import psycopg
 from psycopg import sql

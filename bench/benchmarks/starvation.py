@@ -23,7 +23,6 @@ Goal (issue 9): with step queues the fast p99 stays within 2x of its idle value.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import psycopg

@@ -39,7 +39,7 @@ def parser(prog: str, description: str) -> tuple[argparse.ArgumentParser, Any]:
 def resolve_dsn(args: argparse.Namespace) -> str:
     """The conninfo from ``--dsn`` or the running sandbox (exit 3 with a hint when it is down)."""
     if args.dsn:
-        return args.dsn
+        return str(args.dsn)
     from pgflow_cli.errors import PgflowError
     from pgflow_cli.sandbox import Sandbox
 

@@ -246,7 +246,7 @@ def run_stage(stage: str, doc_id: int, worker: str,
                            (doc_id,)).fetchone()
         if row is None:
             raise LookupError(f"document {doc_id} does not exist")
-        doc = dict(zip(("source", "status", "content", "tokens"), row))
+        doc = dict(zip(("source", "status", "content", "tokens"), row, strict=True))
         if doc["status"] != from_status:
             if in_transaction:
                 with conn.transaction():

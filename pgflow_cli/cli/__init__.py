@@ -3,8 +3,9 @@
 :func:`main` is the console-script entry point. It is the only place where exceptions
 become messages and exit codes (docs/exit-codes.md): a :class:`PgflowError` prints its
 message, hint and detail on stderr; a psycopg error is first mapped by
-:func:`pgflow_cli.db.map_database_error`; anything else is a bug (exit 70) and shows a
-traceback only with ``--debug``.
+:func:`pgflow_cli.cli.common.mapped_errors` (the one mapping, which commands holding a
+connection also use, with their target for redaction); anything else is a bug (exit 70) and
+shows a traceback only with ``--debug``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ import sys
 import traceback
 from typing import Annotated, Optional
 
-import psycopg
 import typer
 
 from pgflow_cli import __version__, render
-from pgflow_cli.cli.common import STATE, OutputFormat
-from pgflow_cli.db import map_database_error
+from pgflow_cli.cli.common import STATE, OutputFormat, mapped_errors
 from pgflow_cli.errors import ExitCode, PgflowError, exit_code_table
 
 EXIT_CODES_HELP = "\b\nExit codes (every command; docs/exit-codes.md):\n" + exit_code_table()
@@ -53,18 +52,21 @@ def _root(
 
 
 def _register() -> None:
+    from pgflow_cli.cli import audit as audit_cli
+    from pgflow_cli.cli import drop_flow as drop_flow_cli
+    from pgflow_cli.cli import fence as fence_cli
+    from pgflow_cli.cli import migrate as migrate_cli
     from pgflow_cli.cli import sandbox as sandbox_cli
+    from pgflow_cli.cli import task as task_cli
 
     app.add_typer(sandbox_cli.app, name="sandbox")
-    for module_name in ("audit", "migrate", "drop_flow", "fence", "task"):
-        try:
-            module = __import__(f"pgflow_cli.cli.{module_name}", fromlist=["register"])
-        except ModuleNotFoundError as exc:  # command not built yet
-            if exc.name != f"pgflow_cli.cli.{module_name}":
-                raise
-            continue
-        module.register(app)
-    from pgflow_cli.cli import coverage as coverage_cli, worker as worker_cli
+    audit_cli.register(app)
+    migrate_cli.register(app)
+    drop_flow_cli.register(app)
+    fence_cli.register(app)
+    task_cli.register(app)
+    from pgflow_cli.cli import coverage as coverage_cli
+    from pgflow_cli.cli import worker as worker_cli
 
     worker_cli.register(app)
     coverage_cli.register(app)
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     """
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="pgflow", standalone_mode=True)
+        with mapped_errors():
+            command.main(args=argv, prog_name="pgflow", standalone_mode=True)
         code: int = ExitCode.OK
     except SystemExit as exc:  # typer/click finished: --help, a usage error, typer.Exit(n)
         code = exc.code if isinstance(exc.code, int) else (ExitCode.OK if exc.code is None else ExitCode.USAGE)
@@ -104,10 +107,6 @@ def main(argv: list[str] | None = None) -> None:
     except PgflowError as exc:
         report_error(exc)
         code = exc.exit_code
-    except psycopg.Error as exc:
-        mapped = map_database_error(exc)
-        report_error(mapped)
-        code = mapped.exit_code
     except Exception as exc:  # a bug: say so plainly
         if STATE.debug:
             traceback.print_exc()

@@ -7,11 +7,10 @@ import sys
 from collections.abc import Sequence
 from typing import Annotated, Optional
 
-import psycopg
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.padding import Padding
+from rich.table import Table
 from rich.text import Text
 
 from pgflow_cli import render
@@ -22,9 +21,9 @@ from pgflow_cli.cli.common import (
     FormatOption,
     OutputFormat,
     SandboxOption,
+    mapped_errors,
     open_connection,
 )
-from pgflow_cli.db import map_database_error
 from pgflow_cli.operations import audit as audit_op
 
 
@@ -99,14 +98,10 @@ def audit(
     err = render.stderr_console()
     verbose = output_format == OutputFormat.table
     conn, target = open_connection(dsn, sandbox, connect_timeout)
-    try:
+    with mapped_errors(target), conn:
         if verbose:
             err.print(render.text(f"auditing {target.describe()} (read-only)", "dim"))
         report = audit_op.run_audit(conn, flow, statement_timeout=statement_timeout or None)
-    except psycopg.Error as exc:
-        raise map_database_error(exc, target=target) from None
-    finally:
-        conn.close()
     if verbose:
         err.print(render.text(
             f"audit finished in {report.duration_ms} ms ({report.statements} statements, one read-only transaction)",

@@ -7,6 +7,8 @@ Every command that touches a database accepts ``--dsn``, ``--sandbox`` and
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Optional
 
@@ -59,6 +61,27 @@ class State:
 
 
 STATE = State()
+
+
+@contextmanager
+def mapped_errors(target: db.Target | None = None) -> Iterator[None]:
+    """Where every command's database errors become the :class:`PgflowError` they mean.
+
+    A ``psycopg.Error`` raised in the block is re-raised as :func:`pgflow_cli.db.map_database_error`
+    maps it (exit 3/4/6/70, docs/exit-codes.md), its message redacted of ``target``'s password;
+    other exceptions pass unchanged. :func:`pgflow_cli.cli.main` wraps every command in it (and
+    prints what it raises); a command that holds a connection wraps its work in it with the target.
+
+    Args:
+        target: the database the block talks to, or None when no connection string is known.
+
+    Raises:
+        PgflowError: for a psycopg error in the block.
+    """
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise db.map_database_error(exc, target=target) from None
 
 
 def resolve(dsn: str | None, sandbox: bool) -> db.Target:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Optional
 
-import psycopg
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -14,7 +13,6 @@ from rich.text import Text
 from pgflow_cli import render
 from pgflow_cli.cli import common
 from pgflow_cli.cli.common import OutputFormat
-from pgflow_cli.db import map_database_error
 from pgflow_cli.operations import coverage as coverage_op
 
 CSV_COLUMNS = [
@@ -86,16 +84,12 @@ def coverage(
         missing = report.describe_missing()
         err.print(render.text(f"waiting ({left:.0f} s left): {len(missing)} not covered: " + "; ".join(missing), "dim"))
 
-    try:
+    with common.mapped_errors(target), conn:
         if wait:
             report = coverage_op.wait_for_coverage(conn, flow, heartbeat_window=heartbeat_window, timeout=timeout,
                                                    interval=interval, progress=progress)
         else:
             report = coverage_op.check_coverage(conn, flow, heartbeat_window=heartbeat_window)
-    except psycopg.Error as exc:
-        raise map_database_error(exc, target=target) from None
-    finally:
-        conn.close()
 
     if output_format == OutputFormat.json:
         render.write_json(report.to_document())

@@ -7,17 +7,15 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import psycopg
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from pgflow_cli import render
-from pgflow_cli.cli.audit import _bytes
 from pgflow_cli.cli import common
+from pgflow_cli.cli.audit import _bytes
 from pgflow_cli.cli.common import STATE, OutputFormat
-from pgflow_cli.db import map_database_error
 from pgflow_cli.errors import ExitCode, PgflowError, UsageError
 from pgflow_cli.operations import drop_flow as drop_op
 
@@ -86,7 +84,7 @@ def drop_flow(
     err = render.stderr_console()
     table = output_format == OutputFormat.table
     conn, target = common.open_connection(dsn, sandbox, connect_timeout)
-    try:
+    with common.mapped_errors(target), conn:
         if table:
             err.print(render.text(f"planning the deletion of flow {flow_slug!r} on {target.describe()}", "dim"))
         plan = drop_op.plan(conn, flow_slug)
@@ -115,10 +113,6 @@ def drop_flow(
             err.print(render.text("deleting in one transaction..." + (f" (exporting to {export_dir} first)" if export_dir else "")))
         result = drop_op.drop(conn, flow_slug, force=force, export_dir=export_dir, lock_timeout=lock_timeout,
                               attempts=retries, on_retry=on_retry)
-    except psycopg.Error as exc:
-        raise map_database_error(exc, target=target) from None
-    finally:
-        conn.close()
 
     if output_format == OutputFormat.json:
         render.write_json(_document(target.describe(), plan, result, dry_run=False))

@@ -23,10 +23,17 @@ import typer
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
-from rich.text import Text
 
 from pgflow_cli import db, render
-from pgflow_cli.cli.common import STATE, ConnectTimeoutOption, DsnOption, OutputFormat, SandboxOption, resolve
+from pgflow_cli.cli.common import (
+    STATE,
+    ConnectTimeoutOption,
+    DsnOption,
+    OutputFormat,
+    SandboxOption,
+    mapped_errors,
+    resolve,
+)
 from pgflow_cli.errors import DeadlineReached, ExitCode, PgflowError
 from pgflow_cli.operations import fence as fence_op
 
@@ -104,10 +111,9 @@ def _connection(dsn: str | None, sandbox: bool, connect_timeout: int) -> Iterato
     target = resolve(dsn, sandbox)
     conn = db.connect(target, application_name=application_name(), connect_timeout=connect_timeout)
     try:
-        fence_op.require_installed(conn)
-        yield conn
-    except psycopg.Error as exc:
-        raise db.map_database_error(exc, target=target) from None
+        with mapped_errors(target):
+            fence_op.require_installed(conn)
+            yield conn
     finally:
         conn.close()
 
@@ -387,7 +393,7 @@ def restore(
             if conflict:
                 raise conflict
             return
-        since = max(c.closed_at for c in result.changes if c.action == "restored")
+        since = max(c.closed_at for c in result.changes if c.action == "restored" and c.closed_at is not None)
         result.waiting_for = list(waiting)
         err = render.stderr_console()
         seen: list[Any] = []

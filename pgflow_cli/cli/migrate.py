@@ -186,8 +186,9 @@ def _print_status(rows: list[dict[str, Any]], where: str, report: migrate_op.Sta
         for column in ("file", "state", "recorded by"):
             files.add_column(column, no_wrap=True)
         for f in report.plan.files:
+            style = "green" if f.state == "current" else "bold red" if f in report.plan.file_drift else "yellow"
             files.add_row(render.text(f"sql/{f.path}"),
-                          render.text(f.state, "green" if f.state == "current" else "bold red" if f in report.plan.file_drift else "yellow"),
+                          render.text(f.state, style),
                           render.text(f"{f.recorded_version:04d}" if f.recorded_version else ""))
         console.print(files)
     console.print(render.text(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}"))
@@ -285,7 +286,8 @@ def apply(
         bool, typer.Option("--sql", help="Print the SQL of the pending migrations for review and exit; changes nothing.")
     ] = False,
     lock_timeout: Annotated[
-        float, typer.Option("--lock-timeout", min=0.1, help="Seconds a statement may wait for a lock before the migration is rolled back and retried.", metavar="SECONDS")
+        float, typer.Option("--lock-timeout", min=0.1, metavar="SECONDS",
+                            help="Seconds a statement may wait for a lock before the migration is rolled back and retried.")
     ] = 5.0,
     retries: Annotated[
         int, typer.Option("--retries", min=1, max=50, metavar="N", help="Attempts per transaction, on lock timeouts and deadlocks only.")
@@ -297,7 +299,7 @@ def apply(
         OnlineMode, typer.Option("--online", case_sensitive=False,
                                  help="Phased migrations: auto commits phase by phase (short locks, batched backfill) "
                                  "only when the task table is large; always or never force the choice.")
-    ] = "auto",
+    ] = OnlineMode.auto,
     batch_seconds: Annotated[
         float, typer.Option("--batch-seconds", min=0.01, max=60, metavar="SECONDS",
                             help="Phased path: how long each backfill batch may keep its rows locked (batches adapt to it).")
@@ -318,7 +320,6 @@ def apply(
     Read docs/upgrade.md first: workers must be fenced and drained for an upgrade that changes their protocol.
     """
     STATE.output_format = output_format
-    online = OnlineMode(online).value
     if dry_run and install_pgmq:
         raise UsageError("--dry-run cannot be combined with --install-pgmq: installing PGMQ is not rolled back",
                          hint="install PGMQ first (migrate apply --install-pgmq --target 1), or drop --install-pgmq")
@@ -392,7 +393,7 @@ def apply(
         try:
             result = migrate_op.apply(
                 conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
-                dry_run=dry_run, progress=progress, online=online, batch_seconds=batch_seconds,
+                dry_run=dry_run, progress=progress, online=OnlineMode(online).value, batch_seconds=batch_seconds,
                 install_pgmq=install_pgmq, assume_release=assume_release,
             )
         except KeyboardInterrupt:

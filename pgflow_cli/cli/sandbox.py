@@ -6,6 +6,7 @@ import sys
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
 
 from pgflow_cli import render
 from pgflow_cli.cli.common import STATE, FormatOption, OutputFormat
@@ -30,7 +31,7 @@ SeedOption = Annotated[
 ]
 
 
-def _err() -> render.Console:
+def _err() -> Console:
     return render.stderr_console()
 
 
@@ -81,11 +82,13 @@ def up(
 @app.command()
 def worker(
     flow: Annotated[
-        Optional[list[str]], typer.Option("--flow", metavar="SLUG", help="Demo flow to serve (repeatable); default: every runnable demo flow.")
+        Optional[list[str]],
+        typer.Option("--flow", metavar="SLUG", help="Demo flow to serve (repeatable); default: every runnable demo flow."),
     ] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=64, metavar="N", help="Handlers in flight per flow.")] = 4,
     seconds: Annotated[
-        Optional[float], typer.Option("--seconds", min=0.5, metavar="SECONDS", help="Stop after this many seconds (default: run until Ctrl-C).")
+        Optional[float],
+        typer.Option("--seconds", min=0.5, metavar="SECONDS", help="Stop after this many seconds (default: run until Ctrl-C)."),
     ] = None,
 ) -> None:
     """Run the demo workers (reference Python worker) against the sandbox until Ctrl-C.
@@ -131,7 +134,9 @@ def down() -> None:
 def reset(
     seed: SeedOption = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
-    destroy: Annotated[bool, typer.Option("--destroy", help="Delete the whole sandbox directory instead of recreating the database.")] = False,
+    destroy: Annotated[
+        bool, typer.Option("--destroy", help="Delete the whole sandbox directory instead of recreating the database.")
+    ] = False,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
     """Throw the sandbox database away and create it again (optionally seeded). Only the sandbox is touched."""

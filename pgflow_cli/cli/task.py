@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -19,9 +20,9 @@ from pgflow_cli.cli.common import (
     FormatOption,
     OutputFormat,
     SandboxOption,
+    mapped_errors,
     open_connection,
 )
-from pgflow_cli.db import map_database_error
 from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import manual_tasks as op
 
@@ -69,12 +70,12 @@ def parse_duration(text: str) -> float:
     return float(match.group("n")) * _UNITS[match.group("unit") or "s"]
 
 
-def _run(dsn: str | None, sandbox: bool, connect_timeout: int, action) -> list[op.ManualTask]:
+def _run(dsn: str | None, sandbox: bool, connect_timeout: int,
+         action: Callable[[psycopg.Connection], list[op.ManualTask]]) -> list[op.ManualTask]:
     conn, target = open_connection(dsn, sandbox, connect_timeout)
     try:
-        return action(conn)
-    except psycopg.Error as exc:
-        raise map_database_error(exc, target=target) from None
+        with mapped_errors(target):
+            return action(conn)
     finally:
         conn.close()
 

@@ -7,12 +7,10 @@ import logging
 import sys
 from typing import Annotated, Optional
 
-import psycopg
 import typer
 
 from pgflow_cli import db, render
-from pgflow_cli.cli.common import ConnectTimeoutOption, DsnOption, SandboxOption, resolve
-from pgflow_cli.db import map_database_error
+from pgflow_cli.cli.common import ConnectTimeoutOption, DsnOption, SandboxOption, mapped_errors, resolve
 from pgflow_cli.operations import worker as worker_op
 
 log = logging.getLogger("pgflow.worker")
@@ -91,9 +89,7 @@ def worker(
     log.info("pgflow worker %s: flow=%s step=%s queue=%s mode=%s function=%s concurrency=%d version=%s database=%s",
              runner.worker_id, plan.flow.slug, plan.step_slug or "-", plan.queue_name, plan.queue_mode,
              plan.function_name, concurrency, render.display(worker_version), where.describe())
-    try:
+    with mapped_errors(where):
         code = runner.run()
-    except psycopg.Error as exc:
-        raise map_database_error(exc, target=where) from None
     if code:
         raise typer.Exit(code)

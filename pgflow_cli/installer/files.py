@@ -207,10 +207,7 @@ def parse_phases(text: str) -> PhasedMigration | None:
     names = [p.name for p in phases]
     if len(names) != len(set(names)):
         raise ValueError(f"duplicate phase names: {names}")
-    if phases[-1].name == "abort":
-        apply_phases = phases[:-1]
-    else:
-        apply_phases = phases
+    apply_phases = phases[:-1] if phases[-1].name == "abort" else phases
     if not apply_phases or apply_phases[-1].mode != "tx":
         raise ValueError("the last phase to apply must be a transaction (mode tx)")
     threshold = _THRESHOLD.search(text)

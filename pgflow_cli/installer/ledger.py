@@ -17,6 +17,7 @@ from pgflow_cli import sqlfiles
 from pgflow_cli.errors import StateConflict
 from pgflow_cli.installer.files import QUERIES, Migration, available_migrations
 
+
 @dataclass(frozen=True)
 class DatabaseState:
     """What a catalog probe found (no writes)."""
@@ -182,13 +183,15 @@ class Plan:
             return StateConflict(
                 "the database is newer than this tool: it records migrations this version does not ship",
                 hint="upgrade pgflow-cli to the version that applied them",
-                detail=[f"{s.version:04d}_{s.name} (applied by pgflow-cli {s.recorded.tool_version if s.recorded else '?'})" for s in self.unknown],
+                detail=[f"{s.version:04d}_{s.name} (applied by pgflow-cli {s.recorded.tool_version if s.recorded else '?'})"
+                        for s in self.unknown],
             )
         if self.changed:
             return StateConflict(
                 "migration files differ from what was applied (checksum mismatch)",
                 hint="reinstall the pgflow-cli version that applied them; never edit an applied migration",
-                detail=[f"sql/migrations/{s.version:04d}_{s.name}.sql: recorded {s.recorded.checksum[:12] if s.recorded else '?'}…, file {(s.file_checksum or '')[:12]}…" for s in self.changed],
+                detail=[f"sql/migrations/{s.version:04d}_{s.name}.sql: recorded {s.recorded.checksum[:12] if s.recorded else '?'}…,"
+                        f" file {(s.file_checksum or '')[:12]}…" for s in self.changed],
             )
         return None
 

@@ -72,7 +72,7 @@ def ensure_pgmq(conn: psycopg.Connection) -> str | None:
         return None
     version, script = bundled_pgmq_sql()
     with transaction(conn, lock_timeout=30, statement_timeout=None):
-        conn.execute(script)  # type: ignore[arg-type]  # trusted, shipped SQL
+        conn.execute(script)  # trusted, shipped SQL
         conn.execute(
             pgsql.SQL("COMMENT ON SCHEMA pgmq IS {}").format(
                 pgsql.Literal(f"PGMQ {version} (SQL install by pgflow-cli {__version__}, "

@@ -7,6 +7,7 @@ migrators apart; lock timeouts and deadlocks roll back and retry a bounded numbe
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import time
@@ -23,10 +24,10 @@ from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import first_line, retry_on_lock, transaction
 from pgflow_cli.errors import ConnectionFailed, Refused, SchemaMissing, StateConflict
 from pgflow_cli.installer.files import (
+    LOCK_MODES,
     MAX_BATCH_PAGES,
     QUERIES,
     Migration,
-    LOCK_MODES,
     Phase,
     TableLock,
     available_migrations,
@@ -34,6 +35,7 @@ from pgflow_cli.installer.files import (
 )
 from pgflow_cli.installer.ledger import LedgerRow, make_plan
 from pgflow_cli.installer.pgmq_bootstrap import ensure_pgmq
+
 
 def file_runs(migrations: Sequence[Migration], todo: Sequence[Migration]) -> dict[int, frozenset[str]]:
     """Which ``--@apply`` files each migration of ``todo`` skips: each file runs once, in the last
@@ -384,9 +386,9 @@ class _Runner:
                 if own_transactions:
                     locks = self.migration.locks_for([phase.name])
                     with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
-                        row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
+                        row = self.conn.execute(phase.sql, params).fetchone()
                 else:
-                    row = self.conn.execute(phase.sql, params).fetchone()  # type: ignore[arg-type]
+                    row = self.conn.execute(phase.sql, params).fetchone()
                 return (int(row[0]), int(row[1])) if row else (0, 0)
 
             started = time.monotonic()
@@ -419,7 +421,7 @@ class _Runner:
                         if phase.mode == "batch":
                             self._backfill(phase, own_transactions=False)
                         else:
-                            self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+                            self.conn.execute(phase.sql)  # trusted, shipped SQL
                     self._record(state="applied", phases_done=[], duration_ms=int((time.monotonic() - t0) * 1000))
                     if self.before_commit:
                         self.before_commit(self.conn, self.migration)
@@ -450,7 +452,7 @@ class _Runner:
             t0 = time.monotonic()
             final = phase is phased.apply_phases[-1]
             if phase.mode == "notx":
-                self._retrying(lambda: self._notx(phase))
+                self._retrying(functools.partial(self._notx, phase))
                 with transaction(self.conn, lock_timeout=self.lock_timeout, statement_timeout=None):
                     self._record(state="in_progress", phases_done=done + [phase.name],
                                  duration_ms=int((time.monotonic() - t0) * 1000))
@@ -460,10 +462,10 @@ class _Runner:
                     self._record(state="in_progress", phases_done=done + [phase.name],
                                  duration_ms=int((time.monotonic() - t0) * 1000))
             else:
-                def run_tx(phase: Phase = phase, final: bool = final) -> None:
+                def run_tx(phase: Phase = phase, final: bool = final, t0: float = t0) -> None:
                     locks = self.migration.locks_for([phase.name])
                     with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
-                        self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+                        self.conn.execute(phase.sql)  # trusted, shipped SQL
                         self._record(state="applied" if final else "in_progress",
                                      phases_done=[] if final else done + [phase.name],
                                      duration_ms=int((time.monotonic() - t0) * 1000))
@@ -498,7 +500,7 @@ class _Runner:
                     schema, name = index.split(".")
                     self.conn.execute(sql.SQL(sqlfiles.statement(QUERIES, "drop_index_concurrently")).format(
                         index=sql.Identifier(schema, name)))
-            self.conn.execute(phase.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+            self.conn.execute(phase.sql)  # trusted, shipped SQL
         finally:
             self.conn.execute(timeout, {"value": "0"})
         for index in concurrent_indexes(phase.sql):
@@ -545,7 +547,7 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
         if phased is None or phased.abort is None:
             raise StateConflict(f"migration {migration.label} has no abort phase")
         with locked_transaction(conn, migration.locks_for([phased.abort.name]), lock_timeout=lock_timeout):
-            conn.execute(phased.abort.sql)  # type: ignore[arg-type]  # trusted, shipped SQL
+            conn.execute(phased.abort.sql)  # trusted, shipped SQL
             conn.execute(sqlfiles.statement(QUERIES, "ledger_forget"), {"version": version})
         return migration
     finally:

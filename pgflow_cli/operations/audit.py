@@ -19,7 +19,6 @@ filter, counts, and builds the versioned JSON document. The same SQL ships as on
 from __future__ import annotations
 
 import dataclasses
-
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -606,7 +605,7 @@ def schema_from_probe(probe: dict[str, Any]) -> SchemaInfo:
         )
     notes.append("archive row counts are planner estimates (pg_class.reltuples), unknown until a table is analyzed")
 
-    audited_at = probe.get("audited_at")
+    audited_at: object = probe.get("audited_at")
     return SchemaInfo(
         database=database,
         role=role,

@@ -41,11 +41,12 @@ DEFAULT_HEARTBEAT_WINDOW = 15.0
 """Seconds: three heartbeat intervals of the reference worker (5 s), so one late beat does not flap a route."""
 
 
+@dataclass(frozen=True)
 class _Record:
     """``to_dict()`` for the report's row dataclasses (JSON and CSV output)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
+        return asdict(self)
 
 
 @dataclass(frozen=True)

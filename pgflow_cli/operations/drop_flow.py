@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import psycopg
 from psycopg.rows import dict_row
 
 from pgflow_cli import sqlfiles
-from pgflow_cli.db import retry_on_lock, transaction
+from pgflow_cli.db import retry_on_lock, scalar, transaction
 from pgflow_cli.errors import PgflowError, Refused, SchemaMissing, StateConflict, UsageError
 
 QUERIES = "queries/drop_flow.sql"
@@ -180,7 +180,7 @@ def plan(conn: psycopg.Connection, flow_slug: str) -> DropPlan:
     """
     require_installed(conn)
     with transaction(conn, read_only=True, lock_timeout=None, statement_timeout=None):
-        doc = conn.execute(sqlfiles.statement(QUERIES, "plan"), {"flow_slug": flow_slug}).fetchone()[0]
+        doc = scalar(conn.execute(sqlfiles.statement(QUERIES, "plan"), {"flow_slug": flow_slug}))
     return DropPlan.from_json(doc)
 
 
@@ -239,7 +239,7 @@ def _write_lines(conn: psycopg.Connection, name: str, flow_slug: str, path: Path
     return count
 
 
-def _private_file(path: Path):
+def _private_file(path: Path) -> TextIO:
     """A new text file only the current user may read (it may hold run inputs and outputs)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     return os.fdopen(fd, "w", encoding="utf-8")
@@ -247,7 +247,7 @@ def _private_file(path: Path):
 
 def _export(conn: psycopg.Connection, flow_slug: str, directory: Path) -> dict[str, Any]:
     """Write the definition and run history (inside the deletion's transaction, after its locks)."""
-    definition = conn.execute(sqlfiles.statement(QUERIES, "export_definition"), {"flow_slug": flow_slug}).fetchone()[0]
+    definition = scalar(conn.execute(sqlfiles.statement(QUERIES, "export_definition"), {"flow_slug": flow_slug}))
     with _private_file(directory / "definition.json") as out:
         out.write(definition)
         out.write("\n")
@@ -306,7 +306,7 @@ def drop(
             if export_dir is not None:
                 conn.execute(sqlfiles.statement(QUERIES, "lock"), {"flow_slug": flow_slug})
                 exported = _export(conn, flow_slug, export_dir)
-            doc = conn.execute(sqlfiles.statement(QUERIES, "drop"), {"flow_slug": flow_slug, "force": force}).fetchone()[0]
+            doc = scalar(conn.execute(sqlfiles.statement(QUERIES, "drop"), {"flow_slug": flow_slug, "force": force}))
         return doc, exported, time.monotonic() - started
 
     doc, exported, seconds = retry_on_lock(attempt, attempts=attempts, on_retry=on_retry)

@@ -50,7 +50,7 @@ MAX_REASON = 1000
 # ----------------------------------------------------------------------------------------------
 # results
 # ----------------------------------------------------------------------------------------------
-def _rows_to(cls: type, rows: Iterable[dict[str, Any]]) -> list[Any]:
+def _rows_to(cls: Any, rows: Iterable[dict[str, Any]]) -> list[Any]:
     names = set(cls.__dataclass_fields__)
     return [cls(**{k: v for k, v in row.items() if k in names}) for row in rows]
 
@@ -474,7 +474,8 @@ def disable(conn: psycopg.Connection, selection: Selection, reason: str, *, dry_
         return DisableResult(selection, _rows_to(FenceChange, rows), workers, dry_run,
                              outcome="dry_run" if dry_run else "fenced")
 
-    return _write(conn, body, dry_run=dry_run, lock_timeout=lock_timeout, attempts=attempts)
+    written: Any = _write(conn, body, dry_run=dry_run, lock_timeout=lock_timeout, attempts=attempts)
+    return written  # type: ignore[no-any-return]  # _write returns what body returns
 
 
 def _write(conn: psycopg.Connection, body: Callable[[psycopg.Connection], Any], *, dry_run: bool,
@@ -629,7 +630,8 @@ def restore(conn: psycopg.Connection, selection: Selection | None, *, dry_run: b
         result.outcome = "dry_run" if dry_run else ("conflict" if result.conflicts else "restored")
         return result
 
-    return _write(conn, body, dry_run=dry_run, lock_timeout=lock_timeout, attempts=attempts)
+    written: Any = _write(conn, body, dry_run=dry_run, lock_timeout=lock_timeout, attempts=attempts)
+    return written  # type: ignore[no-any-return]  # _write returns what body returns
 
 
 def wait_for_heartbeats(conn: psycopg.Connection, functions: Sequence[str], since: dt.datetime, *,

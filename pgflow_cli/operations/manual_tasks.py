@@ -233,6 +233,7 @@ def _record(conn: psycopg.Connection, statement: str, params: dict[str, Any]) ->
         cur.execute(sqlfiles.statement(QUERIES, statement), params)
         row = cur.execute(sqlfiles.statement(QUERIES, "show"),
                           {k: params[k] for k in ("run_id", "step_slug", "task_index")}).fetchone()
+    assert row is not None  # the statement above just wrote this task
     return _task(row)
 
 

@@ -339,7 +339,8 @@ def preflight(conn: psycopg.Connection, pending: list[installer.Migration]) -> P
             f"the upgrade is refused: {len(blocking)} blocking finding(s); nothing was locked or changed",
             hint="run `pgflow audit` for the full report and the fix of each finding: a rejected name needs a new "
             "concrete flow under a compliant slug; pgflow never renames or deletes flows",
-            detail=[f"{f.check_id}: {f.object_type} {f.object_name}" + (f" (flow {f.flow_slug})" if f.flow_slug and f.flow_slug != f.object_name else "")
+            detail=[f"{f.check_id}: {f.object_type} {f.object_name}"
+                    + (f" (flow {f.flow_slug})" if f.flow_slug and f.flow_slug != f.object_name else "")
                     + f": {f.message}" for f in blocking],
         )
     return phase
@@ -442,6 +443,7 @@ def apply(
     if checked is not None:
         result.phases.append(checked)
         emit("preflight", checked.detail)
+    workers: dict[str, int] | None
     if adopting:
         protocols = [m.worker_protocol for m in pending if m.worker_protocol]
         workers = {**upstream.live_workers(conn), "enabled_functions": 0, "protocol": max(protocols or [1])}

@@ -33,9 +33,9 @@ from psycopg import sql as pgsql
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import __version__, sqlfiles
-from pgflow_cli.db import first_line, retry_on_lock, transaction
+from pgflow_cli.db import first_line, retry_on_lock, scalar, transaction
 from pgflow_cli.errors import StateConflict
-from pgflow_cli.installer import MAX_BATCH_PAGES, TableLock, locked_transaction
+from pgflow_cli.installer import MAX_BATCH_PAGES, Migration, TableLock, locked_transaction
 from pgflow_cli.upstream import recognise as rec
 from pgflow_cli.upstream.releases import REPLACED_BY
 
@@ -57,14 +57,15 @@ also stands alone in ``--sql``."""
 def adoption_locks(conn: psycopg.Connection) -> tuple[TableLock, ...]:
     """:data:`ADOPTION_LOCKS` for this database (without ``pgflow.worker_functions`` when the release
     that installed it has no such table)."""
-    has_worker_functions = bool(conn.execute(sqlfiles.statement(QUERIES, "has_worker_functions")).fetchone()[0])
+    row = conn.execute(sqlfiles.statement(QUERIES, "has_worker_functions")).fetchone()
+    has_worker_functions = bool(row and row[0])
     return tuple(lock for lock in ADOPTION_LOCKS if has_worker_functions or lock.table != "pgflow.worker_functions")
 
 _FUNCTION_STATEMENT = re.compile(r"^CREATE FUNCTION pgflow\.[\s\S]*?\bAS \$\$[\s\S]*?\$\$;", re.MULTILINE)
 _FUNCTION_NAME = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION pgflow\.([a-z_][a-z0-9_]*)\(", re.MULTILINE)
 
 
-def _baseline_migrations() -> list[Any]:
+def _baseline_migrations() -> list[Migration]:
     from pgflow_cli import installer
 
     return [m for m in installer.available_migrations() if m.version <= installer.BASELINE_VERSION]
@@ -276,10 +277,10 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
         try:
             with locked_transaction(conn, adoption_locks(conn), lock_timeout=lock_timeout):
                 _recheck(conn, recognition, assume_release)
-                had_output = bool(conn.execute(sqlfiles.statement(QUERIES, "has_output_column")).fetchone()[0])
+                had_output = bool(scalar(conn.execute(sqlfiles.statement(QUERIES, "has_output_column"))))
                 before = set(_unvalidated(conn))
                 for part in parts:
-                    conn.execute(part.sql)  # type: ignore[arg-type]  # shipped SQL (and quoted literals)
+                    conn.execute(part.sql)  # shipped SQL (and quoted literals)
                 if not had_output:
                     _backfill_batch(conn, 0, 2 ** 31, in_flight_only=use_online)  # every page
                 added = [c for c in _unvalidated(conn) if c not in before]
@@ -378,7 +379,7 @@ def _unvalidated(conn: psycopg.Connection) -> list[tuple[str, str]]:
 
 
 def _validate_statement(table: str, constraint: str) -> pgsql.Composed:
-    return pgsql.SQL(sqlfiles.statement(QUERIES, "validate_constraint")).format(  # type: ignore[arg-type]
+    return pgsql.SQL(sqlfiles.statement(QUERIES, "validate_constraint")).format(
         table=pgsql.Identifier(table), constraint=pgsql.Identifier(constraint))
 
 
@@ -414,7 +415,7 @@ def _online_index(conn: psycopg.Connection, lock_timeout: float) -> None:
     timeout = sqlfiles.statement(INSTALLER_QUERIES, "session_lock_timeout")
     conn.execute(timeout, {"value": f"{int(lock_timeout * 1000)}ms"})
     try:
-        if conn.execute(sqlfiles.statement(QUERIES, "skipped_index_invalid")).fetchone()[0]:
+        if scalar(conn.execute(sqlfiles.statement(QUERIES, "skipped_index_invalid"))):
             conn.execute(sqlfiles.statement(QUERIES, "skipped_index_drop"))
         conn.execute(sqlfiles.statement(QUERIES, "skipped_index_concurrently"))
     finally:

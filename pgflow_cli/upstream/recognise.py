@@ -13,8 +13,9 @@ Spec: issue 8 "Recognition, read-only"; fact sheet ``upstream-releases.md`` §3.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row

@@ -21,10 +21,10 @@ Function bodies are compared separately, by the first 8 hex digits of ``md5(pros
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from types import MappingProxyType
-from typing import Mapping
 
 KINDS = ("table", "column", "attribute", "constraint", "index", "function")
 """Object kinds a shape holds, in report order."""
@@ -303,7 +303,7 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
-@lru_cache(maxsize=None)
+@cache
 def shape(group_index: int) -> Mapping[str, Mapping[str, str]]:
     """The catalog shape of ``GROUPS[group_index]``: ``{kind: {key: detail}}`` (cumulative)."""
     current: dict[str, dict[str, str]] = {kind: {} for kind in KINDS}

@@ -411,7 +411,7 @@ LATEST = ProtocolV2
 PROTOCOLS = {1: ProtocolV1, 2: ProtocolV2}
 
 
-def for_version(version: int):
+def for_version(version: int) -> ProtocolV1:
     """The protocol class for ``version``.
 
     Raises:

@@ -41,11 +41,10 @@ from pgflow_cli import db
 from pgflow_cli.db import first_line
 from pgflow_cli.worker.flow import FlowDefinition, TaskContext
 from pgflow_cli.worker.protocol import (
+    LATEST,
     SQLSTATE_NOT_REGISTERED,
     SQLSTATE_PROTOCOL,
     ClaimedTask,
-    LATEST,
-    WorkerStartupError,
 )
 
 log = logging.getLogger("pgflow.worker")
@@ -463,6 +462,7 @@ class Worker:
             worker_id=self.worker_id,
         )
         handler_input = task.flow_input if (step.step_type == "single" and not step.dependencies) else task.input
+        assert step.handler is not None  # manual steps are never claimed by a worker
         try:
             output = step.handler(handler_input, context)
         except BaseException as exc:  # the handler's failure is the task's failure, whatever it raised

@@ -8,9 +8,9 @@ import pytest
 
 from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode, Refused
-from tests.support.cli import run_cli
 from tests.audit.helpers import audit, cli_json, define_flow
 from tests.support import server
+from tests.support.cli import run_cli
 
 
 def test_a_camel_case_flow_created_after_the_upgrade_is_clean(db):

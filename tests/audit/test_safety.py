@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 
-import psycopg
 from psycopg.conninfo import make_conninfo
 
 from pgflow_cli import sqlfiles

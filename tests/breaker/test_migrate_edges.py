@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 
-import psycopg
-
-import pytest
-
 from pgflow_cli import sqlfiles
 from pgflow_cli.errors import ExitCode
 from tests.support.cli import run_cli

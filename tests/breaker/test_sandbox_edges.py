@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from pgflow_cli.errors import ExitCode
 from tests.breaker.conftest import clean_env, run_cli_env
 

@@ -58,7 +58,7 @@ def test_simultaneous_claims_of_the_same_batch_claim_each_task_once(cl):
         assert len(batch) == 6
         gate = threading.Barrier(len(workers))
 
-        def claim(i: int):
+        def claim(i: int, gate: threading.Barrier = gate, batch: list[int] = batch):
             gate.wait(timeout=DEADLINE)
             return cl.claim("race", batch, workers[i], "race", conn=conns[i])
 
@@ -90,7 +90,7 @@ def test_overlapping_batches_in_opposite_order_do_not_deadlock(cl):
         part_a, part_b = ids[:7], list(reversed(ids[3:]))
         gate = threading.Barrier(2)
 
-        def claim(worker, part, conn):
+        def claim(worker, part, conn, gate: threading.Barrier = gate):
             gate.wait(timeout=DEADLINE)
             return cl.claim("race", part, worker, "race", conn=conn)
 

@@ -5,7 +5,6 @@ docs/compatibility.md item 3.
 
 from __future__ import annotations
 
-
 QUERY = "SELECT pgflow._get_flow_shape(%s)"
 
 

@@ -6,7 +6,6 @@ one: constraint item 8); the task row keeps what the handler returned, for diagn
 
 from __future__ import annotations
 
-
 BAD_OUTPUT = {"not": "an array", "rows": [1, 2]}
 
 

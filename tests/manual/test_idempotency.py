@@ -93,7 +93,7 @@ def _blocked_calls(db, observer, calls):
         except psycopg.Error as exc:
             return exc
 
-    futures = [pool.submit(run, conn, spec) for conn, spec in zip(conns, calls)]
+    futures = [pool.submit(run, conn, spec) for conn, spec in zip(conns, calls, strict=True)]
     for conn in conns:
         wait_until_blocked(observer, conn.info.backend_pid)
     pool.shutdown(wait=False)

@@ -167,7 +167,8 @@ def test_prune_archives_live_messages_of_legacy_finished_runs(rt):
     rt.flow("legacy", [{"slug": "a"}, {"slug": "b"}])
     run = rt.start("legacy", {})
     rt.conn.execute(
-        "UPDATE pgflow.runs SET status = 'failed', started_at = now() - interval '9 days', failed_at = now() - interval '8 days' WHERE run_id = %s",
+        "UPDATE pgflow.runs SET status = 'failed', started_at = now() - interval '9 days',"
+        " failed_at = now() - interval '8 days' WHERE run_id = %s",
         (run,),
     )
     rt.conn.execute("UPDATE pgflow.step_states SET status = 'failed', failed_at = now() WHERE run_id = %s AND step_slug = 'a'", (run,))

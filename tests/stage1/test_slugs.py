@@ -232,7 +232,7 @@ def test_slug_violations_and_default_queue_name_agree_with_python(parity_conn, b
         (batch,),
     ).fetchall()
     assert len(rows) == len(batch)
-    for slug, (_, reasons, valid, queue, shown) in zip(batch, rows):
+    for slug, (_, reasons, valid, queue, shown) in zip(batch, rows, strict=True):
         expected = naming.slug_violations(slug)
         assert tuple(reasons) == expected, repr(slug)
         assert valid is (not expected), repr(slug)
@@ -259,7 +259,7 @@ def test_slug_violations_and_default_queue_name_agree_with_python(parity_conn, b
     )
 )
 def test_step_queue_name_agrees_with_python(parity_conn, routes):
-    flows, steps, indexes = (list(x) for x in zip(*routes))
+    flows, steps, indexes = (list(x) for x in zip(*routes, strict=True))
     rows = parity_conn.execute(
         "SELECT r.ord, pg_temp.try_step(r.f, r.s, r.i) "
         "FROM unnest(%s::text[], %s::text[], %s::integer[]) WITH ORDINALITY AS r (f, s, i, ord) ORDER BY r.ord",
@@ -271,7 +271,7 @@ def test_step_queue_name_agrees_with_python(parity_conn, routes):
         "invalid_step_index": "step_index must be zero or more",
         "queue_name_too_long": "cannot get a private queue",
     }
-    for (flow, step, index), (_, got) in zip(routes, rows):
+    for (flow, step, index), (_, got) in zip(routes, rows, strict=True):
         derived = naming.step_queue_name(flow, step, index)
         if derived.name is not None:
             assert got == "ok:" + derived.name, (flow, step, index)

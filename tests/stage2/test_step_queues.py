@@ -46,7 +46,8 @@ def snapshot(conn) -> tuple:
     """Everything a refused compilation must leave unchanged."""
     return (
         conn.execute("SELECT coalesce(array_agg(flow_slug || ':' || queue_mode ORDER BY flow_slug), '{}') FROM pgflow.flows").fetchone()[0],
-        conn.execute("SELECT coalesce(array_agg(flow_slug || '/' || step_slug || '@' || queue_name ORDER BY 1), '{}') FROM pgflow.steps").fetchone()[0],
+        conn.execute("SELECT coalesce(array_agg(flow_slug || '/' || step_slug || '@' || queue_name ORDER BY 1), '{}')"
+                     " FROM pgflow.steps").fetchone()[0],
         conn.execute("SELECT coalesce(array_agg(queue_name::text ORDER BY 1), '{}') FROM pgmq.meta").fetchone()[0],
         conn.execute("SELECT coalesce(array_agg(relname::text ORDER BY 1), '{}') FROM pg_class c JOIN pg_namespace n "
                      "ON n.oid = c.relnamespace WHERE n.nspname = 'pgmq' AND c.relkind = 'r'").fetchone()[0],

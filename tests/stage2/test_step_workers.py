@@ -147,7 +147,8 @@ def test_stalled_recovery_requeues_tasks_of_several_queues(db):
     conn.execute("SELECT pgflow.start_flow('stallSpread', '{}')")
     for step in "ab":
         claim(conn, queued, step, register(conn, queued, step))
-    conn.execute("UPDATE pgflow.step_tasks SET queued_at = queued_at - interval '2 hours', started_at = started_at - interval '2 hours' WHERE status = 'started'")
+    conn.execute("UPDATE pgflow.step_tasks SET queued_at = queued_at - interval '2 hours',"
+                 " started_at = started_at - interval '2 hours' WHERE status = 'started'")
     conn.execute("SELECT pgflow.requeue_stalled_tasks()")
     assert conn.execute("SELECT array_agg(status ORDER BY step_slug) FROM pgflow.step_tasks").fetchone()[0] == \
         ["queued", "queued", "queued"]

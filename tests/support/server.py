@@ -7,6 +7,7 @@ Templates are built once per run and cloned with ``CREATE DATABASE ... TEMPLATE`
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import tempfile
@@ -49,10 +50,8 @@ class TestDatabase:
 
     def close_all(self) -> None:
         for conn in self._connections:
-            try:
+            with contextlib.suppress(Exception):
                 conn.close()
-            except Exception:
-                pass
         self._connections.clear()
 
 
@@ -76,12 +75,10 @@ class Harness:
         finally:
             if os.environ.get("PGFLOW_TEST_KEEP_SERVER"):
                 print(f"\nkept test server in {self.base}")
-                return
-            self.server.destroy()
-            try:
-                os.rmdir(self.base)
-            except OSError:
-                pass
+            else:
+                self.server.destroy()
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.base)
 
     def template(self, name: str, build: Callable[[str], None]) -> str:
         """Return the name of template ``name``, building it once with ``build(conninfo)``."""

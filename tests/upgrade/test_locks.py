@@ -12,11 +12,11 @@ import psycopg
 import pytest
 
 from pgflow_cli import installer
-from pgflow_cli.errors import ExitCode, LockTimeout, StateConflict
+from pgflow_cli.errors import ExitCode, StateConflict
 from tests.support.cli import run_cli
 from tests.support.fingerprint import fingerprint
 from tests.support.levels import versions_after
-from tests.upgrade.conftest import build_pre_upgrade, bulk_finished_runs
+from tests.upgrade.conftest import bulk_finished_runs
 
 
 def _blocker(database):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
@@ -77,8 +75,8 @@ def test_a_new_worker_calling_the_new_startup_function_on_an_old_database_gets_n
 
 
 def test_the_cli_maps_a_protocol_refusal_to_exit_6(pre_upgrade):
-    from pgflow_cli.errors import ExitCode
     from pgflow_cli.db import map_database_error
+    from pgflow_cli.errors import ExitCode
 
     database, _state = pre_upgrade
     conn = database.connect()

@@ -44,7 +44,8 @@ def test_the_published_release_becomes_the_baseline(release_db, baseline_db):
         comment = conn.execute("SELECT obj_description('pgflow'::regnamespace, 'pg_namespace')").fetchone()[0]
         assert comment.startswith(ADOPTED_COMMENT)
         plan = installer.make_plan(conn)
-        assert [(s.version, s.state) for s in plan.statuses] == [(1, "applied"), (2, "applied")] + [(v, "pending") for v in (3, *versions_after(3))]
+        expected = [(1, "applied"), (2, "applied")] + [(v, "pending") for v in (3, *versions_after(3))]
+        assert [(s.version, s.state) for s in plan.statuses] == expected
         assert plan.refuse_reasons() is None
         found = rec.recognise(conn)
         assert found.status == rec.ADOPTED

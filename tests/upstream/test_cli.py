@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -162,10 +163,8 @@ def test_an_interrupted_online_completion_is_finished_by_the_next_apply(inflight
             raise Stop()
 
     with psycopg.connect(database.conninfo, autocommit=True) as conn:
-        try:
+        with contextlib.suppress(Stop):
             adoption.adopt(conn, rec.recognise(conn), online="always", progress=stop_at_index)
-        except Stop:
-            pass
         left = adoption.pending_completion(conn)
     assert [step["step"] for step in left][:1] == ["index"] and len(left) > 1  # the backfill was recorded done
 

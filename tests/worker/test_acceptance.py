@@ -7,7 +7,6 @@ no message is left in any queue, and every message was archived (archive rows ==
 from __future__ import annotations
 
 import pytest
-
 from psycopg import sql
 
 from tests.worker.flows import diamond_map_flow

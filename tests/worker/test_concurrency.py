@@ -7,6 +7,7 @@ flow's PGMQ queue and archive.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -24,10 +25,8 @@ def test_concurrent_workers_run_every_task_exactly_once(env, n_workers):
         # The first seed tasks wait until every worker has started a handler, so all of them
         # demonstrably compete for the same queue (bounded: a stuck gate only fails the assertion below).
         if not opened.is_set():
-            try:
+            with contextlib.suppress(AssertionError):
                 wait_until(lambda: len(rec.worker_ids()) >= n_workers, "every worker to run a handler", timeout=60)
-            except AssertionError:
-                pass
             opened.set()
 
     flow = diamond_map_flow("concFlow", rec, gate)

@@ -60,7 +60,7 @@ def test_diamond_flow_joins_both_branches(env):
     finished = env.wait_runs_finished(runs)
 
     assert {str(r["run_id"]): r["status"] for r in finished} == {r: "completed" for r in runs}
-    for x, run_id in zip((1, 2, 3), runs):
+    for x, run_id in zip((1, 2, 3), runs, strict=True):
         assert env.run(run_id)["output"] == {"join": {"left": x + 1, "right": x * 10}}
         by_step = {c.step_slug: c.input for c in rec.calls if c.run_id == run_id}
         assert by_step == {
@@ -76,7 +76,7 @@ def test_diamond_flow_joins_both_branches(env):
 def _completed_once_subset(env, run_id: str) -> None:
     tasks = env.tasks(run_id)
     assert tasks and all((t["status"], t["attempts_count"]) == ("completed", 1) for t in tasks), tasks
-    mine = sorted(k for k in env.recorder.keys() if k[0] == run_id)
+    mine = sorted(k for k in env.recorder.keys() if k[0] == run_id)  # noqa: SIM118 (a Recorder method, not a dict)
     assert mine == sorted((run_id, t["step_slug"], t["task_index"]) for t in tasks)
 
 

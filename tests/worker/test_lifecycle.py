@@ -301,7 +301,6 @@ def test_a_stale_process_under_a_reused_worker_id_stops_and_leaves_the_new_owner
     """Schema 0004: the id of a pruned alpha worker is registered again for beta; the alpha process
     that still runs under it is refused (heartbeat and claim) and stops, and beta's function and
     worker row are left exactly as beta's worker set them."""
-    from tests.worker.helpers import wait_until
 
     alpha = Flow("staleAlpha").step("only", env.recorder.wrap(lambda v, ctx: v))
     beta = Flow("staleBeta").step("only", lambda v, ctx: v)

@@ -4,7 +4,7 @@ Lines ending ``# caught`` must be reported by mypy; ``# missed`` lines are mista
 API cannot see today (handler inputs are untyped; see docs/validation.md "Types").
 """
 
-from examples.ingest.stepqueues.flow import StageOutput, Steps, build, enrich, ingest
+from examples.ingest.stepqueues.flow import StageOutput, Steps, enrich, ingest
 from pgflow_cli.worker import Flow, TaskContext, flow_worker, step_worker
 
 step_worker(ingest, "enrihc", "dbname=x", function_name="f")  # caught
