@@ -140,7 +140,8 @@ def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db):
         (role,)).fetchone()[0]
     # operator-only functions of the fence (0007) and whole-flow deletion (0008) are never handed to
     # worker roles either (docs/permissions.md); the manual entry points are what this test is about
-    operator_only = ("pgflow.fence_", "pgflow._fence", "pgflow.drop_flow", "pgflow._drop_flow", "pgflow._require_flow", "pgflow._lock_flow_for_deletion", "pgflow._delete_flow_rows")
+    operator_only = ("pgflow.fence_", "pgflow._fence", "pgflow.drop_flow", "pgflow._drop_flow",
+                     "pgflow._require_flow", "pgflow._lock_flow_for_deletion", "pgflow._delete_flow_rows")
     unreachable = [f for f in unreachable if not f.startswith(operator_only)]
     assert unreachable == ["pgflow._lock_manual_task(text,uuid,text,integer,text,jsonb,text)",
                            "pgflow.complete_manual_task(uuid,text,integer,jsonb)",
