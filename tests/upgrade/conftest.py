@@ -114,30 +114,7 @@ def build_pre_upgrade(conninfo: str) -> PreUpgrade:
                           queue_name="orderFlow", flow_slug="orderFlow", step_slug=None)
         d = BaselineDriver(conn, state.old_worker)
 
-        run = state.runs["completed"] = d.start("orderFlow", {"order": 1})
-        d.finish("orderFlow", run, "validate", {"ok": True})
-        d.finish("orderFlow", run, "charge", {"charged": 10})
-        d.finish("orderFlow", run, "ship", {"parcel": "p1"})
-
-        run = state.runs["failed"] = d.start("orderFlow", {"order": 2})
-        for task in d.claim("orderFlow", run, "validate"):
-            d.fail(task, "invalid order")  # max_attempts 1: the run fails
-
-        state.runs["queued"] = d.start("orderFlow", {"order": 3})
-
-        run = state.runs["started"] = d.start("orderFlow", {"order": 4})
-        assert len(d.claim("orderFlow", run, "validate")) == 1  # claimed by a worker that then vanished
-
-        run = state.runs["retry_pending"] = d.start("orderFlow", {"order": 5})
-        d.finish("orderFlow", run, "validate", {"ok": True})
-        for task in d.claim("orderFlow", run, "charge"):
-            d.fail(task, "card service timed out")  # retried after 30 * 2**1 = 60 s
-
-        run = state.runs["map_half_done"] = d.start("fanOut", {})
-        d.finish("fanOut", run, "list", [1, 2, 3, 4])
-        for task in d.claim("fanOut", run, "process", 2):
-            d.complete(task, task["input"] * 10)
-        assert len(d.claim("fanOut", run, "process", 1)) == 1  # one in flight, one still queued
+        start_runs_in_every_state(d, state)
 
         run = state.runs["skipped"] = d.start("skipper", {})
         for task in d.claim("skipper", run, "risky"):
@@ -179,3 +156,33 @@ def bulk_finished_runs(conn: psycopg.Connection, runs: int) -> None:
 def pre_upgrade(baseline_db) -> tuple:
     """``(database, PreUpgrade)``: a baseline database with runs in every state."""
     return baseline_db, build_pre_upgrade(baseline_db.conninfo)
+
+
+def start_runs_in_every_state(d: "BaselineDriver", state: "PreUpgrade") -> None:
+    """Through a protocol-1 driver, leave runs of orderFlow/fanOut in every in-flight and finished
+    state (completed, failed, queued, started by a vanished worker, retry pending, map half done),
+    recorded in ``state.runs``. Shared by the upgrade and the upstream-adoption fixtures."""
+    run = state.runs["completed"] = d.start("orderFlow", {"order": 1})
+    d.finish("orderFlow", run, "validate", {"ok": True})
+    d.finish("orderFlow", run, "charge", {"charged": 10})
+    d.finish("orderFlow", run, "ship", {"parcel": "p1"})
+
+    run = state.runs["failed"] = d.start("orderFlow", {"order": 2})
+    for task in d.claim("orderFlow", run, "validate"):
+        d.fail(task, "invalid order")  # max_attempts 1: the run fails
+
+    state.runs["queued"] = d.start("orderFlow", {"order": 3})
+
+    run = state.runs["started"] = d.start("orderFlow", {"order": 4})
+    assert len(d.claim("orderFlow", run, "validate")) == 1  # claimed by a worker that then vanished
+
+    run = state.runs["retry_pending"] = d.start("orderFlow", {"order": 5})
+    d.finish("orderFlow", run, "validate", {"ok": True})
+    for task in d.claim("orderFlow", run, "charge"):
+        d.fail(task, "card service timed out")  # retried after 30 * 2**1 = 60 s
+
+    run = state.runs["map_half_done"] = d.start("fanOut", {})
+    d.finish("fanOut", run, "list", [1, 2, 3, 4])
+    for task in d.claim("fanOut", run, "process", 2):
+        d.complete(task, task["input"] * 10)
+    assert len(d.claim("fanOut", run, "process", 1)) == 1  # one in flight, one still queued

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.support import published, upstream_shapes
-from tests.upgrade.conftest import BaselineDriver, PreUpgrade
+from tests.upgrade.conftest import BaselineDriver, PreUpgrade, start_runs_in_every_state
 
 OLD_WORKER = "00000000-0000-4000-8000-0000000000aa"
 
@@ -62,30 +62,7 @@ def build_inflight(conninfo: str) -> PreUpgrade:
                      "'legacy-worker')", (str(state.old_worker),))
         d = BaselineDriver(conn, state.old_worker)
 
-        run = state.runs["completed"] = d.start("orderFlow", {"order": 1})
-        d.finish("orderFlow", run, "validate", {"ok": True})
-        d.finish("orderFlow", run, "charge", {"charged": 10})
-        d.finish("orderFlow", run, "ship", {"parcel": "p1"})
-
-        run = state.runs["failed"] = d.start("orderFlow", {"order": 2})
-        for task in d.claim("orderFlow", run, "validate"):
-            d.fail(task, "invalid order")  # max_attempts 1: the run fails
-
-        state.runs["queued"] = d.start("orderFlow", {"order": 3})
-
-        run = state.runs["started"] = d.start("orderFlow", {"order": 4})
-        assert len(d.claim("orderFlow", run, "validate")) == 1  # claimed by a worker that then vanished
-
-        run = state.runs["retry_pending"] = d.start("orderFlow", {"order": 5})
-        d.finish("orderFlow", run, "validate", {"ok": True})
-        for task in d.claim("orderFlow", run, "charge"):
-            d.fail(task, "card service timed out")  # retried after 30 * 2**1 = 60 s
-
-        run = state.runs["map_half_done"] = d.start("fanOut", {})
-        d.finish("fanOut", run, "list", [1, 2, 3, 4])
-        for task in d.claim("fanOut", run, "process", 2):
-            d.complete(task, task["input"] * 10)
-        assert len(d.claim("fanOut", run, "process", 1)) == 1  # one in flight, one still queued
+        start_runs_in_every_state(d, state)
     return state
 
 
