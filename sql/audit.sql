@@ -81,26 +81,51 @@ SELECT
 -- transaction ends, so exact counts are taken only while the flows use at most
 -- 4 x max_locks_per_transaction queue tables (256 with the default 64, ~10% of a default lock
 -- table); beyond that the backlog comes from the activity statistics (pg_stat n_live_tup, no
--- lock) and backlog_exact is false. Archive sizes come from the catalog (pg_class.reltuples,
--- pg_total_relation_size, which releases its locks at once), never from counting rows.
+-- lock) and backlog_exact is false. Archive rows and sizes are estimates from the catalog alone
+-- (pg_class.reltuples; pg_class.relpages of the table, its TOAST table and all their indexes, as
+-- of the last VACUUM, ANALYZE or index build): no archive table is opened or locked.
 WITH
-flows_x AS (
+flows_x AS NOT MATERIALIZED (
 --@include audit/flows.sql
 ),
-steps_x AS (
+steps_x AS NOT MATERIALIZED (
 --@include audit/steps.sql
 ),
 flow_queues AS (
 --@include audit/flow_queues.sql
 ),
 pgmq_rel AS (
-  SELECT c.oid, c.relname::text AS relname, c.reltuples
+  SELECT c.oid, c.relname::text AS relname, c.reltuples, c.relpages, c.reltoastrelid
   FROM pg_catalog.pg_class AS c
   JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
   WHERE n.nspname = 'pgmq' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
 ),
 queue_tables AS (
   SELECT DISTINCT q_table FROM flow_queues
+),
+-- each queue's archive table and its TOAST table
+archive_rels AS (
+  SELECT k.q_table, at.oid, at.relpages
+  FROM queue_tables AS k
+  JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
+  UNION ALL
+  SELECT k.q_table, t.oid, t.relpages
+  FROM queue_tables AS k
+  JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
+  JOIN pg_catalog.pg_class AS t ON t.oid = at.reltoastrelid
+),
+-- their pages and their indexes' pages, per queue
+archive_pages AS (
+  SELECT p.q_table, sum(p.relpages)::bigint AS pages
+  FROM (
+    SELECT r.q_table, r.relpages FROM archive_rels AS r
+    UNION ALL
+    SELECT r.q_table, i.relpages
+    FROM archive_rels AS r
+    JOIN pg_catalog.pg_index AS x ON x.indrelid = r.oid
+    JOIN pg_catalog.pg_class AS i ON i.oid = x.indexrelid
+  ) AS p
+  GROUP BY p.q_table
 ),
 budget AS (
   SELECT (SELECT count(*) FROM queue_tables)
@@ -121,11 +146,12 @@ queue_stats AS (
          END AS stats,
          CASE WHEN NOT b.exact AND qt.oid IS NOT NULL THEN pg_stat_get_live_tuples(qt.oid) END AS estimated,
          CASE WHEN at.reltuples >= 0 THEN at.reltuples::bigint END AS archive_rows_estimate,
-         CASE WHEN at.oid IS NOT NULL THEN pg_total_relation_size(at.oid) END AS archive_bytes
+         ap.pages * current_setting('block_size')::bigint AS archive_bytes
   FROM queue_tables AS k
   CROSS JOIN budget AS b
   LEFT JOIN pgmq_rel AS qt ON qt.relname = k.q_table
   LEFT JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
+  LEFT JOIN archive_pages AS ap ON ap.q_table = k.q_table
 ),
 per_queue AS (
   SELECT qs.q_table,

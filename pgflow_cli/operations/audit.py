@@ -9,7 +9,7 @@ The report is three set-based statements from ``sql/audit.sql``, run in one
     every finding (``sql/audit/findings.sql``, the fragment the queue-identity migration
     reruns under its locks);
 ``flow_impact``
-    per flow: runs, tasks, queue backlog, archive size.
+    per flow: runs, tasks, queue backlog, archive size (catalog estimates).
 
 SQL is authoritative; this module only turns rows into dataclasses, applies the ``--flow``
 filter, counts, and builds the versioned JSON document. The same SQL ships as one psql file
@@ -271,7 +271,9 @@ class FlowImpact:
         oldest_message_age_seconds: age of the oldest message, seconds; ``None`` when empty.
         archive_rows_estimate: archived messages per the planner's statistics
             (``pg_class.reltuples``); ``None`` before the first ANALYZE.
-        archive_bytes: total size of the archive tables incl. indexes and TOAST, bytes.
+        archive_bytes: estimated size of the archive tables incl. indexes and TOAST, bytes: the
+            pages ``pg_class.relpages`` records (as of the last VACUUM, ANALYZE or index build)
+            times the block size; the audit never opens an archive table.
         shares_queue_with: other flows whose queue maps to the same physical tables.
         findings: number of findings touching this flow (after filtering).
     """
@@ -603,7 +605,8 @@ def schema_from_probe(probe: dict[str, Any]) -> SchemaInfo:
             f"{probe['pgmq_unreadable_tables']} PGMQ queue/archive table(s) are not readable by role {role!r}: "
             "their backlog is reported as unknown"
         )
-    notes.append("archive row counts are planner estimates (pg_class.reltuples), unknown until a table is analyzed")
+    notes.append("archive row counts and sizes are catalog estimates (pg_class.reltuples, relpages) as of the last "
+                 "VACUUM or ANALYZE; row counts are unknown until a table is analyzed")
 
     audited_at: object = probe.get("audited_at")
     return SchemaInfo(

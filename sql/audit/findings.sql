@@ -7,8 +7,14 @@
 -- search_path), reads only (SELECT on pgflow and pgmq tables, the catalogs).
 --
 -- Works on every supported schema generation with the same text: optional columns are read
--- through to_jsonb(row) ->> 'column' (steps.queue_name, flows.queue_mode arrive with the
--- queue-identity migration; step_tasks.queue_name is only looked up in the catalog).
+-- by name scoping (audit/flows.sql, audit/steps.sql: steps.queue_name, flows.queue_mode arrive
+-- with the queue-identity migration; step_tasks.queue_name is only looked up in the catalog).
+--
+-- Plans stay linear in the number of flows and queues: flows_x and steps_x are NOT MATERIALIZED
+-- (plain scans of pgflow.flows and pgflow.steps, so the planner keeps their statistics), and
+-- every lookup CTE is one row per key (an aggregation), so joins against it cannot multiply the
+-- row estimates. Estimates that compound across joins of CTEs (whose columns have no
+-- statistics) made hash joins plan a million batches for an empty relation at 10,000 flows.
 --
 -- Output columns:
 --   check_id text       stable id (docs/audit.md)
@@ -31,10 +37,10 @@
 -- a legacy queue created under the flow's own spelling can live in tables the routed queue
 -- name does not reach (flow_queue_table_elsewhere).
 WITH
-flows_x AS (
+flows_x AS NOT MATERIALIZED (
 --@include audit/flows.sql
 ),
-steps_x AS (
+steps_x AS NOT MATERIALIZED (
 --@include audit/steps.sql
 ),
 reason_text (code, words) AS (
@@ -93,31 +99,31 @@ pgmq_tables AS (
     AND NOT c.relispartition
     AND (c.relname LIKE 'q\_%' OR c.relname LIKE 'a\_%')
 ),
--- one row per physical queue, keyed by its q_ table name
+-- one row per physical queue, keyed by its q_ table name: its pgmq.meta spellings and which of its
+-- two tables exist (one aggregation over both sources, so later joins see one row per queue)
 queues AS (
-  SELECT k.q_table,
-         'a_' || substr(k.q_table, 3) AS a_table,
-         coalesce(mr.spellings, ARRAY[]::text[]) AS spellings,
-         coalesce(mr.spellings[1], substr(k.q_table, 3)) AS display_name,
-         coalesce(mr.max_chars, length(substr(k.q_table, 3))) AS max_chars,
-         coalesce(mr.max_bytes, octet_length(k.q_table)) AS max_bytes,
-         qt.relname IS NOT NULL AS has_queue_table,
-         at.relname IS NOT NULL AS has_archive_table
+  SELECT g.q_table,
+         'a_' || substr(g.q_table, 3) AS a_table,
+         coalesce(g.spellings, ARRAY[]::text[]) AS spellings,
+         coalesce(g.spellings[1], substr(g.q_table, 3)) AS display_name,
+         coalesce(g.max_chars, length(substr(g.q_table, 3))) AS max_chars,
+         coalesce(g.max_bytes, octet_length(g.q_table)) AS max_bytes,
+         g.has_queue_table,
+         g.has_archive_table
   FROM (
-    SELECT q_table FROM meta_rows
-    UNION
-    SELECT 'q_' || substr(relname, 3) FROM pgmq_tables
-  ) AS k
-  LEFT JOIN (
-    SELECT q_table,
-           array_agg(spelling ORDER BY spelling COLLATE "C") AS spellings,
-           max(length(spelling)) AS max_chars,
-           max(octet_length('q_' || lower(spelling))) AS max_bytes
-    FROM meta_rows
-    GROUP BY q_table
-  ) AS mr ON mr.q_table = k.q_table
-  LEFT JOIN pgmq_tables AS qt ON qt.relname = k.q_table
-  LEFT JOIN pgmq_tables AS at ON at.relname = 'a_' || substr(k.q_table, 3)
+    SELECT u.q_table,
+           array_agg(u.spelling ORDER BY u.spelling COLLATE "C") FILTER (WHERE u.kind = 'meta') AS spellings,
+           max(length(u.spelling)) AS max_chars,
+           max(octet_length('q_' || lower(u.spelling))) AS max_bytes,
+           bool_or(u.kind = 'q') AS has_queue_table,
+           bool_or(u.kind = 'a') AS has_archive_table
+    FROM (
+      SELECT mr.q_table, mr.spelling, 'meta' AS kind FROM meta_rows AS mr
+      UNION ALL
+      SELECT 'q_' || substr(t.relname, 3), NULL, left(t.relname, 1) FROM pgmq_tables AS t
+    ) AS u
+    GROUP BY u.q_table
+  ) AS g
 ),
 -- the queues each flow uses: its default queue (flow mode) and its persisted step routes
 flow_queues AS (

@@ -80,8 +80,14 @@ SELECT
 -- search_path), reads only (SELECT on pgflow and pgmq tables, the catalogs).
 --
 -- Works on every supported schema generation with the same text: optional columns are read
--- through to_jsonb(row) ->> 'column' (steps.queue_name, flows.queue_mode arrive with the
--- queue-identity migration; step_tasks.queue_name is only looked up in the catalog).
+-- by name scoping (audit/flows.sql, audit/steps.sql: steps.queue_name, flows.queue_mode arrive
+-- with the queue-identity migration; step_tasks.queue_name is only looked up in the catalog).
+--
+-- Plans stay linear in the number of flows and queues: flows_x and steps_x are NOT MATERIALIZED
+-- (plain scans of pgflow.flows and pgflow.steps, so the planner keeps their statistics), and
+-- every lookup CTE is one row per key (an aggregation), so joins against it cannot multiply the
+-- row estimates. Estimates that compound across joins of CTEs (whose columns have no
+-- statistics) made hash joins plan a million batches for an empty relation at 10,000 flows.
 --
 -- Output columns:
 --   check_id text       stable id (docs/audit.md)
@@ -104,25 +110,41 @@ SELECT
 -- a legacy queue created under the flow's own spelling can live in tables the routed queue
 -- name does not reach (flow_queue_table_elsewhere).
 WITH
-flows_x AS (
+flows_x AS NOT MATERIALIZED (
 -- Fragment: pgflow.flows as the audit sees it, on every schema generation.
 -- Output: (flow_slug text, queue_mode text, default_queue text).
 -- queue_mode arrives with private step queues (absent = 'flow'); default_queue is the queue a
 -- plain flow uses from the queue-identity release on: lower(flow_slug), ASCII-only lowering.
-SELECT f.flow_slug,
-       coalesce(to_jsonb(f) ->> 'queue_mode', 'flow') AS queue_mode,
-       (lower(f.flow_slug COLLATE "C") COLLATE "default") AS default_queue
-FROM pgflow.flows AS f
+--
+-- Optional column, read without converting every row: the unqualified name queue_mode is
+-- resolved innermost first, so it is pgflow.flows' column where the table has one, and else the
+-- NULL of the one-row relation `absent` one query level out (a LATERAL reference, no ambiguity:
+-- the two are at different levels). The same text parses on every schema.
+SELECT x.flow_slug, x.queue_mode, x.default_queue
+FROM (SELECT NULL::text AS queue_mode) AS absent
+CROSS JOIN LATERAL (
+  SELECT f.flow_slug,
+         coalesce(queue_mode::text, 'flow') AS queue_mode,
+         (lower(f.flow_slug COLLATE "C") COLLATE "default") AS default_queue
+  FROM pgflow.flows AS f
+) AS x
 ),
-steps_x AS (
+steps_x AS NOT MATERIALIZED (
 -- Fragment: pgflow.steps as the audit sees it, on every schema generation.
 -- Output: (flow_slug text, step_slug text, step_index integer, queue_name text).
 -- queue_name (the persisted route) arrives with the queue-identity migration; NULL before.
-SELECT s.flow_slug,
-       s.step_slug,
-       s.step_index,
-       to_jsonb(s) ->> 'queue_name' AS queue_name
-FROM pgflow.steps AS s
+--
+-- Optional column (as in audit/flows.sql): the unqualified queue_name is pgflow.steps' column
+-- where it exists, else the NULL of `absent` one query level out.
+SELECT x.flow_slug, x.step_slug, x.step_index, x.queue_name
+FROM (SELECT NULL::text AS queue_name) AS absent
+CROSS JOIN LATERAL (
+  SELECT s.flow_slug,
+         s.step_slug,
+         s.step_index,
+         queue_name::text AS queue_name
+  FROM pgflow.steps AS s
+) AS x
 ),
 reason_text (code, words) AS (
   VALUES ('empty', 'is empty'),
@@ -203,31 +225,31 @@ pgmq_tables AS (
     AND NOT c.relispartition
     AND (c.relname LIKE 'q\_%' OR c.relname LIKE 'a\_%')
 ),
--- one row per physical queue, keyed by its q_ table name
+-- one row per physical queue, keyed by its q_ table name: its pgmq.meta spellings and which of its
+-- two tables exist (one aggregation over both sources, so later joins see one row per queue)
 queues AS (
-  SELECT k.q_table,
-         'a_' || substr(k.q_table, 3) AS a_table,
-         coalesce(mr.spellings, ARRAY[]::text[]) AS spellings,
-         coalesce(mr.spellings[1], substr(k.q_table, 3)) AS display_name,
-         coalesce(mr.max_chars, length(substr(k.q_table, 3))) AS max_chars,
-         coalesce(mr.max_bytes, octet_length(k.q_table)) AS max_bytes,
-         qt.relname IS NOT NULL AS has_queue_table,
-         at.relname IS NOT NULL AS has_archive_table
+  SELECT g.q_table,
+         'a_' || substr(g.q_table, 3) AS a_table,
+         coalesce(g.spellings, ARRAY[]::text[]) AS spellings,
+         coalesce(g.spellings[1], substr(g.q_table, 3)) AS display_name,
+         coalesce(g.max_chars, length(substr(g.q_table, 3))) AS max_chars,
+         coalesce(g.max_bytes, octet_length(g.q_table)) AS max_bytes,
+         g.has_queue_table,
+         g.has_archive_table
   FROM (
-    SELECT q_table FROM meta_rows
-    UNION
-    SELECT 'q_' || substr(relname, 3) FROM pgmq_tables
-  ) AS k
-  LEFT JOIN (
-    SELECT q_table,
-           array_agg(spelling ORDER BY spelling COLLATE "C") AS spellings,
-           max(length(spelling)) AS max_chars,
-           max(octet_length('q_' || lower(spelling))) AS max_bytes
-    FROM meta_rows
-    GROUP BY q_table
-  ) AS mr ON mr.q_table = k.q_table
-  LEFT JOIN pgmq_tables AS qt ON qt.relname = k.q_table
-  LEFT JOIN pgmq_tables AS at ON at.relname = 'a_' || substr(k.q_table, 3)
+    SELECT u.q_table,
+           array_agg(u.spelling ORDER BY u.spelling COLLATE "C") FILTER (WHERE u.kind = 'meta') AS spellings,
+           max(length(u.spelling)) AS max_chars,
+           max(octet_length('q_' || lower(u.spelling))) AS max_bytes,
+           bool_or(u.kind = 'q') AS has_queue_table,
+           bool_or(u.kind = 'a') AS has_archive_table
+    FROM (
+      SELECT mr.q_table, mr.spelling, 'meta' AS kind FROM meta_rows AS mr
+      UNION ALL
+      SELECT 'q_' || substr(t.relname, 3), NULL, left(t.relname, 1) FROM pgmq_tables AS t
+    ) AS u
+    GROUP BY u.q_table
+  ) AS g
 ),
 -- the queues each flow uses: its default queue (flow mode) and its persisted step routes
 flow_queues AS (
@@ -764,28 +786,45 @@ ORDER BY CASE severity WHEN 'error' THEN 1 WHEN 'warning' THEN 2 ELSE 3 END,
 -- transaction ends, so exact counts are taken only while the flows use at most
 -- 4 x max_locks_per_transaction queue tables (256 with the default 64, ~10% of a default lock
 -- table); beyond that the backlog comes from the activity statistics (pg_stat n_live_tup, no
--- lock) and backlog_exact is false. Archive sizes come from the catalog (pg_class.reltuples,
--- pg_total_relation_size, which releases its locks at once), never from counting rows.
+-- lock) and backlog_exact is false. Archive rows and sizes are estimates from the catalog alone
+-- (pg_class.reltuples; pg_class.relpages of the table, its TOAST table and all their indexes, as
+-- of the last VACUUM, ANALYZE or index build): no archive table is opened or locked.
 WITH
-flows_x AS (
+flows_x AS NOT MATERIALIZED (
 -- Fragment: pgflow.flows as the audit sees it, on every schema generation.
 -- Output: (flow_slug text, queue_mode text, default_queue text).
 -- queue_mode arrives with private step queues (absent = 'flow'); default_queue is the queue a
 -- plain flow uses from the queue-identity release on: lower(flow_slug), ASCII-only lowering.
-SELECT f.flow_slug,
-       coalesce(to_jsonb(f) ->> 'queue_mode', 'flow') AS queue_mode,
-       (lower(f.flow_slug COLLATE "C") COLLATE "default") AS default_queue
-FROM pgflow.flows AS f
+--
+-- Optional column, read without converting every row: the unqualified name queue_mode is
+-- resolved innermost first, so it is pgflow.flows' column where the table has one, and else the
+-- NULL of the one-row relation `absent` one query level out (a LATERAL reference, no ambiguity:
+-- the two are at different levels). The same text parses on every schema.
+SELECT x.flow_slug, x.queue_mode, x.default_queue
+FROM (SELECT NULL::text AS queue_mode) AS absent
+CROSS JOIN LATERAL (
+  SELECT f.flow_slug,
+         coalesce(queue_mode::text, 'flow') AS queue_mode,
+         (lower(f.flow_slug COLLATE "C") COLLATE "default") AS default_queue
+  FROM pgflow.flows AS f
+) AS x
 ),
-steps_x AS (
+steps_x AS NOT MATERIALIZED (
 -- Fragment: pgflow.steps as the audit sees it, on every schema generation.
 -- Output: (flow_slug text, step_slug text, step_index integer, queue_name text).
 -- queue_name (the persisted route) arrives with the queue-identity migration; NULL before.
-SELECT s.flow_slug,
-       s.step_slug,
-       s.step_index,
-       to_jsonb(s) ->> 'queue_name' AS queue_name
-FROM pgflow.steps AS s
+--
+-- Optional column (as in audit/flows.sql): the unqualified queue_name is pgflow.steps' column
+-- where it exists, else the NULL of `absent` one query level out.
+SELECT x.flow_slug, x.step_slug, x.step_index, x.queue_name
+FROM (SELECT NULL::text AS queue_name) AS absent
+CROSS JOIN LATERAL (
+  SELECT s.flow_slug,
+         s.step_slug,
+         s.step_index,
+         queue_name::text AS queue_name
+  FROM pgflow.steps AS s
+) AS x
 ),
 flow_queues AS (
 -- Fragment: the queues each flow uses. Input relations: flows_x (audit/flows.sql) and
@@ -811,13 +850,37 @@ FROM (
 ) AS fq
 ),
 pgmq_rel AS (
-  SELECT c.oid, c.relname::text AS relname, c.reltuples
+  SELECT c.oid, c.relname::text AS relname, c.reltuples, c.relpages, c.reltoastrelid
   FROM pg_catalog.pg_class AS c
   JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
   WHERE n.nspname = 'pgmq' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
 ),
 queue_tables AS (
   SELECT DISTINCT q_table FROM flow_queues
+),
+-- each queue's archive table and its TOAST table
+archive_rels AS (
+  SELECT k.q_table, at.oid, at.relpages
+  FROM queue_tables AS k
+  JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
+  UNION ALL
+  SELECT k.q_table, t.oid, t.relpages
+  FROM queue_tables AS k
+  JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
+  JOIN pg_catalog.pg_class AS t ON t.oid = at.reltoastrelid
+),
+-- their pages and their indexes' pages, per queue
+archive_pages AS (
+  SELECT p.q_table, sum(p.relpages)::bigint AS pages
+  FROM (
+    SELECT r.q_table, r.relpages FROM archive_rels AS r
+    UNION ALL
+    SELECT r.q_table, i.relpages
+    FROM archive_rels AS r
+    JOIN pg_catalog.pg_index AS x ON x.indrelid = r.oid
+    JOIN pg_catalog.pg_class AS i ON i.oid = x.indexrelid
+  ) AS p
+  GROUP BY p.q_table
 ),
 budget AS (
   SELECT (SELECT count(*) FROM queue_tables)
@@ -838,11 +901,12 @@ queue_stats AS (
          END AS stats,
          CASE WHEN NOT b.exact AND qt.oid IS NOT NULL THEN pg_stat_get_live_tuples(qt.oid) END AS estimated,
          CASE WHEN at.reltuples >= 0 THEN at.reltuples::bigint END AS archive_rows_estimate,
-         CASE WHEN at.oid IS NOT NULL THEN pg_total_relation_size(at.oid) END AS archive_bytes
+         ap.pages * current_setting('block_size')::bigint AS archive_bytes
   FROM queue_tables AS k
   CROSS JOIN budget AS b
   LEFT JOIN pgmq_rel AS qt ON qt.relname = k.q_table
   LEFT JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
+  LEFT JOIN archive_pages AS ap ON ap.q_table = k.q_table
 ),
 per_queue AS (
   SELECT qs.q_table,

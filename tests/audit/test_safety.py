@@ -216,3 +216,22 @@ def test_many_queues_are_estimated_instead_of_locked(baseline_db):
     assert not flow_1.backlog_exact and flow_1.oldest_message_age_seconds is None
     assert flow_1.queue_backlog is not None  # the statistics' estimate (may lag behind)
     assert any("live-row estimates" in note for note in report.schema.notes)
+
+
+def test_the_audit_never_opens_an_archive_table(published_db):
+    """Archive sizes and row counts come from the catalog alone: an archive table that another
+    session holds ACCESS EXCLUSIVE (VACUUM FULL, a partition maintenance job, a migration) neither
+    delays nor fails the audit. Reading the size from the table itself (pg_total_relation_size)
+    waited for that lock, one archive after the other."""
+    from tests.audit.helpers import audit
+
+    blocker = published_db.connect(autocommit=False)
+    try:
+        blocker.execute("LOCK TABLE pgmq.a_greetuser IN ACCESS EXCLUSIVE MODE")
+        report = audit(published_db, lock_timeout=0.5)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    greet = next(impact for impact in report.flows if impact.flow_slug == "greetUser")
+    assert greet.archive_bytes and greet.archive_bytes > 0
+    assert report.findings
