@@ -129,28 +129,36 @@ queues AS (
 flow_queues AS (
 --@include audit/flow_queues.sql
 ),
+-- per queue table: the flows that use it, and every (flow, queue name, origin) route to it
 queue_owners AS (
   SELECT q_table,
-         array_agg(DISTINCT (flow_slug COLLATE "C") ORDER BY (flow_slug COLLATE "C")) AS owners
+         array_agg(DISTINCT (flow_slug COLLATE "C") ORDER BY (flow_slug COLLATE "C")) AS owners,
+         array_agg(flow_slug) AS route_flows,
+         array_agg(queue_name) AS route_names,
+         array_agg(origin) AS route_origins
   FROM flow_queues
   GROUP BY q_table
 ),
 -- every meta row of an owned queue, with the flow it belongs to (the owner spelled exactly
 -- like it, else the first owner) and whether any owner expects exactly this spelling
+-- (one row per meta row: the routes are looked at through the owner's arrays, not a join)
 owned_meta AS (
   SELECT mr.spelling,
          mr.q_table,
          qo.owners,
-         coalesce(min(fq.flow_slug COLLATE "C") FILTER (WHERE fq.flow_slug = mr.spelling),
-                  min(fq.flow_slug COLLATE "C")) AS flow_slug,
-         -- the spelling a flow uses: its routed queue name (the lowercase name the queue-identity
-         -- create_flow gives it, or a step route), or, for a legacy default queue, the flow slug
-         coalesce(bool_or(fq.queue_name = mr.spelling
-                          OR (fq.origin = 'default' AND fq.flow_slug = mr.spelling)), false) AS matches_owner
+         o.flow_slug,
+         o.matches_owner
   FROM meta_rows AS mr
-  JOIN flow_queues AS fq ON fq.q_table = mr.q_table
   JOIN queue_owners AS qo ON qo.q_table = mr.q_table
-  GROUP BY mr.spelling, mr.q_table, qo.owners
+  CROSS JOIN LATERAL (
+    SELECT coalesce(min(r.flow_slug COLLATE "C") FILTER (WHERE r.flow_slug = mr.spelling),
+                    min(r.flow_slug COLLATE "C")) AS flow_slug,
+           -- the spelling a flow uses: its routed queue name (the lowercase name the queue-identity
+           -- create_flow gives it, or a step route), or, for a legacy default queue, the flow slug
+           coalesce(bool_or(r.queue_name = mr.spelling
+                            OR (r.origin = 'default' AND r.flow_slug = mr.spelling)), false) AS matches_owner
+    FROM unnest(qo.route_flows, qo.route_names, qo.route_origins) AS r(flow_slug, queue_name, origin)
+  ) AS o
 ),
 -- generated private step queue names of every flow that could opt into step queues
 route_input AS (
@@ -198,9 +206,16 @@ task_dups AS (
   ) AS t
   GROUP BY t.queue_name
 ),
--- tasks that still need their queue: queued (a message waits) or started (it will be archived)
-open_tasks AS (
---@include audit/open_tasks.sql
+-- per flow: the tasks that still need their queue, queued (a message waits) or started (it will
+-- be archived), and the highest message id any task holds (they all came from the flow's
+-- legacy queue); one scan, one row per flow
+task_facts AS (
+  SELECT st.flow_slug,
+         count(*) FILTER (WHERE st.status = 'queued') AS queued_tasks,
+         count(*) FILTER (WHERE st.status = 'started') AS started_tasks,
+         max(st.message_id) AS max_message_id
+  FROM pgflow.step_tasks AS st
+  GROUP BY st.flow_slug
 ),
 -- the next message id each PGMQ queue table will hand out (NULL: the role may not read its sequence)
 queue_next_ids AS (
@@ -215,13 +230,6 @@ queue_next_ids AS (
   JOIN pg_catalog.pg_sequences AS ps ON ps.schemaname = 'pgmq' AND ps.sequencename = sc.relname
   WHERE c.relname LIKE 'q\_%'
 ),
--- the highest message id any task of a flow holds (they all came from the flow's legacy queue)
-task_max_ids AS (
-  SELECT st.flow_slug, max(st.message_id) AS max_message_id
-  FROM pgflow.step_tasks AS st
-  WHERE st.message_id IS NOT NULL
-  GROUP BY st.flow_slug
-),
 -- a flow's default queue as the released create_flow made it (pgmq.create(flow_slug): tables
 -- named by lower(flow_slug) in the database collation) against the queue its tasks are routed
 -- to (lower(flow_slug COLLATE "C")); rows only where the two are different physical tables
@@ -235,22 +243,21 @@ legacy_elsewhere AS (
          lq.a_table AS legacy_a_table,
          lq.spellings AS legacy_spellings,
          lq.has_queue_table AS legacy_has_queue_table,
-         coalesce(ot.queued_tasks, 0) AS queued_tasks,
-         coalesce(ot.started_tasks, 0) AS started_tasks,
-         tm.max_message_id,
+         coalesce(tf.queued_tasks, 0) AS queued_tasks,
+         coalesce(tf.started_tasks, 0) AS started_tasks,
+         tf.max_message_id,
          nx.next_id AS routed_next_message_id
   FROM flow_queues AS fq
   JOIN queues AS lq ON lq.q_table = ('q_' || lower(fq.flow_slug))::name::text
   LEFT JOIN queues AS rq ON rq.q_table = fq.q_table
-  LEFT JOIN open_tasks AS ot ON ot.flow_slug = fq.flow_slug
-  LEFT JOIN task_max_ids AS tm ON tm.flow_slug = fq.flow_slug
+  LEFT JOIN task_facts AS tf ON tf.flow_slug = fq.flow_slug
   LEFT JOIN queue_next_ids AS nx ON nx.q_table = fq.q_table
   WHERE fq.origin = 'default'
     AND lq.q_table <> fq.q_table
     AND (NOT coalesce(rq.has_queue_table, false) OR NOT coalesce(rq.has_archive_table, false)
-         OR coalesce(ot.queued_tasks, 0) + coalesce(ot.started_tasks, 0) > 0
+         OR coalesce(tf.queued_tasks, 0) + coalesce(tf.started_tasks, 0) > 0
          -- the tasks' old message ids would collide with the routed queue's new ones
-         OR (tm.max_message_id IS NOT NULL AND coalesce(nx.next_id <= tm.max_message_id, true)))
+         OR (tf.max_message_id IS NOT NULL AND coalesce(nx.next_id <= tf.max_message_id, true)))
 ),
 database_collation AS (
   SELECT coalesce(to_jsonb(d) ->> 'daticulocale', to_jsonb(d) ->> 'datlocale', d.datcollate::text) AS collation_name,
@@ -422,7 +429,7 @@ findings AS (
                             'queue_table', coalesce(q.has_queue_table, false),
                             'archive_table', coalesce(q.has_archive_table, false),
                             'queue_table_name', fq.q_table,
-                            'queued_tasks', coalesce(ot.queued_tasks, 0), 'started_tasks', coalesce(ot.started_tasks, 0),
+                            'queued_tasks', coalesce(tf.queued_tasks, 0), 'started_tasks', coalesce(tf.started_tasks, 0),
                             'related_flows', jsonb_build_array(fq.flow_slug)),
          format('queue "%s" of flow "%s" %s: %s', fq.queue_name, fq.flow_slug,
                 (SELECT string_agg(rt.words, '; ' ORDER BY u.ord)
@@ -440,7 +447,7 @@ findings AS (
                 || 'keeps what exists. Delete the flow instead if it is no longer used.', fq.queue_name)
   FROM flow_queues AS fq
   LEFT JOIN queues AS q ON q.q_table = fq.q_table
-  LEFT JOIN open_tasks AS ot ON ot.flow_slug = fq.flow_slug
+  LEFT JOIN task_facts AS tf ON tf.flow_slug = fq.flow_slug
   CROSS JOIN LATERAL (
     SELECT ARRAY(SELECT code FROM (VALUES
              (1, 'meta_row_missing', coalesce(cardinality(q.spellings), 0) = 0),
