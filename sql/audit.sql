@@ -95,7 +95,7 @@ flow_queues AS (
 --@include audit/flow_queues.sql
 ),
 pgmq_rel AS (
-  SELECT c.oid, c.relname::text AS relname, c.reltuples, c.relpages, c.reltoastrelid
+  SELECT c.oid, c.relname::text AS relname, c.reltuples, c.reltoastrelid
   FROM pg_catalog.pg_class AS c
   JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
   WHERE n.nspname = 'pgmq' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
@@ -103,29 +103,29 @@ pgmq_rel AS (
 queue_tables AS (
   SELECT DISTINCT q_table FROM flow_queues
 ),
--- each queue's archive table and its TOAST table
-archive_rels AS (
-  SELECT k.q_table, at.oid, at.relpages
+-- each queue's archive table, its TOAST table and all their indexes
+archive_parts AS (
+  SELECT k.q_table, at.oid, at.reltoastrelid
   FROM queue_tables AS k
   JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
-  UNION ALL
-  SELECT k.q_table, t.oid, t.relpages
-  FROM queue_tables AS k
-  JOIN pgmq_rel AS at ON at.relname = 'a_' || substr(k.q_table, 3)
-  JOIN pg_catalog.pg_class AS t ON t.oid = at.reltoastrelid
 ),
--- their pages and their indexes' pages, per queue
+archive_rels AS (
+  SELECT ap.q_table, ap.oid FROM archive_parts AS ap
+  UNION ALL
+  SELECT ap.q_table, ap.reltoastrelid FROM archive_parts AS ap WHERE ap.reltoastrelid <> 0
+),
+-- their pages per queue, one catalog lookup per relation (pg_class.relpages)
 archive_pages AS (
-  SELECT p.q_table, sum(p.relpages)::bigint AS pages
+  SELECT r.q_table, sum(c.relpages)::bigint AS pages
   FROM (
-    SELECT r.q_table, r.relpages FROM archive_rels AS r
+    SELECT ar.q_table, ar.oid FROM archive_rels AS ar
     UNION ALL
-    SELECT r.q_table, i.relpages
-    FROM archive_rels AS r
-    JOIN pg_catalog.pg_index AS x ON x.indrelid = r.oid
-    JOIN pg_catalog.pg_class AS i ON i.oid = x.indexrelid
-  ) AS p
-  GROUP BY p.q_table
+    SELECT ar.q_table, x.indexrelid
+    FROM archive_rels AS ar
+    JOIN pg_catalog.pg_index AS x ON x.indrelid = ar.oid
+  ) AS r
+  JOIN pg_catalog.pg_class AS c ON c.oid = r.oid
+  GROUP BY r.q_table
 ),
 budget AS (
   SELECT (SELECT count(*) FROM queue_tables)
