@@ -153,6 +153,8 @@ def _sources_for(path: str) -> list[str]:
     name, for a recipe under ``baseline/``), then the files of its area."""
     root = sqlfiles.sql_root()
     name = Path(path).name
+    if path.startswith("released/"):  # released/NNNN/<file>: rebuilt from the current <file>
+        path = path.split("/", 2)[2]
     itself = [path] if (root / path).is_file() and not path.startswith(RECIPE_ROOTS) else []
     same = itself + sorted(str(p.relative_to(root)) for p in (root / "functions").rglob(name)
                            if str(p.relative_to(root)) not in itself)
