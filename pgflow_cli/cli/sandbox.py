@@ -36,7 +36,7 @@ def _err() -> Console:
 
 
 def _seed(conninfo: str, seed: str) -> None:
-    from pgflow_cli import seeds
+    from pgflow_cli.sandbox import seeds
 
     seeds.load(conninfo, seed, progress=lambda message: _err().print(render.text(message, "dim")))
 
@@ -55,12 +55,12 @@ def up(
     STATE.output_format = output_format
     sandbox = Sandbox.default()
     if seed is not None:
-        from pgflow_cli import seeds
+        from pgflow_cli.sandbox import seeds
 
         seeds.check_name(seed)
     _err().print(render.text(f"sandbox directory: {sandbox.directory}", "dim"))
     if seed is not None:
-        from pgflow_cli import seeds
+        from pgflow_cli.sandbox import seeds
 
         seeded: list[str] = []
 
@@ -99,7 +99,7 @@ def worker(
     """
     import logging
 
-    from pgflow_cli import demo
+    from pgflow_cli.sandbox import demo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     conninfo = Sandbox.default().running_conninfo()

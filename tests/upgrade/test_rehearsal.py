@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pgflow_cli import demo
 from pgflow_cli.errors import ExitCode
+from pgflow_cli.sandbox import demo
 from tests.support.cli import run_cli
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "upgrade.md"

@@ -1,7 +1,7 @@
 """The sandbox: an embedded local PostgreSQL with real PGMQ and the pgflow schema.
 
 Lets every command run on a fresh machine with no database of one's own. The server
-is a :class:`~pgflow_cli.embedded.LocalServer`; the database is called ``pgflow``.
+is a :class:`~pgflow_cli.sandbox.embedded.LocalServer`; the database is called ``pgflow``.
 
 Location of the sandbox directory, first match wins:
 
@@ -25,8 +25,8 @@ import psycopg
 from psycopg import sql as pgsql
 
 from pgflow_cli import db, installer, sqlfiles
-from pgflow_cli.embedded import LocalServer, validate_base_dir
 from pgflow_cli.errors import ConnectionFailed, StateConflict, UsageError
+from pgflow_cli.sandbox.embedded import LocalServer, validate_base_dir
 
 DATABASE = "pgflow"
 STAGING_DATABASE = "pgflow_installing"
