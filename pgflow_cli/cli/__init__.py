@@ -70,6 +70,11 @@ def _register() -> None:
 
     worker_cli.register(app)
     coverage_cli.register(app)
+    from pgflow_cli.cli import runs as runs_cli
+    from pgflow_cli.cli import status as status_cli
+
+    status_cli.register(app)
+    runs_cli.register(app)
 
 
 _register()
