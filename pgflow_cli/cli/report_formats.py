@@ -46,44 +46,50 @@ def chosen(fmt: ReportFormat | None) -> ReportFormat:
 
 
 def write_table(fmt: ReportFormat, title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]],
-                narrow_drop: Sequence[str] = ()) -> None:
+                drop_order: Sequence[str] = ()) -> None:
     """One table on stdout in ``fmt`` (not json); every cell passes through :func:`render.display`.
 
-    A header may hold a line break (``"in\nflight"``) for the rich table; plain and markdown join it
-    with a space. Below 100 columns the rich table leaves out the ``narrow_drop`` columns and says so;
-    plain and markdown never leave out a column.
+    The rich table (``table``) leaves out the ``drop_order`` columns, in that order, while it is wider
+    than the console, and says which; a name column folds, the others are never cut. ``plain`` and
+    ``markdown`` never leave out a column.
     """
     cells = [[render.display(c) for c in row] for row in rows]
     if fmt == ReportFormat.table:
         console = render.stdout_console()
-        keep = [i for i, h in enumerate(headers) if console.width >= 100 or h not in narrow_drop]
-        table = Table(title=render.text(title, "bold"), box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0),
-                      pad_edge=False)
-        for i in keep:
-            # the first column (a name) folds when long; the others stay whole
-            longest = max((len(row[i]) for row in cells), default=0)
-            table.add_column(headers[i], overflow="fold", min_width=min(longest, 24) if i == 0 else None,
-                             no_wrap=i > 0 and headers[i] not in ("workers", "error"))
-        for row in cells:
-            table.add_row(*(render.text(row[i]) for i in keep))
+        for dropped in range(len(drop_order) + 1):
+            keep = [i for i, h in enumerate(headers) if h not in drop_order[:dropped]]
+            table = _rich_table(title, headers, cells, keep)
+            if console.measure(table, options=console.options.update_width(10_000)).minimum <= console.width:
+                break
         console.print(table)
         if len(keep) < len(headers):
-            left_out = ", ".join(h.replace("\n", " ") for i, h in enumerate(headers) if i not in keep)
+            left_out = ", ".join(h for i, h in enumerate(headers) if i not in keep)
             console.print(render.text(f"(columns left out at {console.width} columns: {left_out})", "dim"))
         return
     style = "github" if fmt == ReportFormat.markdown else "plain"
     heading = f"### {title}" if fmt == ReportFormat.markdown else title
-    flat = [h.replace("\n", " ") for h in headers]
-    body = tabulate(cells, headers=flat, tablefmt=style, disable_numparse=True) if cells else "(none)"
+    body = tabulate(cells, headers=list(headers), tablefmt=style, disable_numparse=True) if cells else "(none)"
     write_lines([heading, "", body, ""] if fmt == ReportFormat.markdown else [heading, body])
+
+
+def _rich_table(title: str, headers: Sequence[str], cells: Sequence[Sequence[str]], keep: Sequence[int]) -> Table:
+    table = Table(title=render.text(title, "bold"), box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0),
+                  pad_edge=False)
+    for i in keep:
+        longest = max((len(row[i]) for row in cells), default=0)
+        table.add_column(headers[i], overflow="fold", min_width=min(longest, 16) if i == 0 else None,
+                         no_wrap=i > 0 and headers[i] not in ("workers", "error", "output"))
+    for row in cells:
+        table.add_row(*(render.text(row[i]) for i in keep))
+    return table
 
 
 def write_lines(lines: Sequence[str], style: str | None = None, fmt: ReportFormat = ReportFormat.plain) -> None:
     """Text lines on stdout: rich (styled) for ``table``, else plain text without trailing spaces."""
     if fmt == ReportFormat.table:
         console = render.stdout_console()
-        for line in lines:
-            console.print(render.text(line, style), soft_wrap=True)
+        for line in lines:  # wrapped to the width, except a command to paste (the terminal wraps it)
+            console.print(render.text(line, style), soft_wrap=line.startswith("next: "))
         return
     sys.stdout.write("".join(render.display(part).rstrip() + "\n" for line in lines for part in line.split("\n")))
     sys.stdout.flush()

@@ -72,7 +72,8 @@ def show_page(page: runs_op.RunPage, fmt: ReportFormat, target: str) -> None:
     """Render a page of runs (not json): one of the functions that switch to the shared renderer."""
     write_table(fmt, "runs, newest first", ["run id", "flow", "status", "started (UTC)", "ended (UTC)", "failed steps"],
                 [[r.run_id, r.flow_slug, r.status, _when(r.started_at), _when(r.completed_at or r.failed_at),
-                  f"{r.failed_steps} of {r.steps}"] for r in page.runs])
+                  f"{r.failed_steps} of {r.steps}"] for r in page.runs],
+                drop_order=("ended (UTC)", "failed steps", "flow"))
     lines = [f"{len(page.runs)} run(s)" + ("" if page.next_before else "; no more")]
     if page.next_before:
         options = "".join(f" --{k} {v}" for k, v in (("flow", page.flow), ("status", page.status)) if v)
@@ -125,14 +126,14 @@ def show_detail(detail: runs_op.RunDetail, fmt: ReportFormat) -> None:
         [s["step_slug"], s["step_type"], s["status"] + (f" ({s['skip_reason']})" if s["skip_reason"] else ""),
          "-" if s["remaining_tasks"] is None else f"{s['initial_tasks'] - s['remaining_tasks']}/{s['initial_tasks']} done",
          s["max_attempts"], s["error_message"] or "-"] + ([_json_text(s.get("output"))] if detail.show_output else [])
-        for s in detail.steps])
+        for s in detail.steps], drop_order=("max attempts", "type"))
     task_headers = ["step", "task", "status", "attempts", "requeued", "message", "error"] + (
         ["output"] if detail.show_output else [])
     write_table(fmt, "tasks", task_headers, [
         [t["step_slug"], t["task_index"], _task_state(t), t["attempts_count"], t["requeued_count"],
          t["message_id"] if t["message_id"] is not None else "-", t["error_message"] or "-"]
         + ([_json_text(t.get("output"))] if detail.show_output else [])
-        for t in detail.tasks])
+        for t in detail.tasks], drop_order=("message", "requeued"))
     if detail.tasks_total > len(detail.tasks):
         write_lines([f"{detail.tasks_total - len(detail.tasks)} more task(s) not shown (--max-tasks)"], "dim", fmt)
 

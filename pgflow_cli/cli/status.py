@@ -88,7 +88,7 @@ def show(report: status_op.StatusReport, fmt: ReportFormat, conn: psycopg.Connec
         render.stdout_console().clear()
     write_table(fmt, "pgflow status" + (f" --flow {report.flow_filter}" if report.flow_filter else ""),
                 ["flow", "in flight", "done", "failed", "queued", "running", "stalled", "waited", "backlog", "workers"],
-                [_flow_row(f) for f in report.flows], narrow_drop=("done", "failed"))
+                [_flow_row(f) for f in report.flows], drop_order=("done", "failed", "running", "waited"))
     queues = [q for f in report.flows for q in f.queues] + report.other_queues
     if queues:
         write_table(fmt, "queues (PGMQ metrics)", ["queue", "flow", "kind", "messages", "visible", "oldest"],
@@ -96,7 +96,7 @@ def show(report: status_op.StatusReport, fmt: ReportFormat, conn: psycopg.Connec
                       q.flow_slug or "(no flow)", q.origin,
                       "unknown (no table)" if q.messages is None else q.messages,
                       "-" if q.visible is None else q.visible, age(q.oldest_message_age_seconds)]
-                     for q in queues])
+                     for q in queues], drop_order=("kind", "visible", "oldest"))
     write_lines([summary(report)], "bold green" if not report.runs_in_flight else "bold", fmt)
 
 

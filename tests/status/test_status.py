@@ -146,3 +146,43 @@ def test_upstream_installed_database(published_db):
     assert "adhoc_jobs" in {q["queue_name"] for q in doc["other_queues"]}
     text = run_cli("status", "--dsn", published_db.conninfo, "--format", "plain")
     assert text.code == ExitCode.OK and "unknown (not analysed)" in text.stdout and "?" not in text.stdout
+
+
+@pytest.mark.parametrize("columns", [60, 80, 200])
+def test_table_fits_the_width_and_keeps_words_whole(baseline_db, columns):
+    demo.seed(baseline_db.conninfo)
+    for args in (["status"], ["runs", "list", "--limit", "3"]):
+        result = run_cli(*args, "--dsn", baseline_db.conninfo, "--format", "table",
+                         env={"COLUMNS": str(columns), "NO_COLOR": "1"})
+        assert result.code == ExitCode.OK, result.output
+        assert "\x1b" not in result.stdout
+        assert all(len(line) <= columns for line in result.stdout.splitlines() if not line.startswith("next: ")), \
+            result.stdout
+        if args == ["status"]:
+            assert "processOrder" in result.stdout or "processOr" in result.stdout
+            assert ("columns left out" in result.stdout) == (columns < 100)  # narrow: fewer columns, said so
+            assert "run(s) in flight" in result.stdout
+
+
+def test_ascii_stdout_does_not_crash(baseline_db):
+    demo.seed(baseline_db.conninfo)
+    for fmt in ("table", "plain", "markdown", "json"):
+        result = run_cli("status", "--dsn", baseline_db.conninfo, "--format", fmt, env={"PYTHONIOENCODING": "ascii"})
+        assert result.code == ExitCode.OK, result.output
+        result.stdout.encode("ascii")
+
+
+def test_permanently_stalled_tasks_are_counted_apart(db):
+    conn = db.connect()
+    conn.execute("SELECT pgflow.create_flow('shortJob', timeout => 5)")
+    conn.execute("SELECT pgflow.add_step('shortJob', 'work')")
+    conn.execute("SELECT pgflow.start_flow('shortJob', '{}'::jsonb)")
+    claim_one(conn, "shortJob")
+    age_claims(conn, "shortJob", 40)
+    conn.execute("UPDATE pgflow.step_tasks SET requeued_count = 3 WHERE flow_slug = 'shortJob'")  # its 4th stall
+    assert _flow(_status(db.conninfo), "shortJob")["stalled_tasks"] == 1
+    conn.execute("SELECT pgflow.requeue_stalled_tasks()")  # gives up on it
+    flow = _flow(_status(db.conninfo), "shortJob")
+    assert (flow["stalled_tasks"], flow["permanently_stalled_tasks"], flow["tasks"]["started"]) == (0, 1, 1)
+    text = run_cli("status", "--dsn", db.conninfo, "--format", "plain")
+    assert "0 (+1 given up)" in text.stdout
