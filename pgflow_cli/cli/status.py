@@ -72,6 +72,8 @@ def status(
                 if watch is None or stop.wait(watch):
                     return
         except KeyboardInterrupt:
+            if watch is None:
+                raise
             render.stderr_console().print("stopped watching")
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
