@@ -21,7 +21,7 @@ import psycopg
 from psycopg import sql
 
 from pgflow_cli import installer
-from pgflow_cli.embedded import LocalServer
+from pgflow_cli.sandbox import LocalServer
 
 
 @dataclass

@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python bench/run.py [--repeat N] [--scale F] [--only NAME[,NAME]] [--out FILE]
     .venv/bin/python -m bench ...
 
-Starts a private PostgreSQL server (pgflow_cli.embedded.LocalServer, the same code as the
+Starts a private PostgreSQL server (pgflow_cli.sandbox.LocalServer, the same code as the
 test harness and ``pgflow sandbox``) in a temporary directory, installs PGMQ and the pgflow
 schema with pgflow_cli.installer into a template database, runs each module of
 bench/benchmarks/ (a fresh database per measurement), prints the results table on stdout and
@@ -39,7 +39,7 @@ from tabulate import tabulate  # noqa: E402
 import bench.benchmarks  # noqa: E402
 from bench.core import Context, Result  # noqa: E402
 from pgflow_cli import __version__, installer  # noqa: E402
-from pgflow_cli.embedded import FAST_SETTINGS, LocalServer  # noqa: E402
+from pgflow_cli.sandbox import FAST_SETTINGS, LocalServer  # noqa: E402
 from pgflow_cli.worker.protocol import LATEST  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from pgflow_cli import db
-from pgflow_cli.embedded import LocalServer
 from pgflow_cli.errors import ConnectionFailed, ExitCode
+from pgflow_cli.sandbox import LocalServer
 from pgflow_cli.worker import Flow, Worker
 from tests.support.cli import run_cli
 

@@ -24,18 +24,16 @@ ALLOWED: dict[str, set[str]] = {
     # the entry point (python -m pgflow_cli) is the only importer of the command line
     "__main__": {"cli"},
     # commands: parse, open the connection, call an operation, render, map errors (db's mapping)
-    "cli": {"operations", "sandbox", "seeds", "demo", "render", "db"},
+    "cli": {"operations", "sandbox", "render", "db"},
     "operations": {"db", "installer", "sqlfiles", "naming", "upstream", "worker"},
-    # the local sandbox and its sample data (operations of `pgflow sandbox`)
-    "sandbox": {"db", "embedded", "installer", "sqlfiles"},
-    "seeds": {"db", "demo", "installer", "sqlfiles"},
-    "demo": {"db", "sqlfiles", "worker"},
+    # the local sandbox, its private server (also the tests'), sample data and demo workers
+    # (operations of `pgflow sandbox`): pgflow_cli/sandbox/
+    "sandbox": {"db", "installer", "sqlfiles", "worker"},
     # recognising and adopting upstream-installed databases (used by operations)
     "upstream": {"db", "installer", "sqlfiles"},
     "worker": {"db", "sqlfiles", "naming"},
     "installer": {"db", "sqlfiles"},
     "sqlfreeze": {"installer", "sqlfiles"},  # developer tool, imported by nobody
-    "embedded": {"db"},  # the private PostgreSQL server (sandbox, tests)
     "db": set(),
     "sqlfiles": set(),
     "naming": set(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -83,7 +84,84 @@ def test_seed_states_and_idempotence(seeded, sandbox_env):
         states = dict(conn.execute("SELECT status, count(*) FROM pgflow.runs GROUP BY status").fetchall())
     assert states == {"completed": 7, "failed": 2, "started": 10}
     again = run_cli("sandbox", "up", "--seed", "demo", env=sandbox_env)
-    assert again.code == ExitCode.OK and "not loaded again" in again.stderr
+    assert again.code == ExitCode.OK, again.output
+    assert "kept the existing sandbox data; seed 'demo' not loaded" in again.stdout
+    assert "pgflow sandbox up --seed demo --reset" in again.stdout
+
+
+def test_seed_on_an_existing_sandbox_keeps_its_data_and_reset_seeds_again(seeded, sandbox_env):
+    with psycopg.connect(seeded["conninfo"], autocommit=True) as conn:
+        conn.execute("SELECT pgflow.start_flow('greetUser', '{\"user\": 99}'::jsonb)")
+    kept = run_cli("sandbox", "up", "--seed", "demo", "--format", "json", env=sandbox_env)
+    assert kept.code == ExitCode.OK, kept.output
+    doc = json.loads(kept.stdout)
+    assert doc["seed"]["loaded"] is False and "--reset" in doc["seed"]["note"]
+    assert doc["runs_in_flight"] == 11  # the extra run is still there
+    again = run_cli("sandbox", "up", "--seed", "demo", "--reset", "--format", "json", env=sandbox_env)
+    assert again.code == ExitCode.OK, again.output
+    doc = json.loads(again.stdout)
+    assert doc["seed"] == {"name": "demo", "loaded": True, "note": None} and doc["runs_in_flight"] == 10
+    assert "loaded seed 'demo'" in again.stderr
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_sandbox_commands() -> str:
+    """The README one-liner after the install: `pgflow sandbox up --seed demo && pgflow audit --sandbox`."""
+    line = next(line for line in README.read_text().splitlines() if line.startswith("python3 -m venv .venv && "))
+    commands = line.split(" && ")[2:]
+    assert commands and all(c.startswith(".venv/bin/pgflow ") for c in commands), line
+    return " && ".join(c.replace(".venv/bin/pgflow ", "python3 -m pgflow_cli ", 1) for c in commands)
+
+
+def _same_report(text: str) -> list[str]:
+    """The lines that must not differ between two users: no paths, ports or ages."""
+    return [re.sub(r"\b\d+(\.\d+)? (ms|s|min|h)\b", "<age>", line) for line in text.splitlines()
+            if not any(k in line for k in ("directory", "port", "connection"))]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root to switch to another user")
+def test_the_readme_one_liner_works_the_same_as_root_and_as_a_normal_user(sandbox_env):
+    """As root (server run as 'postgres') and as 'nobody' (default directory under its home, server run as
+    itself): the same seed, the same audit. The interpreter of this venv may live where 'nobody' cannot
+    go (pyenv under /root), so 'nobody' runs the same package with the system python of the same version."""
+    system_python = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/bin")
+    if system_python is None:
+        pytest.skip("no system python of this version for the other user")
+    commands = _readme_sandbox_commands()
+    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_relative_to(sys.prefix))
+    root_env = {**sandbox_env, "PGFLOW_SANDBOX_DIR": sandbox_env["PGFLOW_SANDBOX_DIR"] + "-readme"}
+    home = tempfile.mkdtemp(prefix="pgflow-nobody-", dir="/tmp")
+    os.chmod(home, 0o755)
+    shutil.chown(home, "nobody", "nogroup")
+    as_nobody = ["runuser", "-u", "nobody", "--", "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin",
+                 f"PYTHONPATH={site}:{README.parent}", "COLUMNS=200"]
+    try:
+        root = subprocess.run(["bash", "-c", commands.replace("python3 ", f"{sys.executable} ")], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, **root_env, "COLUMNS": "200"})
+        other = subprocess.run([*as_nobody, "bash", "-c", commands.replace("python3 ", f"{system_python} ")],
+                               capture_output=True, text=True, timeout=300)
+        assert root.returncode == other.returncode == ExitCode.FINDINGS, root.stderr + other.stderr
+        assert f"{home}/.cache/pgflow-cli/sandbox" in other.stderr  # the documented non-root default
+        assert _same_report(root.stdout) == _same_report(other.stdout)
+    finally:
+        subprocess.run([*as_nobody, system_python, "-m", "pgflow_cli", "sandbox", "down"], capture_output=True, timeout=60)
+        run_cli("sandbox", "reset", "--destroy", "--yes", env=root_env)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_shell_completion_installs_and_completes(tmp_path):
+    env = {"HOME": str(tmp_path), "SHELL": "/bin/bash"}
+    installed = run_cli("--install-completion", env=env)
+    assert installed.code == ExitCode.OK, installed.output
+    script = tmp_path / ".bash_completions" / "pgflow.sh"
+    assert script.is_file() and str(script) in (tmp_path / ".bashrc").read_text()
+    bindir = str(Path(sys.executable).parent)  # the pgflow console script of this install
+    probe = f'source {script}; COMP_WORDS=(pgflow sta); COMP_CWORD=1; _pgflow_completion pgflow; echo "${{COMPREPLY[@]}}"'
+    completed = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "PATH": bindir + os.pathsep + os.environ["PATH"]})
+    assert "status" in completed.stdout.split(), completed.stdout + completed.stderr
 
 
 def _runnable_left(conninfo: str) -> int:

@@ -29,7 +29,7 @@ app = typer.Typer(
     "Typical upgrade: `pgflow audit` -> `pgflow migrate plan` -> `pgflow migrate apply`.",
     epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # pgflow --install-completion [SHELL] / --show-completion [SHELL] (README)
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
 )
@@ -70,6 +70,11 @@ def _register() -> None:
 
     worker_cli.register(app)
     coverage_cli.register(app)
+    from pgflow_cli.cli import runs as runs_cli
+    from pgflow_cli.cli import status as status_cli
+
+    status_cli.register(app)
+    runs_cli.register(app)
 
 
 _register()

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from pgflow_cli import render
 from pgflow_cli.cli.common import STATE, FormatOption, OutputFormat
-from pgflow_cli.errors import ExitCode, UsageError
-from pgflow_cli.sandbox import Sandbox
+from pgflow_cli.errors import DeadlineReached, ExitCode, UsageError
+from pgflow_cli.sandbox import Sandbox, seeds
 
 app = typer.Typer(
     help="A private local PostgreSQL (Unix socket only) with real PGMQ and the pgflow schema, so every "
@@ -36,32 +36,39 @@ def _err() -> Console:
 
 
 def _seed(conninfo: str, seed: str) -> None:
-    from pgflow_cli import seeds
-
     seeds.load(conninfo, seed, progress=lambda message: _err().print(render.text(message, "dim")))
+
+
+ResetOption = Annotated[
+    bool,
+    typer.Option("--reset", help="Throw the existing sandbox database away first (as `pgflow sandbox reset --yes`), "
+                 "so that --seed loads its data again."),
+]
 
 
 @app.command()
 def up(
     seed: SeedOption = None,
+    reset: ResetOption = False,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
     """Create (first time) or start the sandbox. A new database gets the current schema.
 
     With --seed demo a new database gets the pre-upgrade baseline and sample data, so that `pgflow audit
     --sandbox` and `pgflow migrate plan --sandbox` have something to report. An existing sandbox database is
-    only started, never migrated: upgrade it with `pgflow migrate apply --sandbox`, as you would a real one.
+    only started, never migrated nor seeded: its data is kept (the output says so); --reset throws it away
+    first. Upgrade it with `pgflow migrate apply --sandbox`, as you would a real one.
     """
     STATE.output_format = output_format
     sandbox = Sandbox.default()
     if seed is not None:
-        from pgflow_cli import seeds
-
         seeds.check_name(seed)
     _err().print(render.text(f"sandbox directory: {sandbox.directory}", "dim"))
+    if reset and sandbox.server.exists():
+        sandbox.reset()
+        _err().print(render.text("dropped the existing sandbox database (--reset)", "dim"))
+    kept: str | None = None
     if seed is not None:
-        from pgflow_cli import seeds
-
         seeded: list[str] = []
 
         def prepare(conninfo: str) -> None:  # a new database: seeded before it is published
@@ -69,44 +76,56 @@ def up(
             seeded.append(conninfo)
 
         applied = sandbox.up(target=seeds.schema_target(seed), prepare=prepare)
-        if not seeded:  # an existing database: seed it unless it is past the baseline or already seeded
-            sandbox.require_schema_at_most(seeds.schema_target(seed))
-            _seed(sandbox.conninfo(), seed)
+        if not seeded:  # an existing database: keep what it holds, say so
+            kept = (f"kept the existing sandbox data; seed {seed!r} not loaded "
+                    f"(to load it again: pgflow sandbox up --seed {seed} --reset)")
     else:
         applied = sandbox.up()
     for item in applied:
         _err().print(render.text(f"applied {item.migration.label} ({item.duration_ms} ms)", "dim"))
-    _show(sandbox, output_format, headline="sandbox is up")
+    _show(sandbox, output_format, headline="sandbox is up", seed={"name": seed, "loaded": kept is None,
+                                                                    "note": kept} if seed else None)
 
 
 @app.command()
 def worker(
     flow: Annotated[
         Optional[list[str]],
-        typer.Option("--flow", metavar="SLUG", help="Demo flow to serve (repeatable); default: every runnable demo flow."),
+        typer.Option("--flow", metavar="SLUG", help="Demo flow to serve (repeatable); default: every runnable demo flow "
+                     "(greetUser, processOrder; billing too after the upgrade)."),
     ] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=64, metavar="N", help="Handlers in flight per flow.")] = 4,
     seconds: Annotated[
         Optional[float],
         typer.Option("--seconds", min=0.5, metavar="SECONDS", help="Stop after this many seconds (default: run until Ctrl-C)."),
     ] = None,
+    until_idle: Annotated[bool, typer.Option(
+        "--until-idle", help="Stop once no run of the served flows is in flight; with --seconds as a deadline "
+        "(exit 5 when runs are left).")] = False,
 ) -> None:
     """Run the demo workers (reference Python worker) against the sandbox until Ctrl-C.
 
     They finish the seeded in-flight runs. The sandbox has no pg_cron, so this command also calls
-    pgflow.requeue_stalled_tasks() every 15 s, as the cron job does in production. Ctrl-C drains in-flight
-    tasks before exiting.
+    pgflow.requeue_stalled_tasks() every 15 s (every 0.5 s with --seconds or --until-idle), as the cron
+    job does in production: the demo's task claimed by a vanished worker comes back 60 s after its
+    claim (step timeout 30 s + 30 s). Ctrl-C drains in-flight tasks before exiting.
     """
     import logging
 
-    from pgflow_cli import demo
+    from pgflow_cli.sandbox import demo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     conninfo = Sandbox.default().running_conninfo()
-    unknown = [slug for slug in flow or [] if slug not in demo.RUNNABLE]
+    unknown = [slug for slug in flow or [] if slug not in demo.RUNNABLE_AFTER_UPGRADE]
     if unknown:
-        raise UsageError(f"not a runnable demo flow: {', '.join(unknown)}", hint="choose from: " + ", ".join(demo.RUNNABLE))
-    demo.run_workers(conninfo, flow, max_concurrent=concurrency, stop_after=seconds)
+        raise UsageError(f"not a runnable demo flow: {', '.join(unknown)}",
+                         hint="choose from: " + ", ".join(demo.RUNNABLE_AFTER_UPGRADE) + " (billing after the upgrade)")
+    left = demo.run_workers(conninfo, flow, max_concurrent=concurrency, stop_after=seconds, until_idle=until_idle)
+    if until_idle and left and seconds is not None:  # the deadline came first (Ctrl-C is a normal stop)
+        raise DeadlineReached(f"{left} demo run(s) still in flight after {seconds:g} s",
+                              hint="run it again, or watch them with `pgflow status --sandbox`")
+    if until_idle and not left:
+        _err().print("no demo run left in flight")
 
 
 @app.command()
@@ -159,10 +178,12 @@ def reset(
     up(seed=seed, output_format=output_format)
 
 
-def _show(sandbox: Sandbox, output_format: OutputFormat, headline: str | None) -> None:
+def _show(sandbox: Sandbox, output_format: OutputFormat, headline: str | None,
+          seed: dict[str, object] | None = None) -> None:
     info = sandbox.status()
     if output_format == OutputFormat.json:
-        render.write_json({"kind": "pgflow-cli/sandbox-status", "version": 1, **info.to_dict()})
+        render.write_json({"kind": "pgflow-cli/sandbox-status", "version": 1, **info.to_dict(),
+                           **({"seed": seed} if seed else {})})
         return
     if output_format == OutputFormat.csv:
         data = info.to_dict()
@@ -171,6 +192,8 @@ def _show(sandbox: Sandbox, output_format: OutputFormat, headline: str | None) -
     console = render.stdout_console()
     if headline:
         console.print(render.text(headline, "bold green"))
+    if seed and seed["note"]:
+        console.print(render.text(seed["note"], "bold yellow"), soft_wrap=True)
     rows = [
         ("directory", info.directory),
         ("running", "yes" if info.running else "no"),

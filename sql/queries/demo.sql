@@ -9,6 +9,9 @@ SELECT count(*) FROM pgflow.runs WHERE status = 'started' AND flow_slug = ANY (%
 --@name run_counts
 SELECT status, count(*) FROM pgflow.runs GROUP BY status ORDER BY status;
 
+--@name flow_slugs
+SELECT flow_slug FROM pgflow.flows;
+
 --@name requeue_stalled
 SELECT pgflow.requeue_stalled_tasks();
 --@end

@@ -9,9 +9,9 @@ import time
 from psycopg.conninfo import make_conninfo
 
 from pgflow_cli import sqlfiles
-from pgflow_cli.embedded import free_port
 from pgflow_cli.errors import ExitCode
 from pgflow_cli.operations.audit import AUDIT_SQL
+from pgflow_cli.sandbox import free_port
 from tests.audit.helpers import cli, cli_json
 from tests.support.cli import run_cli
 

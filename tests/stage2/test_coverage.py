@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from pgflow_cli.embedded import find_bindir
 from pgflow_cli.operations import coverage as coverage_op
+from pgflow_cli.sandbox import find_bindir
 from tests.stage2.helpers import REPO, CliWorker, clean_env, flow_target
 from tests.support.cli import run_cli
 from tests.worker.helpers import wait_until

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from pgflow_cli.embedded import find_bindir
+from pgflow_cli.sandbox import find_bindir
 
 
 @dataclass(frozen=True)

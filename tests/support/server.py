@@ -1,6 +1,6 @@
 """One private PostgreSQL server per test run, template databases, a fresh clone per test.
 
-The server comes from :mod:`pgflow_cli.embedded` (the same code as ``pgflow sandbox``).
+The server comes from :mod:`pgflow_cli.sandbox.embedded` (the same code as ``pgflow sandbox``).
 Templates are built once per run and cloned with ``CREATE DATABASE ... TEMPLATE`` (about
 0.1 s each), so every test gets a database nobody else touches.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from pgflow_cli.embedded import LocalServer
+from pgflow_cli.sandbox import LocalServer
 
 _counter = itertools.count(1)
 

@@ -19,8 +19,8 @@ import pytest
 from psycopg import sql
 
 from pgflow_cli import installer
-from pgflow_cli.embedded import free_port
 from pgflow_cli.errors import ExitCode, StateConflict
+from pgflow_cli.sandbox import free_port
 from tests.support.cli import run_cli
 from tests.support.fingerprint import fingerprint
 from tests.support.levels import versions_after

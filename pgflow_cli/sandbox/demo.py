@@ -24,6 +24,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import db, sqlfiles
+from pgflow_cli.errors import UsageError
 from pgflow_cli.worker import Flow, Worker, WorkerStartupError
 from pgflow_cli.worker.protocol import for_version
 
@@ -75,7 +76,15 @@ def demo_flows() -> list[Flow]:
 
 
 RUNNABLE = ("greetUser", "processOrder")
-"""Demo flows that demo workers serve (the others exist to be reported by the audit)."""
+"""Demo flows that demo workers serve before the upgrade (the others exist to be reported by the audit)."""
+RUNNABLE_AFTER_UPGRADE = (*RUNNABLE, "billing")
+"""From protocol 2 on no case alias is left (the upgrade refuses one), so the lower-case ``billing`` flow,
+whose queue ``Billing`` shared before, can be served too (docs/upgrade.md's rehearsal keeps it)."""
+
+
+def runnable(protocol_version: int) -> tuple[str, ...]:
+    """The demo flows demo workers may serve on a database speaking ``protocol_version``."""
+    return RUNNABLE if protocol_version < 2 else RUNNABLE_AFTER_UPGRADE
 
 
 def function_name(flow_slug: str) -> str:
@@ -168,21 +177,33 @@ def _claim_and_vanish(conn: psycopg.Connection, protocol: Any, flow_slug: str) -
 
 
 def run_workers(conninfo: str, flow_slugs: list[str] | None = None, *, max_concurrent: int = 4,
-                maintenance_interval: float = 15.0, stop_after: float | None = None) -> int:
-    """Run demo workers in the foreground until SIGTERM/SIGINT (or ``stop_after`` seconds).
+                maintenance_interval: float = 15.0, stop_after: float | None = None,
+                until_idle: bool = False) -> int:
+    """Run demo workers in the foreground until SIGTERM/SIGINT (or ``stop_after`` seconds, or idle).
 
     The sandbox has no pg_cron, so this also calls ``pgflow.requeue_stalled_tasks()`` every
-    ``maintenance_interval`` seconds, as the cron job would in production.
+    ``maintenance_interval`` seconds, as the cron job would in production (every 0.5 s when the
+    run is bounded by ``stop_after`` or ``until_idle``, so a stalled claim comes back as soon as
+    its step timeout + 30 s have passed).
+
+    Args:
+        until_idle: also stop once no run of the served flows is in flight (``started``).
 
     Returns:
-        0 after a clean stop.
+        How many runs of the served flows are still in flight at the stop (0: idle).
     """
     import signal
     import threading
 
-    chosen = [f for f in demo_flows() if f.slug in (flow_slugs or RUNNABLE)]
     with _connect(conninfo) as conn:
         protocol_version = database_protocol(conn)
+        present = {row[0] for row in conn.execute(sqlfiles.statement(QUERIES, "flow_slugs"))}
+    allowed = runnable(protocol_version)
+    refused = [slug for slug in flow_slugs or () if slug not in allowed]
+    if refused:
+        raise UsageError(f"not a runnable demo flow at protocol {protocol_version}: {', '.join(refused)}",
+                         hint="choose from: " + ", ".join(allowed))
+    chosen = [f for f in demo_flows() if f.slug in (flow_slugs or allowed) and f.slug in present]
     workers = [
         Worker(flow, conninfo, function_name=function_name(flow.slug), protocol=for_version(protocol_version),
                max_concurrent=max_concurrent, worker_id=str(uuid.uuid4()), application_name="pgflow demo worker")
@@ -211,11 +232,16 @@ def run_workers(conninfo: str, flow_slugs: list[str] | None = None, *, max_concu
                 detail=[exc.message for exc in refusals],
             )
         began = time.monotonic()
+        bounded = stop_after is not None or until_idle
+        served = {"flows": [w.flow.slug for w in workers]}
         with _connect(conninfo) as conn:
-            while not stop.wait(maintenance_interval if stop_after is None else min(maintenance_interval, 0.5)):
+            while not stop.wait(min(maintenance_interval, 0.5) if bounded else maintenance_interval):
                 conn.execute(sqlfiles.statement(QUERIES, "requeue_stalled"))
                 if stop_after is not None and time.monotonic() - began >= stop_after:
                     break
+                if until_idle and not db.scalar(conn.execute(sqlfiles.statement(QUERIES, "runs_in_flight"), served)):
+                    break
+            left = int(db.scalar(conn.execute(sqlfiles.statement(QUERIES, "runs_in_flight"), served)))
     finally:
         for worker in started:
             worker.stop("demo stopped")
@@ -223,4 +249,4 @@ def run_workers(conninfo: str, flow_slugs: list[str] | None = None, *, max_concu
             worker.join(60)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 0
+    return left

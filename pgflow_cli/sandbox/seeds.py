@@ -2,7 +2,7 @@
 
 A seed goes only through real pgflow paths (worker startup compilation, ``start_flow``,
 real workers), never by inserting rows behind the runtime's back, so the data is what a
-real deployment would hold. See :mod:`pgflow_cli.demo` for the ``demo`` seed.
+real deployment would hold. See :mod:`pgflow_cli.sandbox.demo` for the ``demo`` seed.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def load(conninfo: str, name: str, progress: Callable[[str], None] = lambda mess
     if row and row[0]:
         progress(f"the sandbox already holds flows; seed {name!r} not loaded again (use `pgflow sandbox reset --seed {name}`)")
         return False
-    from pgflow_cli import demo
+    from pgflow_cli.sandbox import demo
 
     demo.seed(conninfo, progress)
     progress(f"loaded seed {name!r}")

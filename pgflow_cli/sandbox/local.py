@@ -1,7 +1,7 @@
 """The sandbox: an embedded local PostgreSQL with real PGMQ and the pgflow schema.
 
 Lets every command run on a fresh machine with no database of one's own. The server
-is a :class:`~pgflow_cli.embedded.LocalServer`; the database is called ``pgflow``.
+is a :class:`~pgflow_cli.sandbox.embedded.LocalServer`; the database is called ``pgflow``.
 
 Location of the sandbox directory, first match wins:
 
@@ -25,8 +25,8 @@ import psycopg
 from psycopg import sql as pgsql
 
 from pgflow_cli import db, installer, sqlfiles
-from pgflow_cli.embedded import LocalServer, validate_base_dir
-from pgflow_cli.errors import ConnectionFailed, StateConflict, UsageError
+from pgflow_cli.errors import ConnectionFailed, UsageError
+from pgflow_cli.sandbox.embedded import LocalServer, validate_base_dir
 
 DATABASE = "pgflow"
 STAGING_DATABASE = "pgflow_installing"
@@ -205,15 +205,3 @@ class Sandbox:
         except (ConnectionFailed, psycopg.OperationalError):
             pass  # stopped or restarting meanwhile: report what is known
         return status
-
-    def require_schema_at_most(self, version: int) -> None:
-        """Refuse (exit 6) when the sandbox database is past ``version``: seeding legacy data needs the baseline."""
-        with self.connect() as conn:
-            plan = installer.make_plan(conn)
-        applied = [s.version for s in plan.statuses if s.state == "applied"]
-        if applied and max(applied) > version:
-            raise StateConflict(
-                f"the sandbox database is already at schema {max(applied):04d}; the demo seed needs the "
-                f"pre-upgrade baseline ({version:04d})",
-                hint="run `pgflow sandbox reset --seed demo`",
-            )

@@ -1,0 +1,61 @@
+-- pgflow runs list / runs show (docs/commands/runs.md). Read-only, SELECT on the pgflow tables.
+-- Run inputs and message bodies are never read; outputs only when %(show_output)s is true.
+-- The same text runs on every schema level from the protocol-1 baseline on.
+
+--@name list
+-- Newest first (started_at, then run_id, descending). Keyset pagination: with %(before)s (a run
+-- id) only the runs that sort after it, i.e. started earlier. %(limit)s + 1 rows are read so
+-- the caller knows whether there is another page.
+SELECT r.run_id, r.flow_slug, r.status, r.started_at, r.completed_at, r.failed_at, r.remaining_steps,
+       (SELECT pg_catalog.count(*)::integer FROM pgflow.step_states AS ss WHERE ss.run_id = r.run_id) AS steps,
+       (SELECT pg_catalog.count(*)::integer FROM pgflow.step_states AS ss
+         WHERE ss.run_id = r.run_id AND ss.status = 'failed') AS failed_steps
+FROM pgflow.runs AS r
+LEFT JOIN pgflow.runs AS b ON b.run_id = %(before)s::uuid
+WHERE (%(flow)s::text IS NULL OR r.flow_slug = %(flow)s::text)
+  AND (%(status)s::text IS NULL OR r.status = %(status)s::text)
+  AND (%(before)s::uuid IS NULL OR (r.started_at, r.run_id) < (b.started_at, b.run_id))
+ORDER BY r.started_at DESC, r.run_id DESC
+LIMIT %(limit)s::integer + 1;
+
+--@name flow_exists
+SELECT EXISTS (SELECT 1 FROM pgflow.flows WHERE flow_slug = %(flow)s::text);
+
+--@name run_exists
+SELECT EXISTS (SELECT 1 FROM pgflow.runs WHERE run_id = %(run_id)s::uuid);
+
+--@name run
+SELECT r.run_id, r.flow_slug, r.status, r.started_at, r.completed_at, r.failed_at, r.remaining_steps,
+       CASE WHEN %(show_output)s::boolean THEN r.output END AS output
+FROM pgflow.runs AS r
+WHERE r.run_id = %(run_id)s::uuid;
+
+--@name steps
+-- The run's steps in definition order, with their options as they apply (step over flow).
+SELECT ss.step_slug, s.step_index, s.step_type, ss.status, ss.initial_tasks, ss.remaining_tasks,
+       ss.remaining_deps, ss.error_message, ss.skip_reason,
+       ss.created_at, ss.started_at, ss.completed_at, ss.failed_at, ss.skipped_at,
+       coalesce(s.opt_max_attempts, f.opt_max_attempts) AS max_attempts,
+       coalesce(s.opt_timeout, f.opt_timeout) AS timeout_seconds,
+       CASE WHEN %(show_output)s::boolean THEN ss.output END AS output
+FROM pgflow.step_states AS ss
+JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug
+JOIN pgflow.flows AS f ON f.flow_slug = ss.flow_slug
+WHERE ss.run_id = %(run_id)s::uuid
+ORDER BY s.step_index, ss.step_slug;
+
+--@name tasks
+-- The run's tasks, at most %(max_tasks)s of them (by step, then index), and how many there are.
+-- message_id is the PGMQ message's id, never its body.
+SELECT t.step_slug, t.task_index, t.status, t.attempts_count, t.requeued_count, t.error_message,
+       t.message_id, t.last_worker_id, t.queued_at, t.started_at, t.completed_at, t.failed_at,
+       t.permanently_stalled_at,
+       coalesce(pg_catalog.to_jsonb(t) ->> 'execution_mode', 'queue') AS execution_mode,
+       CASE WHEN %(show_output)s::boolean THEN t.output END AS output,
+       pg_catalog.count(*) OVER ()::integer AS total
+FROM pgflow.step_tasks AS t
+JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
+WHERE t.run_id = %(run_id)s::uuid
+ORDER BY s.step_index, t.step_slug, t.task_index
+LIMIT %(max_tasks)s::integer;
+--@end
