@@ -190,7 +190,7 @@ def _report_concurrently(db, payloads: list[list[dict]], function: str = "comple
 
     try:
         with ThreadPoolExecutor(len(payloads)) as pool:
-            futures = [pool.submit(call, c, p) for c, p in zip(conns, payloads)]
+            futures = [pool.submit(call, c, p) for c, p in zip(conns, payloads, strict=True)]
             return [f.result(timeout=DEADLINE) for f in futures]  # a deadlock would raise here
     finally:
         for conn in conns:
@@ -246,7 +246,7 @@ def test_concurrent_claims_then_batch_reports_run_each_task_exactly_once(rt, db)
             batch = [m["msg_id"] for m in rt.read("race")]
             gate = threading.Barrier(len(workers))
 
-            def claim_and_report(conn: psycopg.Connection, worker) -> int:
+            def claim_and_report(conn: psycopg.Connection, worker, gate=gate, batch=batch) -> int:
                 gate.wait(timeout=DEADLINE)
                 rows = conn.execute("SELECT run_id, step_slug, task_index, input FROM pgflow.claim_tasks("
                                     "'race', %s::bigint[], %s, 'race') WHERE outcome = 'claimed'", (batch, worker)).fetchall()
@@ -256,7 +256,7 @@ def test_concurrent_claims_then_batch_reports_run_each_task_exactly_once(rt, db)
 
             with ThreadPoolExecutor(len(workers)) as pool:
                 claimed = [f.result(timeout=DEADLINE) for f in [pool.submit(claim_and_report, c, w)
-                                                                for c, w in zip(conns, workers)]]
+                                                                for c, w in zip(conns, workers, strict=True)]]
             assert sum(claimed) == 9
             assert rt.run(run)["status"] == "completed"
             assert rt.run(run)["output"] == {"each": list(range(9))}

@@ -65,8 +65,8 @@ def test_start_delays_apply_per_run(rt):
 
 def test_a_bad_element_is_named_and_nothing_starts(rt):
     rt.flow("mapped", FLOWS["mapped"])
-    with pytest.raises(psycopg.errors.InvalidParameterValue,
-                       match=r'start_flows\(\): element 1: flow "mapped" has a root map step, so its input must be a JSON array \(got object\)'):
+    bad_element = r'start_flows\(\): element 1: flow "mapped" has a root map step, so its input must be a JSON array \(got object\)'
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=bad_element):
         _start_flows(rt, "mapped", [[1], {"not": "an array"}])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"inputs must be a JSON array of run inputs \(got object\)"):
         _start_flows(rt, "mapped", {"n": 1})
