@@ -3,11 +3,11 @@
 -- and start many runs in one call. Function files only: no table is altered, so no table lock.
 --
 -- Run advancement: the condition cascade runs only for a flow with a condition, the empty-map
--- cascade only for a flow with a map step, run completion only when no step is left; realtime
--- payloads are built only when realtime.send exists.
+-- cascade only for a flow with a map step, run completion only when no step is left; a started
+-- step's realtime payload is built only when realtime.send exists. (_complete_task_progress is
+-- left to 0009, whose grants need it to exist when an upgrade from below 0009 runs them.)
 --@apply functions/runtime/_advance_run.sql sha256=efa8b02395b5c4f88bae1f5b0f341ec839f0119473e1d42f7564ce6344ec2093
 --@apply functions/runtime/start_ready_steps.sql sha256=d4ec0d441e3e420eb1c50f4ba7baddb72a2e023982e86df8c3faa329d34e4ed6
---@apply functions/runtime/_complete_task_progress.sql sha256=1250e6511d6b95630f036c36d51f3083e6dfdf2f80fe443a26b2b810d2c935e1
 -- Batch reports: complete_tasks (one element is complete_task without its own archive; one
 -- archive per queue for the batch) and fail_tasks (one fail_task per element).
 --@apply functions/runtime/_complete_worker_task.sql sha256=a2579b499f6c7e0ac730e424187221396ba1f68895d2c17e8a020cba16e5da5c

@@ -89,9 +89,7 @@ BEGIN
 
     UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = p_run_id;
 
-    IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL THEN  -- no payload to build otherwise
-      PERFORM pgflow._broadcast_step(v_state);
-    END IF;
+    PERFORM pgflow._broadcast_step(v_state);
     PERFORM pgflow._advance_run(p_run_id);
   END IF;
 
