@@ -152,9 +152,12 @@ def test_the_readme_one_liner_works_the_same_as_root_and_as_a_normal_user(sandbo
 
 
 def test_shell_completion_installs_and_completes(tmp_path):
-    env = {"HOME": str(tmp_path), "SHELL": "/bin/bash"}
-    installed = run_cli("--install-completion", env=env)
-    assert installed.code == ExitCode.OK, installed.output
+    # typer finds the shell among the process's ancestors; run it from a bash that stays its
+    # parent (the trailing `exit` stops bash from exec-ing the command), as an operator would.
+    env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
+    installed = subprocess.run(["bash", "-c", f"{sys.executable} -m pgflow_cli --install-completion; exit $?"],
+                               capture_output=True, text=True, timeout=60, env=env)
+    assert installed.returncode == ExitCode.OK, installed.stdout + installed.stderr
     script = tmp_path / ".bash_completions" / "pgflow.sh"
     assert script.is_file() and str(script) in (tmp_path / ".bashrc").read_text()
     bindir = str(Path(sys.executable).parent)  # the pgflow console script of this install
