@@ -12,9 +12,11 @@ import threading
 import time
 
 import psycopg
+import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode
 from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
@@ -38,7 +40,22 @@ def _statuses(conn, state) -> dict[str, str]:
             for name, run in state.runs.items()}
 
 
-def test_adopted_release_finishes_every_run_exactly_once(inflight_db):
+FINISHED_OUTPUTS = {("completed", "validate"): {"ok": True}, ("completed", "charge"): {"charged": 10},
+                    ("completed", "ship"): {"parcel": "p1"}}
+"""The completed steps of runs finished before adoption (what the history backfill fills)."""
+
+
+def _finished_outputs(conn, state) -> dict[tuple[str, str], object]:
+    return {(name, step): conn.execute("SELECT output FROM pgflow.step_states WHERE run_id = %s AND step_slug = %s",
+                                       (state.runs[name], step)).fetchone()[0]
+            for name, step in FINISHED_OUTPUTS}
+
+
+@pytest.mark.parametrize("online", ["never", "always"])
+def test_adopted_release_finishes_every_run_exactly_once(inflight_db, online):
+    """``never``: the whole adoption in one transaction. ``always`` (a large database's path): only
+    the runs in flight are backfilled inside it, and the workers finish them while the history
+    backfill of finished runs has not run yet; it runs after them and fills the rest."""
     database, state = inflight_db
     conn = database.connect()
     before = _tasks(conn)
@@ -46,10 +63,17 @@ def test_adopted_release_finishes_every_run_exactly_once(inflight_db):
                                       "started": "started", "retry_pending": "started", "map_half_done": "started"}
 
     with psycopg.connect(database.conninfo, autocommit=True) as migrator:
-        adoption.adopt(migrator, rec.recognise(migrator))
-    result = run_cli("migrate", "apply", "--dsn", database.conninfo)
-    assert result.code == ExitCode.OK, result.output
-    assert "applied 0003_queue_identity" in result.stderr
+        adoption.adopt(migrator, rec.recognise(migrator), online=online)
+        if online == "never":
+            result = run_cli("migrate", "apply", "--dsn", database.conninfo)
+            assert result.code == ExitCode.OK, result.output
+            assert "applied 0003_queue_identity" in result.stderr
+        else:  # the migrations, as `migrate apply` runs them before the history backfill
+            assert "0003_queue_identity" in [a.migration.label for a in installer.apply(migrator)]
+            assert adoption.history_pending(migrator) is not None
+    deferred = online == "always"
+    assert _finished_outputs(conn, state) == ({key: None for key in FINISHED_OUTPUTS} if deferred
+                                              else FINISHED_OUTPUTS)
 
     assert conn.execute("SELECT pgflow.protocol_version()").fetchone()[0] == 2
     assert {k: {**v} for k, v in _tasks(conn).items()} == before  # the upgrade moved no task
@@ -126,3 +150,14 @@ def test_adopted_release_finishes_every_run_exactly_once(inflight_db):
                             (queue,)).fetchone()[0]
         assert (left, archived) == (0, sent), queue
     assert_runtime_invariants(conn)
+
+    if deferred:  # now the history: every finished run's outputs, and nothing else changed
+        finished = _tasks(conn)
+        result = run_cli("migrate", "apply", "--dsn", database.conninfo)
+        assert result.code == ExitCode.OK, result.output
+        assert "history backfill (adoption, online)" in result.stdout
+        with psycopg.connect(database.conninfo) as check:
+            assert adoption.history_pending(check) is None
+        assert _finished_outputs(conn, state) == FINISHED_OUTPUTS
+        assert _tasks(conn) == finished
+        assert_runtime_invariants(conn)
