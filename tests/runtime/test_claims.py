@@ -41,18 +41,24 @@ def test_claim_records_attempt_worker_and_start(rt):
     assert after["started_at"] is not None
 
 
+def _map_with_a_deleted_message(rt):
+    """A root map "guard" of 2 tasks whose first message someone deletes behind pgflow's back:
+    ``(run, both messages as read)``."""
+    rt.flow("guard", [{"slug": "each", "step_type": "map"}])
+    run = rt.start("guard", [1, 2])
+    msgs = rt.read("guard")
+    assert len(msgs) == 2
+    rt.conn.execute("SELECT pgmq.delete('guard', %s::bigint)", (msgs[0]["msg_id"],))
+    return run, msgs
+
+
 @pytest.mark.baseline_only(
     reason="start_tasks claims first and then finds the message gone; claim_tasks classifies a vanished "
     "message as 'missing' before changing anything (upgraded counterparts below)"
 )
 def test_claim_rolls_back_when_a_message_vanished(rt):
     """The visibility guard: fewer messages changed than tasks claimed -> raise, nothing consumed."""
-    rt.flow("guard", [{"slug": "each", "step_type": "map"}])
-    run = rt.start("guard", [1, 2])
-    msgs = rt.read("guard")
-    assert len(msgs) == 2
-    # Someone deletes one message behind pgflow's back.
-    rt.conn.execute("SELECT pgmq.delete('guard', %s::bigint)", (msgs[0]["msg_id"],))
+    run, msgs = _map_with_a_deleted_message(rt)
     with pytest.raises(psycopg.errors.RaiseException, match=r"visibility updated 1 of 2 claimed messages"):
         rt.claim("guard", [m["msg_id"] for m in msgs])
     for task in rt.tasks(run):
@@ -342,11 +348,7 @@ def test_overlapping_claim_tasks_split_the_tasks_without_double_claims(rt, db):
 @pytest.mark.upgraded_only(reason="claim_tasks classifies every message before changing anything")
 def test_claim_classifies_a_vanished_message_as_missing(rt):
     """Counterpart of the baseline guard test: a message deleted before the claim is 'missing'; the rest is claimed."""
-    rt.flow("guard", [{"slug": "each", "step_type": "map"}])
-    run = rt.start("guard", [1, 2])
-    msgs = rt.read("guard")
-    assert len(msgs) == 2
-    rt.conn.execute("SELECT pgmq.delete('guard', %s::bigint)", (msgs[0]["msg_id"],))
+    run, msgs = _map_with_a_deleted_message(rt)
     rows = rt.claim_outcomes("guard", [m["msg_id"] for m in msgs])
     assert _outcomes(rows) == [("missing", "message_gone_task_exists", "each", 0), ("claimed", None, "each", 1)]
     tasks = rt.tasks(run)
