@@ -499,11 +499,12 @@ def apply(
             exc.detail.extend(f"blocked by {describe_blocker(b)}" for b in watcher.seen)
             raise
     result.blockers_seen = [dict(b) for b in watcher.seen]
-    if not dry_run:
+    if not dry_run and upstream.history_left(conn):
         # Last, after the migrations committed (workers need not wait for it): the outputs of runs
-        # that finished before an online adoption, in short batches, resumable.
+        # that finished before an online adoption, in short batches, resumable; one migrator at a time.
         started = time.monotonic()
-        if upstream.finish_history(conn, lock_timeout=lock_timeout, attempts=attempts, batch_seconds=batch_seconds,
-                                   progress=emit):
-            result.phases.append(Phase("history backfill (adoption, online)", time.monotonic() - started))
+        with installer.migrator_lock(conn, progress=emit):
+            if upstream.finish_history(conn, lock_timeout=lock_timeout, attempts=attempts,
+                                       batch_seconds=batch_seconds, progress=emit):
+                result.phases.append(Phase("history backfill (adoption, online)", time.monotonic() - started))
     return result

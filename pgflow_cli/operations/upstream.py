@@ -145,9 +145,10 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
 
 
 HISTORY_STEP_TEXT = "backfill the step outputs of finished runs online"
-HISTORY_NOTE = ("until the history backfill ends, get_run_with_states shows output null for the completed steps of "
-                "runs that finished before the adoption (their tasks keep their outputs); runs in flight and everything "
-                "the runtime reads are complete. `pgflow migrate apply` continues it where it stopped")
+HISTORY_NOTE = ("until the history backfill ends, get_run_with_states (and a drop-flow export's step states) shows "
+                "output null for the completed steps of runs that finished before the adoption (their tasks keep their "
+                "outputs); runs in flight and everything the runtime reads are complete. `pgflow migrate apply` "
+                "continues it where it stopped")
 
 
 def _step_names(completion: list[dict[str, Any]]) -> list[str]:
@@ -200,6 +201,11 @@ def run(conn: psycopg.Connection, plan: UpstreamPlan, *, assume_release: str | N
     return adoption.adopt(conn, plan.recognition, lock_timeout=lock_timeout, attempts=attempts, dry_run=dry_run,
                           progress=progress, before_commit=before_commit, assume_release=assume_release,
                           online=online, batch_seconds=batch_seconds)
+
+
+def history_left(conn: psycopg.Connection) -> bool:
+    """True when an online adoption's history backfill is still to run (reads the record only)."""
+    return adoption.history_pending(conn) is not None
 
 
 def finish_history(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: int = 5,

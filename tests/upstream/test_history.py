@@ -101,7 +101,7 @@ def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_apply(re
     assert (f"step: backfill the step outputs of finished runs online (page {left.next_page} of {left.pages})"
             in text), status.output
     assert "migrations up to date; the adoption is not finished" in text and "next: pgflow migrate apply" in text
-    assert "get_run_with_states shows output null" in text
+    assert "get_run_with_states (and a drop-flow export's step states) shows output null" in text
     report = json.loads(run_cli("migrate", "status", "--dsn", dsn, "--format", "json").stdout)
     assert report["verdict"] == "pending" and report["pending"] == []
     assert report["upstream"]["completion"] == [{"step": "backfill", "next_page": left.next_page}]
