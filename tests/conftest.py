@@ -12,7 +12,7 @@ Fixtures:
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -38,31 +38,19 @@ def _install(conninfo: str, target: int | None) -> None:
         installer.install(conn, target=target)
 
 
-def _label(request) -> str:
-    return re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
+@pytest.fixture
+def db(harness, request) -> Iterator[TestDatabase]:
+    yield from harness.fresh(harness.template("latest", lambda c: _install(c, None)), request)
 
 
 @pytest.fixture
-def db(harness, request) -> TestDatabase:
-    template = harness.template("latest", lambda c: _install(c, None))
-    database = harness.clone(template, _label(request))
-    yield database
-    harness.drop(database)
+def baseline_db(harness, request) -> Iterator[TestDatabase]:
+    yield from harness.fresh(harness.template("baseline", lambda c: _install(c, BASELINE_VERSION)), request)
 
 
 @pytest.fixture
-def baseline_db(harness, request) -> TestDatabase:
-    template = harness.template("baseline", lambda c: _install(c, BASELINE_VERSION))
-    database = harness.clone(template, _label(request))
-    yield database
-    harness.drop(database)
-
-
-@pytest.fixture
-def empty_db(harness, request) -> TestDatabase:
-    database = harness.clone(None, _label(request))
-    yield database
-    harness.drop(database)
+def empty_db(harness, request) -> Iterator[TestDatabase]:
+    yield from harness.fresh(None, request)
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +68,4 @@ def published_template(harness) -> str:
 @pytest.fixture
 def published_db(harness, published_template, request):
     """A fresh database cloned from the published-release template."""
-    database = harness.clone(published_template, _label(request))
-    yield database
-    harness.drop(database)
+    yield from harness.fresh(published_template, request)

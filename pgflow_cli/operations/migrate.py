@@ -84,7 +84,8 @@ class StatusReport:
         verdict: ``conflict`` (changed checksum, newer database, foreign pgflow: nothing can be
             applied), ``in_progress`` (a phased run stopped part way), ``drift`` (installed
             function text differs from the files, or an invalid index is left, with nothing
-            pending to fix it), ``pending`` or ``up_to_date``.
+            pending to fix it), ``pending`` (migrations, or the online completion of an
+            adoption such as its history backfill) or ``up_to_date``.
         conflict: the error ``migrate apply`` would refuse with (``verdict == "conflict"``): an
             unrecognised upstream schema, or the ledger's conflict when nothing is to be adopted.
         found: which release installed a pgflow schema pgflow-cli did not (or adopted), and what
@@ -130,6 +131,9 @@ class StatusReport:
         elif pending:
             out.append(f"{len(pending)} pending ({', '.join(f'{s.version:04d}' for s in pending)}); "
                        "next: pgflow migrate plan")
+        elif self.found is not None and self.found.completion:
+            out.append("migrations up to date; the adoption is not finished: "
+                       + "; ".join(self.found.steps) + "; next: pgflow migrate apply")
         elif self.verdict == "up_to_date":
             out.append("up to date")
         return out
@@ -193,7 +197,7 @@ def status(conn: psycopg.Connection) -> StatusReport:
         verdict = "in_progress"
     elif plan.file_drift or plan.invalid_indexes:
         verdict = "drift"
-    elif plan.pending:
+    elif plan.pending or found.completion:
         verdict = "pending"
     else:
         verdict = "up_to_date"
@@ -230,6 +234,12 @@ def interrupted(target: Target) -> PgflowError:
             f"committed phases with `pgflow migrate abort {first.version}`",
             exit_code=ExitCode.INTERRUPTED)
     applied = [f"{s.version:04d}" for s in plan.statuses if s.state == "applied"]
+    if report.found is not None and report.found.completion and not plan.pending:
+        return PgflowError(
+            "interrupted after the migrations committed: the adoption's online completion is not finished",
+            detail=[f"applied: {', '.join(applied) or 'none'}", *report.lines()],
+            hint="rerun `pgflow migrate apply` to continue where it stopped (nothing else is left to apply)",
+            exit_code=ExitCode.INTERRUPTED)
     return PgflowError(
         "interrupted: the migration's open transaction was rolled back; nothing of it was kept",
         detail=[f"applied: {', '.join(applied) or 'none'}", *report.lines()],
@@ -489,4 +499,12 @@ def apply(
             exc.detail.extend(f"blocked by {describe_blocker(b)}" for b in watcher.seen)
             raise
     result.blockers_seen = [dict(b) for b in watcher.seen]
+    if not dry_run and upstream.history_left(conn):
+        # Last, after the migrations committed (workers need not wait for it): the outputs of runs
+        # that finished before an online adoption, in short batches, resumable; one migrator at a time.
+        started = time.monotonic()
+        with installer.migrator_lock(conn, progress=emit):
+            if upstream.finish_history(conn, lock_timeout=lock_timeout, attempts=attempts,
+                                       batch_seconds=batch_seconds, progress=emit):
+                result.phases.append(Phase("history backfill (adoption, online)", time.monotonic() - started))
     return result

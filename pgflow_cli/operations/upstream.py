@@ -49,7 +49,7 @@ class UpstreamPlan:
     steps: list[str] = field(default_factory=list)
     must_do: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    completion: list[dict[str, str]] = field(default_factory=list)
+    completion: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def adoption_pending(self) -> bool:
@@ -87,15 +87,22 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
     plan = UpstreamPlan(found)
     if found.status == rec.ADOPTED:
         plan.completion = adoption.pending_completion(conn)
-        if plan.completion:
-            plan.steps.append(f"finish the adoption online ({', '.join(_step_names(plan.completion))})")
+        before = [s for s in plan.completion if s["step"] != adoption.HISTORY_STEP]
+        if before:
+            plan.steps.append(f"finish the adoption online ({', '.join(_step_names(before))})")
+        history = adoption.history_pending(conn)
+        if history is not None:
+            plan.steps.append(f"{HISTORY_STEP_TEXT} ({history.describe()})")
+            plan.notes.append(HISTORY_NOTE)
         return plan
     if found.status not in (rec.UPSTREAM, rec.UNRECOGNISED):
         return plan
+    large = found.adoptable and adoption.large(conn)
     if found.adoptable:
         asserted = " (asserted by the operator)" if found.assumed else ""
-        path = ("one short transaction, then online (finished runs backfilled in batches, index built "
-                "concurrently, constraints validated)" if adoption.large(conn) else "one transaction")
+        path = ("one short transaction, then online (index built concurrently, constraints validated; the "
+                "finished runs' step outputs are backfilled in batches after the migrations)" if large
+                else "one transaction")
         plan.steps.append(f"adopt pgflow {found.label if not found.assumed else found.release}{asserted} -> "
                           f"pgflow-cli baseline (0001, 0002 recorded), in {path}")
     plan.must_do.append(
@@ -105,8 +112,11 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
         plan.must_do.append("workers older than 0.12 read `input.run`; tasks claimed after the adoption no longer "
                             "carry it (dependent steps get their dependencies' outputs, root steps the run input)")
     if _before(found, "0.13.0"):
-        plan.notes.append("step outputs were not stored by this release: the adoption backfills every completed "
-                          "step as 0.13.0 did (runs in flight inside its transaction)")
+        plan.notes.append(
+            "step outputs were not stored by this release: the adoption backfills every completed step as 0.13.0 "
+            "did, the runs in flight inside its transaction" + (
+                "; the finished runs' in batches after the migrations (workers may start before it ends; until "
+                "then get_run_with_states shows output null for their steps)" if large else ""))
     if "worker_functions" in releases.shape(releases.group_of(found.releases[-1]))["table"]:
         disabled = [r[0] for r in conn.execute(sqlfiles.statement(adoption.QUERIES, "disabled_functions")).fetchall()]
         if disabled:
@@ -134,7 +144,14 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
     return plan
 
 
-def _step_names(completion: list[dict[str, str]]) -> list[str]:
+HISTORY_STEP_TEXT = "backfill the step outputs of finished runs online"
+HISTORY_NOTE = ("until the history backfill ends, get_run_with_states (and a drop-flow export's step states) shows "
+                "output null for the completed steps of runs that finished before the adoption (their tasks keep their "
+                "outputs); runs in flight and everything the runtime reads are complete. `pgflow migrate apply` "
+                "continues it where it stopped")
+
+
+def _step_names(completion: list[dict[str, Any]]) -> list[str]:
     names: list[str] = []
     for step in completion:
         label = step["step"] if step["step"] != "validate" else "validate constraints"
@@ -178,12 +195,35 @@ def run(conn: psycopg.Connection, plan: UpstreamPlan, *, assume_release: str | N
         if dry_run:
             return None
         return adoption.complete(conn, lock_timeout=lock_timeout, attempts=attempts, progress=progress,
-                                 batch_seconds=batch_seconds)
+                                 batch_seconds=batch_seconds, history=False)
     if plan.recognition.status not in (rec.UPSTREAM, rec.UNRECOGNISED):
         return None
     return adoption.adopt(conn, plan.recognition, lock_timeout=lock_timeout, attempts=attempts, dry_run=dry_run,
                           progress=progress, before_commit=before_commit, assume_release=assume_release,
                           online=online, batch_seconds=batch_seconds)
+
+
+def history_left(conn: psycopg.Connection) -> bool:
+    """True when an online adoption's history backfill is still to run (reads the record only)."""
+    return adoption.history_pending(conn) is not None
+
+
+def finish_history(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: int = 5,
+                   batch_seconds: float = 0.2, progress: Progress | None = None) -> bool:
+    """Run the history backfill an online adoption left (after the migrations; resumable).
+
+    Returns:
+        True when there was one to run (it is done now), False when nothing was pending.
+
+    Raises:
+        LockTimeout: a batch could not take its row locks within the retries (exit 4); rerun
+            ``pgflow migrate apply`` to continue from the recorded page.
+    """
+    if adoption.history_pending(conn) is None:
+        return False
+    adoption.complete(conn, lock_timeout=lock_timeout, attempts=attempts, progress=progress,
+                      batch_seconds=batch_seconds, history=True)
+    return True
 
 
 def live_workers(conn: psycopg.Connection) -> dict[str, int]:

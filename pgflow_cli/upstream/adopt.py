@@ -15,6 +15,13 @@ then the ledger rows of migrations 0001 and 0002, so the installer continues wit
 any baseline database. Every row of every table is kept. A lock timeout or deadlock rolls the
 whole transaction back and it is retried; a killed client leaves the database as it was.
 
+On a large database (:data:`ONLINE_THRESHOLD_BYTES`) the transaction backfills only the step
+outputs the runtime reads (runs in flight); the index, the constraint validations and, last,
+the **history backfill** (the outputs of finished runs, which only ``get_run_with_states``
+reads) run after the commit in short transactions, recorded in ``pgflow.schema_adoption.pending``
+so a rerun resumes. ``pgflow migrate apply`` runs the history backfill after the migrations,
+so workers are back before it starts (:func:`complete` with ``history``).
+
 Spec: issue 8 "Adoption"; fact sheet ``upstream-releases.md`` §4.
 """
 
@@ -196,6 +203,9 @@ def check_adoptable(recognition: rec.Recognition) -> None:
                         hint="`pgflow migrate status` shows what is installed")
 
 
+HISTORY_STEP = "backfill"
+"""The pending completion step of the history backfill (outputs of finished runs), run last."""
+
 ONLINE_THRESHOLD_BYTES = 8 * 1024 * 1024
 """Heap size of step_states + step_tasks above which adoption finishes online (about 40,000
 step states: the step output backfill rewrites each completed one, which inside the locked
@@ -226,7 +236,10 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
     existing row against the new constraints, builds the new index and backfills every step
     output. On a large one (``online``), it leaves those three for after the commit, where they
     run without blocking workers (:func:`complete`): constraints are NOT VALID until validated,
-    and only the outputs of runs in flight are backfilled inside the transaction.
+    and only the outputs of runs in flight are backfilled inside the transaction. The index and
+    the validations are done before this returns; the history backfill (finished runs) is left
+    pending for the caller to run with ``complete(conn, history=True)`` once the migrations
+    after the baseline are applied (``pgflow migrate apply`` does).
 
     Args:
         conn: an autocommit connection (the caller holds the migrator lock).
@@ -284,10 +297,10 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
                 if not had_output:
                     _backfill_batch(conn, 0, 2 ** 31, in_flight_only=use_online)  # every page
                 added = [c for c in _unvalidated(conn) if c not in before]
-                pending: list[dict[str, str]] = []
+                pending: list[dict[str, Any]] = []
                 if use_online:
-                    pending = ([] if had_output else [{"step": "backfill"}]) + [{"step": "index"}] + [
-                        {"step": "validate", "table": t, "constraint": c} for t, c in added]
+                    pending = [{"step": "index"}, *[{"step": "validate", "table": t, "constraint": c} for t, c in added],
+                               *([] if had_output else [{"step": HISTORY_STEP, "next_page": 0}])]
                 else:
                     for table, constraint in added:
                         conn.execute(_validate_statement(table, constraint))
@@ -312,31 +325,73 @@ def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeou
     emit("done", {"migration": label, "release": release, "duration_ms": result["ms"], "attempts": tries,
                   "dry_run": dry_run, "online": use_online})
     if use_online:
-        complete(conn, lock_timeout=lock_timeout, attempts=attempts, progress=progress, batch_seconds=batch_seconds)
+        complete(conn, lock_timeout=lock_timeout, attempts=attempts, progress=progress, batch_seconds=batch_seconds,
+                 history=False)
     return Adopted(release, recognition.releases, recognition.assumed, [d.to_dict() for d in recognition.differences],
                    result["ms"], tries, dry_run, use_online, list(notices))
 
 
-def pending_completion(conn: psycopg.Connection) -> list[dict[str, str]]:
-    """What an online adoption still has to do after its commit (empty: nothing, or no adoption)."""
+def pending_completion(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """What an online adoption still has to do after its commit (empty: nothing, or no adoption).
+
+    Returns:
+        The pending steps in order: ``{"step": "index"}``, ``{"step": "validate", "table",
+        "constraint"}``, ``{"step": "backfill", "next_page": n}`` (the history backfill, resumed
+        at heap page ``n`` of step_states).
+    """
     if rec.read_facts(conn).context.get("adoption_record") != "present":
         return []
     row = conn.execute(sqlfiles.statement(QUERIES, "adoption_pending")).fetchone()
     return list(row[0]) if row else []
 
 
+@dataclass(frozen=True)
+class HistoryBackfill:
+    """How far the history backfill (outputs of finished runs) of an online adoption is.
+
+    Attributes:
+        next_page: the step_states heap page it continues at.
+        pages: heap pages of step_states now (it grows while the backfill runs).
+    """
+
+    next_page: int
+    pages: int
+
+    def describe(self) -> str:
+        """``page 120 of 4000``."""
+        return f"page {min(self.next_page, self.pages)} of {self.pages}"
+
+
+def history_pending(conn: psycopg.Connection) -> HistoryBackfill | None:
+    """The history backfill still to run, or ``None`` (done, or never needed). Reads the record
+    and the relation size only (no scan)."""
+    step = next((s for s in pending_completion(conn) if s["step"] == HISTORY_STEP), None)
+    if step is None:
+        return None
+    pages = scalar(conn.execute(sqlfiles.statement(QUERIES, "step_states_pages")))
+    return HistoryBackfill(int(step.get("next_page", 0)), int(pages or 0))
+
+
 def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: int = 5,
-             progress: ProgressFn | None = None, batch_seconds: float = 0.2) -> int:
+             progress: ProgressFn | None = None, batch_seconds: float = 0.2, history: bool = True) -> int:
     """Finish an online adoption after its commit; resumable (each step is recorded when done).
 
     Steps, in order, none of which blocks workers for longer than one short batch:
 
-    * ``backfill``: the step output backfill for finished runs, a range of step_states heap pages
-      per transaction, sized so a batch takes about ``batch_seconds`` (its rows stay locked that
-      long; they belong to finished runs, which no worker touches);
     * ``index``: ``CREATE INDEX CONCURRENTLY`` of the baseline's skipped-steps index;
     * ``validate``: ``VALIDATE CONSTRAINT`` of each constraint adoption added NOT VALID, each in
-      its own transaction (SHARE UPDATE EXCLUSIVE: reads and writes go on).
+      its own transaction (SHARE UPDATE EXCLUSIVE: reads and writes go on);
+    * ``backfill`` (only with ``history``): the step output backfill of finished runs, a range of
+      step_states heap pages per transaction, sized so a batch takes about ``batch_seconds`` (its
+      rows stay locked that long; they belong to finished runs, which no worker touches). Each
+      batch records the page it reached in the same transaction, so a killed client loses at
+      most one batch; a last pass over the whole table catches rows a table rewrite moved.
+      Until it is done, ``get_run_with_states`` shows ``output`` null for the completed steps
+      of finished runs (their tasks keep their outputs); nothing the runtime reads is missing.
+
+    Args:
+        history: also run the history backfill (``pgflow migrate apply`` runs it after the
+            migrations, so the upgrade is not kept waiting by it).
 
     Returns:
         How many steps were done (0 when nothing was pending).
@@ -349,29 +404,33 @@ def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: i
     emit = progress or (lambda event, data: None)
     pending = pending_completion(conn)
     done = 0
-    while pending:
-        step = pending[0]
-        emit("phase", {"migration": COMPLETION_LABEL, "phase": step["step"], "mode": "online", **step})
+    for step in [s for s in pending if history or s["step"] != HISTORY_STEP]:
+        mode = "online, in batches; the migrations are committed" if step["step"] == HISTORY_STEP else "online"
+        emit("phase", {"migration": COMPLETION_LABEL, "phase": step["step"], **step, "mode": mode})
         started = time.monotonic()
-        if step["step"] == "backfill":
-            _online_backfill(conn, lock_timeout, attempts, emit, batch_seconds)
+        if step["step"] == HISTORY_STEP:
+            _online_backfill(conn, pending, step, lock_timeout, attempts, emit, batch_seconds)
         elif step["step"] == "index":
             _online_index(conn, lock_timeout)
         else:
-            def validate(step: dict[str, str] = step) -> None:
+            def validate(step: dict[str, Any] = step) -> None:
                 with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
                     conn.execute(_validate_statement(step["table"], step["constraint"]))
             retry_on_lock(validate, attempts=attempts)
-        pending = pending[1:]
+        pending = [s for s in pending if s is not step]
 
-        def record(left: list[dict[str, str]] = pending) -> None:
+        def record(left: list[dict[str, Any]] = pending) -> None:
             with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
-                conn.execute(sqlfiles.statement(QUERIES, "adoption_progress"), {"pending": Jsonb(left)})
+                _record_pending(conn, left)
         retry_on_lock(record, attempts=attempts)
         done += 1
         emit("phase_done", {"migration": COMPLETION_LABEL, "phase": step["step"],
                             "duration_ms": int((time.monotonic() - started) * 1000)})
     return done
+
+
+def _record_pending(conn: psycopg.Connection, pending: list[dict[str, Any]]) -> None:
+    conn.execute(sqlfiles.statement(QUERIES, "adoption_progress"), {"pending": Jsonb(pending)})
 
 
 def _unvalidated(conn: psycopg.Connection) -> list[tuple[str, str]]:
@@ -389,25 +448,41 @@ def _backfill_batch(conn: psycopg.Connection, first_page: int, pages: int, *, in
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
-def _online_backfill(conn: psycopg.Connection, lock_timeout: float, attempts: int, emit: ProgressFn,
-                     batch_seconds: float) -> None:
-    first_page, pages = 0, 256
+def _online_backfill(conn: psycopg.Connection, pending: list[dict[str, Any]], step: dict[str, Any],
+                     lock_timeout: float, attempts: int, emit: ProgressFn, batch_seconds: float) -> None:
+    """The history backfill in batches from the recorded page; ``step`` (an item of ``pending``)
+    is updated with the page reached, recorded with each batch."""
+    first_page, pages = int(step.get("next_page", 0)), 256
     budget = batch_seconds if batch_seconds > 0 else 0.2
     while True:
         def one(first_page: int = first_page, pages: int = pages) -> tuple[int, int]:
             with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
-                return _backfill_batch(conn, first_page, pages, in_flight_only=False)
+                counts = _backfill_batch(conn, first_page, pages, in_flight_only=False)
+                step["next_page"] = first_page + pages
+                _record_pending(conn, pending)
+                return counts
 
         started = time.monotonic()
         updated, relation_pages = retry_on_lock(one, attempts=attempts)
         elapsed = time.monotonic() - started
-        emit("batch", {"migration": COMPLETION_LABEL, "phase": "backfill", "first_page": first_page, "pages": pages,
+        emit("batch", {"migration": COMPLETION_LABEL, "phase": HISTORY_STEP, "first_page": first_page, "pages": pages,
                        "relation_pages": relation_pages, "rows": updated, "ms": int(elapsed * 1000)})
         first_page += pages
         if first_page >= relation_pages:
-            return
+            break
         wanted = pages * budget / elapsed if elapsed > 0 else pages * 2
         pages = max(1, min(MAX_BATCH_PAGES, int(max(pages / 4, min(pages * 2, wanted)))))
+
+    def sweep() -> tuple[int, int]:
+        # Rows whose page was passed can only be missing if a rewrite (VACUUM FULL, CLUSTER) moved
+        # them; one pass over every page finds them (a scan: rows with an output are skipped).
+        with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
+            return _backfill_batch(conn, 0, 2 ** 31, in_flight_only=False)
+    started = time.monotonic()
+    updated, relation_pages = retry_on_lock(sweep, attempts=attempts)
+    emit("batch", {"migration": COMPLETION_LABEL, "phase": HISTORY_STEP, "first_page": 0, "pages": relation_pages,
+                   "relation_pages": relation_pages, "rows": updated,
+                   "ms": int((time.monotonic() - started) * 1000)})
 
 
 def _online_index(conn: psycopg.Connection, lock_timeout: float) -> None:
@@ -432,7 +507,7 @@ def _recheck(conn: psycopg.Connection, planned: rec.Recognition, assume_release:
         )
 
 
-def _record(conn: psycopg.Connection, recognition: rec.Recognition, checksum: str, pending: list[dict[str, str]],
+def _record(conn: psycopg.Connection, recognition: rec.Recognition, checksum: str, pending: list[dict[str, Any]],
             duration_ms: int) -> None:
     """The adoption record and the ledger rows of the baseline migrations (same transaction)."""
     conn.execute(sqlfiles.statement(QUERIES, "adoption_insert"), {
@@ -470,7 +545,8 @@ def describe(parts: list[AdoptionPart]) -> str:
         "--   validate_constraint   each constraint added NOT VALID above (small database)\n"
         "--   skipped_index         idx_step_states_skipped (small database)\n"
         "--   adoption_insert       the adoption record; then the ledger rows of 0001 and 0002\n"
-        "-- On a large database the backfill of finished runs, the index (CONCURRENTLY) and the\n"
-        "-- validations run after COMMIT, each in its own short transaction.\n"
+        "-- On a large database the index (CONCURRENTLY) and the validations run after COMMIT, each\n"
+        "-- in its own short transaction; the backfill of finished runs (history) runs in batches\n"
+        "-- after the migrations that follow (`pgflow migrate status` reports it until it is done).\n"
     )
     return "BEGIN;\n\n" + body + "\n\n" + tail + "COMMIT;\n"

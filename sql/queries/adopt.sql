@@ -43,6 +43,10 @@ SELECT function_name FROM pgflow.worker_functions WHERE NOT enabled ORDER BY fun
 -- Heap bytes of the two tables adoption rewrites or scans (no scan: the relation's size).
 SELECT pg_catalog.pg_relation_size('pgflow.step_states') + pg_catalog.pg_relation_size('pgflow.step_tasks') AS bytes
 
+--@name step_states_pages
+-- Heap pages of step_states (the history backfill's progress is a page number; no scan).
+SELECT pg_catalog.pg_relation_size('pgflow.step_states') / pg_catalog.current_setting('block_size')::bigint
+
 --@name has_worker_functions
 SELECT pg_catalog.to_regclass('pgflow.worker_functions') IS NOT NULL
 

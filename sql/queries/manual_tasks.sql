@@ -4,14 +4,7 @@
 --@name list_waiting
 -- Waiting manual tasks (started, in a started step of a started run), oldest first.
 -- %(flow_slug)s: NULL for every flow; %(older_than)s: seconds (NULL: any age); %(limit)s rows.
-SELECT t.run_id, t.flow_slug, t.step_slug, t.task_index, t.status, t.execution_mode,
-       t.started_at, t.completed_at, t.failed_at, t.error_message,
-       r.status AS run_status, ss.status AS step_status, s.step_type,
-       extract(epoch FROM (clock_timestamp() - t.started_at))::double precision AS age_seconds
-FROM pgflow.step_tasks AS t
-JOIN pgflow.runs AS r ON r.run_id = t.run_id
-JOIN pgflow.step_states AS ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
-JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
+--@include fragments/manual_task_report.sql
 WHERE t.execution_mode = 'manual' AND t.status = 'started'
   AND r.status = 'started' AND ss.status = 'started'
   AND (%(flow_slug)s::text IS NULL OR t.flow_slug = %(flow_slug)s::text)
@@ -22,14 +15,7 @@ LIMIT %(limit)s;
 
 --@name show
 -- One task by its address, manual or not (the caller reports a queue-backed one as such).
-SELECT t.run_id, t.flow_slug, t.step_slug, t.task_index, t.status, t.execution_mode,
-       t.started_at, t.completed_at, t.failed_at, t.error_message,
-       r.status AS run_status, ss.status AS step_status, s.step_type,
-       extract(epoch FROM (clock_timestamp() - t.started_at))::double precision AS age_seconds
-FROM pgflow.step_tasks AS t
-JOIN pgflow.runs AS r ON r.run_id = t.run_id
-JOIN pgflow.step_states AS ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
-JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
+--@include fragments/manual_task_report.sql
 WHERE t.run_id = %(run_id)s::uuid AND t.step_slug = %(step_slug)s::text AND t.task_index = %(task_index)s::integer;
 
 --@name complete

@@ -60,21 +60,31 @@ def _wait_for_lock_wait(conn, application_name: str, deadline: float) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("fmt", ["table", "json"])
-def test_ctrl_c_during_a_blocked_audit_is_exit_130_and_leaves_no_backend(db, fmt):
-    """Guard: SIGINT while the audit waits for a lock ends with 130, no data on stdout, the query cancelled."""
-    holder = psycopg.connect(db.conninfo)
-    observer = db.connect()
-    holder.execute("LOCK TABLE pgflow.flows IN ACCESS EXCLUSIVE MODE")
+def _interrupt_while_blocked(database, observer, lock_sql: str, *args: str, holder_name: str,
+                             wait: float) -> tuple[int, str, str]:
+    """Hold a lock (``lock_sql`` in an open transaction), run ``pgflow ARGS``, send SIGINT once it
+    waits for a lock (seen by ``observer``), then let the lock go: ``(exit code, stdout, stderr)``."""
+    holder = psycopg.connect(database.conninfo, application_name=holder_name)
+    holder.execute(lock_sql)
     try:
-        proc = popen_cli("audit", "--dsn", db.conninfo, "--format", fmt)
-        _wait_for_lock_wait(observer, "pgflow-cli", time.monotonic() + 20)
+        proc = popen_cli(*args)
+        _wait_for_lock_wait(observer, "pgflow-cli", time.monotonic() + wait)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=wait)
     finally:
         holder.rollback()
         holder.close()
-    assert proc.returncode == ExitCode.INTERRUPTED, err
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_ctrl_c_during_a_blocked_audit_is_exit_130_and_leaves_no_backend(db, fmt):
+    """Guard: SIGINT while the audit waits for a lock ends with 130, no data on stdout, the query cancelled."""
+    observer = db.connect()
+    code, out, err = _interrupt_while_blocked(db, observer, "LOCK TABLE pgflow.flows IN ACCESS EXCLUSIVE MODE",
+                                              "audit", "--dsn", db.conninfo, "--format", fmt,
+                                              holder_name="", wait=20)
+    assert code == ExitCode.INTERRUPTED, err
     assert out == ""
     assert "Traceback" not in err
     deadline = time.monotonic() + 10
@@ -85,18 +95,11 @@ def test_ctrl_c_during_a_blocked_audit_is_exit_130_and_leaves_no_backend(db, fmt
 
 def test_ctrl_c_during_a_blocked_migration_rolls_back(baseline_db):
     """Guard: SIGINT while `migrate apply` waits for a lock: exit 130, 0003 not recorded, no lock kept."""
-    holder = psycopg.connect(baseline_db.conninfo, application_name="brk-holder")
     observer = baseline_db.connect()
-    holder.execute("SELECT 1 FROM pgflow.steps LIMIT 1")
-    try:
-        proc = popen_cli("migrate", "apply", "--dsn", baseline_db.conninfo, "--lock-timeout", "30")
-        _wait_for_lock_wait(observer, "pgflow-cli", time.monotonic() + 30)
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=30)
-    finally:
-        holder.rollback()
-        holder.close()
-    assert proc.returncode == ExitCode.INTERRUPTED, err
+    code, _out, err = _interrupt_while_blocked(baseline_db, observer, "SELECT 1 FROM pgflow.steps LIMIT 1",
+                                               "migrate", "apply", "--dsn", baseline_db.conninfo, "--lock-timeout", "30",
+                                               holder_name="brk-holder", wait=30)
+    assert code == ExitCode.INTERRUPTED, err
     assert [r[0] for r in observer.execute("SELECT version FROM pgflow.schema_migrations ORDER BY 1")] == [1, 2]
     assert observer.execute("SELECT pgflow.protocol_version()").fetchone()[0] == 1
     assert observer.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824631").fetchone()[0] == 0

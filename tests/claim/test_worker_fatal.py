@@ -18,6 +18,7 @@ import pytest
 
 from pgflow_cli.worker import Flow, Worker, WorkerFenced
 from tests.claim.helpers import assert_no_body
+from tests.worker.helpers import stop_and_join
 
 DEADLINE = 90.0  # hang guard only
 SECRET = "body-secret-" + uuid.uuid4().hex
@@ -57,12 +58,7 @@ def env(db, cl):
         return worker
 
     yield make
-    for worker in workers:
-        if worker.state not in ("created", "stopped"):
-            worker.stop("test finished")
-    for worker in workers:
-        if worker.state != "created":
-            assert worker.join(DEADLINE), f"worker {worker.worker_id} did not stop"
+    stop_and_join(workers, DEADLINE)
 
 
 def _records(caplog, level):

@@ -16,36 +16,29 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.driver import Runtime
-from tests.support.invariants import assert_runtime_invariants
+from tests.runtime.driver import checked_runtime
 
 LEVELS = {"baseline": "baseline_db", "current": "db"}
 """Test id -> database fixture; ``current`` speaks protocol 2 (``Runtime`` level ``upgraded``)."""
 
 
-def _runtime(database, level: str):
-    runtime = Runtime(database.connect(), level=level)
-    yield runtime
-    assert_runtime_invariants(database.connect(), require_live_messages=runtime.require_live_messages)
-
-
 @pytest.fixture
 def old(baseline_db):
     """The released-runtime baseline (0001-0002)."""
-    yield from _runtime(baseline_db, "baseline")
+    yield from checked_runtime(baseline_db, "baseline")
 
 
 @pytest.fixture
 def new(db):
     """Every migration: the behaviour docs/compatibility.md describes."""
-    yield from _runtime(db, "upgraded")
+    yield from checked_runtime(db, "upgraded")
 
 
 @pytest.fixture(params=sorted(LEVELS))
 def rt(request):
     """One runtime per schema level, for items whose behaviour both levels share."""
     database = request.getfixturevalue(LEVELS[request.param])
-    yield from _runtime(database, "baseline" if request.param == "baseline" else "upgraded")
+    yield from checked_runtime(database, "baseline" if request.param == "baseline" else "upgraded")
 
 
 FAKE_REALTIME = """

@@ -12,15 +12,12 @@ import pytest
 
 from pgflow_cli.worker import protocol
 from pgflow_cli.worker.flow import Flow
-from tests.runtime.driver import Runtime
-from tests.support.invariants import assert_runtime_invariants
+from tests.runtime.driver import checked_runtime
 
 
 @pytest.fixture
 def rt(db):
-    runtime = Runtime(db.connect(), level="upgraded")
-    yield runtime
-    assert_runtime_invariants(db.connect(), require_live_messages=runtime.require_live_messages)
+    yield from checked_runtime(db, "upgraded")
 
 
 @pytest.fixture

@@ -16,8 +16,6 @@ with the reason shown in the report:
 
 from __future__ import annotations
 
-import re
-
 import psycopg
 import pytest
 
@@ -51,12 +49,7 @@ def db(level, harness, request):
     if level == "baseline":
         yield request.getfixturevalue("baseline_db")
         return
-    template = harness.template("latest", install_all)
-    database = harness.clone(template, re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40])
-    try:
-        yield database
-    finally:
-        harness.drop(database)
+    yield from harness.fresh(harness.template("latest", install_all), request)
 
 
 def _queue_identity_problems(conn: psycopg.Connection) -> list[str]:

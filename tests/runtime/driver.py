@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -29,6 +29,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import installer, naming
+from tests.support.sqlrows import RowQueries
 
 LEVELS = ("baseline", "upgraded")
 """Schema levels the runtime suite runs on (pytest ids)."""
@@ -37,8 +38,9 @@ TASK_FIELDS = ("flow_slug", "run_id", "step_slug", "input", "msg_id", "task_inde
 """Columns of ``pgflow.step_task_record``, the shape every claimed task has in the tests."""
 
 
-class Runtime:
-    """Helpers around one autocommit connection to a test database."""
+class Runtime(RowQueries):
+    """Helpers around one autocommit connection to a test database (plain SQL: ``rows``, ``one``,
+    ``val`` of :class:`~tests.support.sqlrows.RowQueries`)."""
 
     def __init__(self, conn: psycopg.Connection, level: str = "baseline") -> None:
         if level not in LEVELS:
@@ -66,17 +68,6 @@ class Runtime:
     def prune_file(self) -> str:
         """The optional pruning file that matches this schema level (sql/optional)."""
         return "optional/prune.sql" if self.upgraded else "optional/prune_baseline.sql"
-
-    # -- plain SQL ---------------------------------------------------------------------
-    def rows(self, query: str, params: Any = None) -> list[dict]:
-        return self.conn.execute(query, params).fetchall()
-
-    def one(self, query: str, params: Any = None) -> dict | None:
-        return self.conn.execute(query, params).fetchone()
-
-    def val(self, query: str, params: Any = None) -> Any:
-        row = self.conn.execute(query, params).fetchone()
-        return None if row is None else next(iter(row.values()))
 
     # -- definitions ---------------------------------------------------------------------
     def flow(self, slug: str, steps: list[dict] | None = None, **options: Any) -> None:
@@ -330,3 +321,43 @@ class _SqlstateRaises:
 def raises_sqlstate(sqlstate: str, match: str | None = None) -> _SqlstateRaises:
     """Context manager: the block must raise a database error with this SQLSTATE (and text)."""
     return _SqlstateRaises(sqlstate, match)
+
+
+def checked_runtime(database: Any, level: str) -> Iterator[Runtime]:
+    """For a fixture, ``yield from checked_runtime(db, "upgraded")``: a :class:`Runtime` of ``level``
+    on a new connection to ``database``; after the test the runtime invariants
+    (tests/support/invariants.py) are checked on another one, honouring ``require_live_messages``."""
+    from tests.support.invariants import assert_runtime_invariants
+
+    runtime = Runtime(database.connect(), level=level)
+    yield runtime
+    assert_runtime_invariants(database.connect(), require_live_messages=runtime.require_live_messages)
+
+
+def commit_when_blocked(observer: psycopg.Connection, holder: psycopg.Connection, waiter: psycopg.Connection,
+                        call: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``call()`` (a statement on ``waiter``) in a thread; once ``waiter``'s backend waits for a
+    lock (:func:`wait_until_blocked`, seen by ``observer``), commit ``holder`` and wait up to 30 s for
+    the call to end.
+
+    Returns:
+        ``{"blockers": [pid, ...], "value": ...}``, or ``"error"`` instead of ``"value"`` when the
+        call raised.
+    """
+    import threading
+
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = call()
+        except Exception as exc:  # the caller asserts on it
+            result["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    result["blockers"] = wait_until_blocked(observer, waiter.info.backend_pid)
+    holder.commit()
+    thread.join(30)
+    assert not thread.is_alive(), "the blocked call never finished"
+    return result

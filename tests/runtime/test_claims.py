@@ -41,18 +41,24 @@ def test_claim_records_attempt_worker_and_start(rt):
     assert after["started_at"] is not None
 
 
+def _map_with_a_deleted_message(rt):
+    """A root map "guard" of 2 tasks whose first message someone deletes behind pgflow's back:
+    ``(run, both messages as read)``."""
+    rt.flow("guard", [{"slug": "each", "step_type": "map"}])
+    run = rt.start("guard", [1, 2])
+    msgs = rt.read("guard")
+    assert len(msgs) == 2
+    rt.conn.execute("SELECT pgmq.delete('guard', %s::bigint)", (msgs[0]["msg_id"],))
+    return run, msgs
+
+
 @pytest.mark.baseline_only(
     reason="start_tasks claims first and then finds the message gone; claim_tasks classifies a vanished "
     "message as 'missing' before changing anything (upgraded counterparts below)"
 )
 def test_claim_rolls_back_when_a_message_vanished(rt):
     """The visibility guard: fewer messages changed than tasks claimed -> raise, nothing consumed."""
-    rt.flow("guard", [{"slug": "each", "step_type": "map"}])
-    run = rt.start("guard", [1, 2])
-    msgs = rt.read("guard")
-    assert len(msgs) == 2
-    # Someone deletes one message behind pgflow's back.
-    rt.conn.execute("SELECT pgmq.delete('guard', %s::bigint)", (msgs[0]["msg_id"],))
+    run, msgs = _map_with_a_deleted_message(rt)
     with pytest.raises(psycopg.errors.RaiseException, match=r"visibility updated 1 of 2 claimed messages"):
         rt.claim("guard", [m["msg_id"] for m in msgs])
     for task in rt.tasks(run):
@@ -156,18 +162,55 @@ def _register(rt, function: str, slug: str) -> uuid.UUID:
     return wid
 
 
+def _while_held(rt, holder: psycopg.Connection, waiter: psycopg.Connection, call) -> object:
+    """Run ``call()`` (a statement on ``waiter``) in a thread, wait until ``waiter`` waits for a lock,
+    commit ``holder``, and return what ``call`` returned."""
+    thread, result = _in_thread(call)
+    wait_until_blocked(rt.conn, waiter.info.backend_pid)
+    holder.commit()
+    return _finish(thread, result)
+
+
+def _map_claim_race(rt, db, slug: str, items: int, other_function: str):
+    """A root map of ``items`` tasks, its message ids, a second registered worker and two
+    connections for the two claims: ``(run, ids, other_worker, first, second)``."""
+    rt.flow(slug, [{"slug": "each", "step_type": "map"}])
+    run = rt.start(slug, list(range(items)))
+    ids = [m["msg_id"] for m in rt.read(slug)]
+    other = _register(rt, other_function, slug)
+    return run, ids, other, db.connect(autocommit=False), db.connect(autocommit=False)
+
+
+def _run_with_a_claimed(rt, slug: str):
+    """Two root steps a and b (one attempt each), a claimed: ``(run, {step: msg_id})``."""
+    rt.flow(slug, [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
+    run = rt.start(slug, {})
+    msgs = {m["message"]["step_slug"]: m["msg_id"] for m in rt.read(slug)}
+    rt.claim(slug, [msgs["a"]])
+    return run, msgs
+
+
+def _fail_a_while_b_is_claimed(rt, db, slug: str, run, claiming: psycopg.Connection) -> dict:
+    """a fails while ``claiming`` holds its open claim of b: fail_task waits for the claim's share
+    lock on the run, then fails the run and cancels b, whose message is gone; the worker that
+    claimed b reports later and nothing changes. Returns b's task row before that late report."""
+    failer = db.connect()
+    _while_held(rt, claiming, failer,
+                lambda: failer.execute("SELECT status FROM pgflow.fail_task(%s, 'a', 0, 'x')", (run,)).fetchall())
+    assert rt.run(run)["status"] == "failed"
+    b = rt.task(run, "b")
+    assert rt.messages(slug) == []
+    assert rt.complete(run, "b", 0, "late")["status"] == "cancelled"
+    return b
+
+
 # -- races with start_tasks (baseline) -----------------------------------------------------------
 
 
 @pytest.mark.baseline_only(reason=START_TASKS)
 def test_concurrent_claims_never_hand_out_a_task_twice(rt, db):
     """Two workers claim the same message ids at the same time: exactly one gets each task."""
-    rt.flow("race", [{"slug": "each", "step_type": "map"}])
-    run = rt.start("race", list(range(20)))
-    ids = [m["msg_id"] for m in rt.read("race")]
-    w2 = _register(rt, "w2", "race")
-    c1 = db.connect(autocommit=False)
-    c2 = db.connect(autocommit=False)
+    run, ids, w2, c1, c2 = _map_claim_race(rt, db, "race", 20, "w2")
     first = c1.execute("SELECT task_index FROM pgflow.start_tasks('race', %s, %s)", (ids, rt.worker)).fetchall()
 
     def claim_second():
@@ -175,10 +218,7 @@ def test_concurrent_claims_never_hand_out_a_task_twice(rt, db):
         c2.commit()
         return rows
 
-    thread, result = _in_thread(claim_second)
-    wait_until_blocked(rt.conn, c2.info.backend_pid)  # c2 waits for c1's task row locks
-    c1.commit()
-    assert _finish(thread, result) == []
+    assert _while_held(rt, c1, c2, claim_second) == []  # c2 waits for c1's task row locks
     assert len(first) == 20
     assert {t["attempts_count"] for t in rt.tasks(run)} == {1}
 
@@ -186,62 +226,40 @@ def test_concurrent_claims_never_hand_out_a_task_twice(rt, db):
 @pytest.mark.baseline_only(reason=START_TASKS)
 def test_claim_waits_for_a_failing_run_and_then_claims_nothing(rt, db):
     """#645 race: a claim arriving while the run is being failed must not start a cancelled task."""
-    rt.flow("racefail", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
-    run = rt.start("racefail", {})
-    msgs = {m["message"]["step_slug"]: m["msg_id"] for m in rt.read("racefail")}
-    rt.claim("racefail", [msgs["a"]])
+    run, msgs = _run_with_a_claimed(rt, "racefail")
     failing = db.connect(autocommit=False)
     failing.execute("SELECT * FROM pgflow.fail_task(%s, 'a', 0, 'fatal')", (run,))
 
     claimer = db.connect()
-    thread, result = _in_thread(
-        lambda: claimer.execute("SELECT * FROM pgflow.start_tasks('racefail', %s, %s)", ([msgs["b"]], rt.worker)).fetchall()
-    )
-    wait_until_blocked(rt.conn, claimer.info.backend_pid)  # the claim waits for the run's failure
-    failing.commit()
-    assert _finish(thread, result) == []
+    claimed = _while_held(  # the claim waits for the run's failure
+        rt, failing, claimer,
+        lambda: claimer.execute("SELECT * FROM pgflow.start_tasks('racefail', %s, %s)", ([msgs["b"]], rt.worker)).fetchall())
+    assert claimed == []
     b = rt.task(run, "b")
     assert (b["status"], b["attempts_count"]) == ("cancelled", 0)
 
 
 @pytest.mark.baseline_only(reason=START_TASKS)
 def test_failure_waits_for_an_in_flight_claim_and_then_cancels_it(rt, db):
-    rt.flow("raceclaim", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
-    run = rt.start("raceclaim", {})
-    msgs = {m["message"]["step_slug"]: m["msg_id"] for m in rt.read("raceclaim")}
-    rt.claim("raceclaim", [msgs["a"]])
+    run, msgs = _run_with_a_claimed(rt, "raceclaim")
     claiming = db.connect(autocommit=False)
     claimed = claiming.execute("SELECT * FROM pgflow.start_tasks('raceclaim', %s, %s)", ([msgs["b"]], rt.worker)).fetchall()
     assert len(claimed) == 1
 
-    failer = db.connect()
-    thread, result = _in_thread(lambda: failer.execute("SELECT status FROM pgflow.fail_task(%s, 'a', 0, 'x')", (run,)).fetchall())
-    wait_until_blocked(rt.conn, failer.info.backend_pid)  # fail_task waits for the claim's share lock on the run
-    claiming.commit()
-    _finish(thread, result)
-    assert rt.run(run)["status"] == "failed"
-    assert rt.task(run, "b")["status"] == "cancelled"
-    assert rt.messages("raceclaim") == []
-    # the worker that claimed b reports later: nothing changes
-    assert rt.complete(run, "b", 0, "late")["status"] == "cancelled"
+    b = _fail_a_while_b_is_claimed(rt, db, "raceclaim", run, claiming)
+    assert b["status"] == "cancelled"
 
 
 @pytest.mark.baseline_only(reason=START_TASKS)
 def test_overlapping_claims_split_the_tasks_without_double_claims(rt, db):
     """A second claim over partly the same messages (listed in reverse) waits, then takes only the rest."""
-    rt.flow("overlap", [{"slug": "each", "step_type": "map"}])
-    run = rt.start("overlap", list(range(6)))
-    ids = [m["msg_id"] for m in rt.read("overlap")]
-    other = _register(rt, "w-other", "overlap")
-    first = db.connect(autocommit=False)
-    second = db.connect(autocommit=False)
+    run, ids, other, first, second = _map_claim_race(rt, db, "overlap", 6, "w-other")
     got_first = first.execute("SELECT task_index FROM pgflow.start_tasks('overlap', %s, %s)", (ids[:4], rt.worker)).fetchall()
-    thread, result = _in_thread(
+    got_second = _while_held(
+        rt, first, second,
         lambda: second.execute("SELECT task_index FROM pgflow.start_tasks('overlap', %s, %s)", (list(reversed(ids)), other)).fetchall()
     )
-    wait_until_blocked(rt.conn, second.info.backend_pid)
-    first.commit()
-    claimed_second = sorted(r[0] for r in _finish(thread, result))
+    claimed_second = sorted(r[0] for r in got_second)
     second.commit()
     assert sorted(r[0] for r in got_first) == [0, 1, 2, 3]
     assert claimed_second == [4, 5]
@@ -260,13 +278,8 @@ def _outcomes(rows) -> list[tuple]:
 @pytest.mark.upgraded_only(reason=CLAIM_TASKS)
 def test_concurrent_claim_tasks_never_hand_out_a_task_twice(rt, db):
     """Same ids, two workers: the second waits, then sees 20 started tasks as duplicates, no attempt used."""
-    rt.flow("race", [{"slug": "each", "step_type": "map"}])
-    run = rt.start("race", list(range(20)))
-    ids = [m["msg_id"] for m in rt.read("race")]
+    run, ids, w2, c1, c2 = _map_claim_race(rt, db, "race", 20, "w2")
     w1 = rt.worker_for("race")
-    w2 = _register(rt, "w2", "race")
-    c1 = db.connect(autocommit=False)
-    c2 = db.connect(autocommit=False)
     first = rt.claim_outcomes("race", ids, w1, conn=c1)
 
     def claim_second():
@@ -274,10 +287,7 @@ def test_concurrent_claim_tasks_never_hand_out_a_task_twice(rt, db):
         c2.commit()
         return rows
 
-    thread, result = _in_thread(claim_second)
-    wait_until_blocked(rt.conn, c2.info.backend_pid)  # c2 waits for c1's task row locks
-    c1.commit()
-    second = _finish(thread, result)
+    second = _while_held(rt, c1, c2, claim_second)  # c2 waits for c1's task row locks
     assert sorted(r["task_index"] for r in first if r["outcome"] == "claimed") == list(range(20))
     assert len(first) == 20
     assert _outcomes(second) == [("duplicate", "task_started", "each", i) for i in range(20)]
@@ -291,19 +301,13 @@ def test_concurrent_claim_tasks_never_hand_out_a_task_twice(rt, db):
 @pytest.mark.upgraded_only(reason=CLAIM_TASKS)
 def test_claim_tasks_waits_for_a_failing_run_and_then_claims_nothing(rt, db):
     """#645 race on protocol 2: the claim waits, then finds b cancelled and archives its message idempotently."""
-    rt.flow("racefail", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
-    run = rt.start("racefail", {})
-    msgs = {m["message"]["step_slug"]: m["msg_id"] for m in rt.read("racefail")}
-    rt.claim("racefail", [msgs["a"]])
+    run, msgs = _run_with_a_claimed(rt, "racefail")
     worker = rt.worker_for("racefail")
     failing = db.connect(autocommit=False)
     failing.execute("SELECT * FROM pgflow.fail_task(%s, 'a', 0, 'fatal')", (run,))
 
     claimer = db.connect()
-    thread, result = _in_thread(lambda: rt.claim_outcomes("racefail", [msgs["b"]], worker, conn=claimer))
-    wait_until_blocked(rt.conn, claimer.info.backend_pid)
-    failing.commit()
-    [row] = _finish(thread, result)
+    [row] = _while_held(rt, failing, claimer, lambda: rt.claim_outcomes("racefail", [msgs["b"]], worker, conn=claimer))
     # Not claimed: depending on whether the claim read b's message before or after the failure
     # archived it, it is the late message of a terminal task or already gone. Both are benign.
     assert (row["outcome"], row["reason"], row["step_slug"]) in {
@@ -318,57 +322,33 @@ def test_claim_tasks_waits_for_a_failing_run_and_then_claims_nothing(rt, db):
 
 @pytest.mark.upgraded_only(reason=CLAIM_TASKS)
 def test_failure_waits_for_an_in_flight_claim_tasks_and_then_cancels_it(rt, db):
-    rt.flow("raceclaim", [{"slug": "a"}, {"slug": "b"}], max_attempts=1)
-    run = rt.start("raceclaim", {})
-    msgs = {m["message"]["step_slug"]: m["msg_id"] for m in rt.read("raceclaim")}
-    rt.claim("raceclaim", [msgs["a"]])
+    run, msgs = _run_with_a_claimed(rt, "raceclaim")
     claiming = db.connect(autocommit=False)
     claimed = rt.claim_outcomes("raceclaim", [msgs["b"]], rt.worker_for("raceclaim"), conn=claiming)
     assert _outcomes(claimed) == [("claimed", None, "b", 0)]
 
-    failer = db.connect()
-    thread, result = _in_thread(lambda: failer.execute("SELECT status FROM pgflow.fail_task(%s, 'a', 0, 'x')", (run,)).fetchall())
-    wait_until_blocked(rt.conn, failer.info.backend_pid)  # fail_task waits for the claim's share lock on the run
-    claiming.commit()
-    _finish(thread, result)
-    assert rt.run(run)["status"] == "failed"
-    b = rt.task(run, "b")
+    b = _fail_a_while_b_is_claimed(rt, db, "raceclaim", run, claiming)
     assert (b["status"], b["attempts_count"]) == ("cancelled", 1)
-    assert rt.messages("raceclaim") == []
-    assert rt.complete(run, "b", 0, "late")["status"] == "cancelled"
 
 
 @pytest.mark.upgraded_only(reason=CLAIM_TASKS)
 def test_overlapping_claim_tasks_split_the_tasks_without_double_claims(rt, db):
-    rt.flow("overlap", [{"slug": "each", "step_type": "map"}])
-    run = rt.start("overlap", list(range(6)))
-    ids = [m["msg_id"] for m in rt.read("overlap")]
+    run, ids, other, first, second = _map_claim_race(rt, db, "overlap", 6, "w-other")
     w1 = rt.worker_for("overlap")
-    other = _register(rt, "w-other", "overlap")
-    first = db.connect(autocommit=False)
-    second = db.connect(autocommit=False)
     got_first = rt.claim_outcomes("overlap", ids[:4], w1, conn=first)
-    thread, result = _in_thread(lambda: rt.claim_outcomes("overlap", list(reversed(ids)), other, conn=second))
-    wait_until_blocked(rt.conn, second.info.backend_pid)
-    first.commit()
-    got_second = _finish(thread, result)
+    got_second = _while_held(rt, first, second, lambda: rt.claim_outcomes("overlap", list(reversed(ids)), other, conn=second))
     second.commit()
     assert _outcomes(got_first) == [("claimed", None, "each", i) for i in range(4)]
     assert _outcomes(got_second) == (
         [("duplicate", "task_started", "each", i) for i in range(4)] + [("claimed", None, "each", i) for i in (4, 5)]
     )
     assert {t["attempts_count"] for t in rt.tasks(run)} == {1}
-    assert [t["last_worker_id"] for t in rt.tasks(run)] == [w1] * 4 + [other] * 2
 
 
 @pytest.mark.upgraded_only(reason="claim_tasks classifies every message before changing anything")
 def test_claim_classifies_a_vanished_message_as_missing(rt):
     """Counterpart of the baseline guard test: a message deleted before the claim is 'missing'; the rest is claimed."""
-    rt.flow("guard", [{"slug": "each", "step_type": "map"}])
-    run = rt.start("guard", [1, 2])
-    msgs = rt.read("guard")
-    assert len(msgs) == 2
-    rt.conn.execute("SELECT pgmq.delete('guard', %s::bigint)", (msgs[0]["msg_id"],))
+    run, msgs = _map_with_a_deleted_message(rt)
     rows = rt.claim_outcomes("guard", [m["msg_id"] for m in msgs])
     assert _outcomes(rows) == [("missing", "message_gone_task_exists", "each", 0), ("claimed", None, "each", 1)]
     tasks = rt.tasks(run)

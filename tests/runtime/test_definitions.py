@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.runtime.driver import raises_sqlstate, wait_until_blocked
+from tests.runtime.driver import commit_when_blocked, raises_sqlstate
 
 
 def shape(*steps: dict, **options) -> dict:
@@ -225,26 +225,16 @@ def test_delete_flow_and_data_removes_everything(rt):
 
 def test_delete_flow_and_data_waits_for_a_worker_holding_task_rows(rt, db):
     """Lock order: the deletion waits for a worker's task locks, and never deadlocks with it."""
-    import threading
-
     rt.flow("busyflow", [{"slug": "a"}])
     run = rt.start("busyflow", {})
     [t] = rt.poll("busyflow")
     worker = db.connect(autocommit=False)
     worker.execute("SELECT * FROM pgflow.complete_task(%s, 'a', 0, '1')", (run,))  # holds run/task/queue locks
-    done = {}
     deleter = db.connect()
-
-    def delete():
-        deleter.execute("SELECT pgflow.delete_flow_and_data('busyflow')")
-        done["ok"] = True
-
-    thread = threading.Thread(target=delete)
-    thread.start()
-    assert worker.info.backend_pid in wait_until_blocked(rt.conn, deleter.info.backend_pid)
-    worker.commit()
-    thread.join(30)
-    assert done.get("ok")
+    done = commit_when_blocked(rt.conn, worker, deleter,
+                               lambda: deleter.execute("SELECT pgflow.delete_flow_and_data('busyflow')"))
+    assert worker.info.backend_pid in done["blockers"]
+    assert "value" in done, done.get("error")
     assert rt.val("SELECT count(*) FROM pgflow.flows") == 0
     assert rt.val("SELECT to_regclass('pgmq.q_busyflow')") is None
 

@@ -12,23 +12,18 @@ import psycopg
 import pytest
 
 from pgflow_cli import installer
-from tests.runtime.driver import Runtime
-from tests.support.invariants import assert_runtime_invariants
+from tests.runtime.driver import Runtime, checked_runtime
 from tests.support.levels import versions_after
 
 
 @pytest.fixture
 def rt(db):
-    runtime = Runtime(db.connect(), level="upgraded")
-    yield runtime
-    assert_runtime_invariants(db.connect(), require_live_messages=runtime.require_live_messages)
+    yield from checked_runtime(db, "upgraded")
 
 
 @pytest.fixture
 def old_rt(baseline_db):
-    runtime = Runtime(baseline_db.connect(), level="baseline")
-    yield runtime
-    assert_runtime_invariants(baseline_db.connect(), require_live_messages=runtime.require_live_messages)
+    yield from checked_runtime(baseline_db, "baseline")
 
 
 def upgrade(database, runtime: Runtime) -> list[installer.Applied]:

@@ -6,14 +6,12 @@ pgflow_cli.naming.SLUG_REASONS; a refused definition changes nothing.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgflow_cli import naming
-from tests.runtime.driver import install_all, raises_sqlstate, wait_until_blocked
+from tests.runtime.driver import commit_when_blocked, install_all, raises_sqlstate
 from tests.stage1.conftest import primary
 from tests.test_naming_parity import names, valid_slug
 
@@ -140,19 +138,8 @@ def test_concurrent_case_aliases_are_serialized_and_refused(rt, db):
     first = db.connect(autocommit=False)
     first.execute("SELECT pgflow.create_flow('RaceFlow')")
     second = db.connect()
-    result: dict = {}
-
-    def create():
-        try:
-            second.execute("SELECT pgflow.create_flow('raceflow')")
-        except Exception as exc:  # the expected refusal
-            result["error"] = exc
-
-    thread = threading.Thread(target=create)
-    thread.start()
-    assert first.info.backend_pid in wait_until_blocked(rt.conn, second.info.backend_pid)
-    first.commit()
-    thread.join(30)
+    result = commit_when_blocked(rt.conn, first, second, lambda: second.execute("SELECT pgflow.create_flow('raceflow')"))
+    assert first.info.backend_pid in result["blockers"]
     error = result.get("error")
     assert getattr(error, "sqlstate", None) == "PF003", result
     assert primary(error) == 'flow slug "raceflow" differs only by letter case from existing flow "RaceFlow"'

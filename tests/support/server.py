@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -53,6 +55,13 @@ class TestDatabase:
             with contextlib.suppress(Exception):
                 conn.close()
         self._connections.clear()
+
+
+def label_of(request: Any, suffix: str = "") -> str:
+    """The test's name as a database-name part: lower case, ``[a-z0-9_]``, at most 40 characters
+    (with ``suffix``: cut to leave room for it)."""
+    label = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())
+    return label[:40 - len(suffix)] + suffix if suffix else label[:40]
 
 
 class Harness:
@@ -106,6 +115,15 @@ class Harness:
         with self._lock:
             self.admin.execute(stmt)
         return TestDatabase(name, self.server)
+
+    def fresh(self, template: str | None, request: Any, suffix: str = "") -> Iterator[TestDatabase]:
+        """For a fixture, ``yield from harness.fresh(template, request)``: a clone of ``template``
+        named after the test (plus ``suffix``), dropped when the test is done."""
+        database = self.clone(template, label_of(request, suffix))
+        try:
+            yield database
+        finally:
+            self.drop(database)
 
     def drop(self, database: TestDatabase) -> None:
         database.close_all()

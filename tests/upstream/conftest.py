@@ -10,12 +10,11 @@
 
 from __future__ import annotations
 
-import re
-
 import psycopg
 import pytest
 
 from tests.support import published, upstream_shapes
+from tests.support.server import label_of
 from tests.upgrade.conftest import BaselineDriver, PreUpgrade, start_runs_in_every_state
 
 OLD_WORKER = "00000000-0000-4000-8000-0000000000aa"
@@ -34,10 +33,6 @@ SELECT pgflow.add_step('fanOut', 'collect', ARRAY['process']);
 conditional steps, so the fixture's third flow is left out)."""
 
 
-def _label(request) -> str:
-    return re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
-
-
 @pytest.fixture(scope="session")
 def release_template(harness) -> str:
     try:
@@ -48,9 +43,7 @@ def release_template(harness) -> str:
 
 @pytest.fixture
 def release_db(harness, release_template, request):
-    database = harness.clone(release_template, _label(request))
-    yield database
-    harness.drop(database)
+    yield from harness.fresh(release_template, request)
 
 
 def build_inflight(conninfo: str) -> PreUpgrade:
@@ -69,11 +62,8 @@ def build_inflight(conninfo: str) -> PreUpgrade:
 @pytest.fixture
 def inflight_db(harness, release_template, request):
     """``(database, PreUpgrade)``: 0.8.1 with runs in every state (built per test: ~0.2 s)."""
-    database = harness.clone(release_template, _label(request))
-    try:
+    for database in harness.fresh(release_template, request):
         yield database, build_inflight(database.conninfo)
-    finally:
-        harness.drop(database)
 
 
 @pytest.fixture
@@ -84,7 +74,7 @@ def shape_db(harness, request):
     def make(release: str):
         template = harness.template(f"shape_{release.replace('.', '')}",
                                     lambda c: upstream_shapes.build(c, release))
-        database = harness.clone(template, _label(request))
+        database = harness.clone(template, label_of(request))
         made.append(database)
         return database
 

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import psycopg
 
 from pgflow_cli.errors import ExitCode
-from tests.support.cli import run_cli
+from tests.support.cli import kill_cli_when, run_cli
 from tests.support.fingerprint import fingerprint
 from tests.support.levels import versions_after
 from tests.support.upstream_shapes import load_finished_runs
@@ -105,7 +101,7 @@ def test_status_after_adoption_shows_the_release_and_the_remaining_path(release_
     assert "adopted from pgflow 0.8.0/0.8.1/0.9.0/0.9.1" in audit.stdout
 
 
-def _backend_running(conn, needle: str, pid_of_client: int) -> bool:
+def _backend_running(conn, needle: str) -> bool:
     rows = conn.execute("SELECT query FROM pg_stat_activity WHERE datname = current_database() "
                         "AND pid <> pg_backend_pid() AND state = 'active'").fetchall()
     return any(needle in (q or "") for (q,) in rows)
@@ -114,31 +110,11 @@ def _backend_running(conn, needle: str, pid_of_client: int) -> bool:
 def test_a_killed_client_leaves_the_database_as_before_and_a_rerun_succeeds(release_db):
     load_finished_runs(release_db.conninfo, 5000)  # 50,000 completed steps: the backfill takes a while
     before = fingerprint(release_db.conninfo)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    client = subprocess.Popen(
-        [sys.executable, "-m", "pgflow_cli", "migrate", "apply", "--online", "never", "--dsn", release_db.conninfo],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    watcher = psycopg.connect(release_db.conninfo, autocommit=True)
-    try:
-        deadline = time.monotonic() + 60
-        # every DDL of the adoption has run in its transaction once the backfill statement is active
-        while not _backend_running(watcher, "WITH target AS", client.pid):
-            assert client.poll() is None, client.communicate()
-            assert time.monotonic() < deadline, "the adoption never reached its backfill"
-            time.sleep(0.005)
-        client.send_signal(signal.SIGKILL)
-        client.wait(30)
-        deadline = time.monotonic() + 60
-        while watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                              "AND pid <> pg_backend_pid()").fetchone()[0]:
-            assert time.monotonic() < deadline, "the killed client's backend never ended"
-            time.sleep(0.05)
-    finally:
-        watcher.close()
-        if client.poll() is None:
-            client.kill()
-        client.communicate()
-    assert client.returncode == -signal.SIGKILL
+    # every DDL of the adoption has run in its transaction once the backfill statement is active
+    killed = kill_cli_when(release_db.conninfo, "migrate", "apply", "--online", "never", "--dsn", release_db.conninfo,
+                           ready=lambda watcher: _backend_running(watcher, "WITH target AS"),
+                           what="the adoption's backfill")
+    assert killed.code == -signal.SIGKILL
 
     assert fingerprint(release_db.conninfo) == before  # rolled back: the release, every row as it was
 
@@ -153,7 +129,7 @@ def test_an_interrupted_online_completion_is_finished_by_the_next_apply(inflight
     from pgflow_cli.upstream import adopt as adoption
     from pgflow_cli.upstream import recognise as rec
 
-    database, _state = inflight_db
+    database, state = inflight_db
 
     class Stop(Exception):
         pass
@@ -166,15 +142,22 @@ def test_an_interrupted_online_completion_is_finished_by_the_next_apply(inflight
         with contextlib.suppress(Stop):
             adoption.adopt(conn, rec.recognise(conn), online="always", progress=stop_at_index)
         left = adoption.pending_completion(conn)
-    assert [step["step"] for step in left][:1] == ["index"] and len(left) > 1  # the backfill was recorded done
+    assert [step["step"] for step in left][:1] == ["index"] and left[-1] == {"step": "backfill", "next_page": 0}
+    assert {step["step"] for step in left[1:-1]} == {"validate"}
 
     plan = run_cli("migrate", "plan", "--dsn", database.conninfo)
     assert "step: finish the adoption online (index, validate constraints)" in plan.stdout, plan.output
+    assert "step: backfill the step outputs of finished runs online (page 0 of " in plan.stdout, plan.output
     result = run_cli("migrate", "apply", "--dsn", database.conninfo)
 
     assert result.code == ExitCode.OK, result.output
     assert "phase index (online)" in result.stderr and "applied 0003_queue_identity" in result.stderr
+    # the history backfill runs last, after the migrations committed
+    assert result.stderr.index("applied 0003_queue_identity") < result.stderr.index("phase backfill (online")
+    assert "history backfill (adoption, online)" in result.stdout
     with psycopg.connect(database.conninfo) as conn:
         assert adoption.pending_completion(conn) == []
         assert conn.execute("SELECT count(*) FROM pg_constraint WHERE NOT convalidated "
                             "AND connamespace = 'pgflow'::regnamespace").fetchone()[0] == 0
+        assert conn.execute("SELECT output FROM pgflow.step_states WHERE run_id = %s AND step_slug = 'ship'",
+                            (state.runs["completed"],)).fetchone()[0] == {"parcel": "p1"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import _install, _label
+from tests.conftest import _install
 from tests.validation.helpers import VERSIONS, App
 
 
@@ -12,9 +12,7 @@ from tests.validation.helpers import VERSIONS, App
 def db2(harness, request):
     """A second fresh database with PGMQ and every pgflow migration."""
     template = harness.template("latest", lambda c: _install(c, None))
-    database = harness.clone(template, _label(request)[:36] + "_two")
-    yield database
-    harness.drop(database)
+    yield from harness.fresh(template, request, "_two")
 
 
 @pytest.fixture(params=VERSIONS)

@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgflow_cli.worker import Flow, TaskContext, Worker
+from tests.support.sqlrows import RowQueries
 
 REPO = Path(__file__).resolve().parents[2]
 PROC_WORKER = Path(__file__).with_name("proc_worker.py")
@@ -39,6 +40,17 @@ FAST = {
 }
 DEADLINE = 90.0
 """Seconds before a wait gives up and fails the test (a hang guard, never a speed claim)."""
+
+
+def stop_and_join(workers: Iterable[Worker], deadline: float = DEADLINE) -> None:
+    """Ask every started worker to stop ("test finished"), then wait for each (``deadline`` s: a hang guard)."""
+    chosen = list(workers)
+    for worker in chosen:
+        if worker.state not in ("created", "stopped"):
+            worker.stop("test finished")
+    for worker in chosen:
+        if worker.state != "created":
+            assert worker.join(deadline), f"worker {worker.worker_id} did not stop"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,8 +141,9 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = DEADLIN
 # ----------------------------------------------------------------------------------------------
 # the test environment: one database, its workers and subprocesses
 # ----------------------------------------------------------------------------------------------
-class WorkerEnv:
-    """A fresh database plus the workers and worker processes a test started (all stopped at teardown)."""
+class WorkerEnv(RowQueries):
+    """A fresh database plus the workers and worker processes a test started (all stopped at teardown);
+    plain SQL through ``rows``, ``one``, ``val`` (:class:`~tests.support.sqlrows.RowQueries`)."""
 
     def __init__(self, db) -> None:
         self.db = db
@@ -141,17 +154,6 @@ class WorkerEnv:
         self.workers: list[Worker] = []
         self.procs: list[WorkerProcess] = []
         self.require_live_messages = True
-
-    # -- SQL ------------------------------------------------------------------------------------
-    def rows(self, query: Any, params: Any = None) -> list[dict]:
-        return self.conn.execute(query, params).fetchall()
-
-    def one(self, query: Any, params: Any = None) -> dict | None:
-        return self.conn.execute(query, params).fetchone()
-
-    def val(self, query: Any, params: Any = None) -> Any:
-        row = self.conn.execute(query, params).fetchone()
-        return None if row is None else next(iter(row.values()))
 
     # -- workers --------------------------------------------------------------------------------
     def worker(self, flow: Flow, *, function_name: str | None = None, **options: Any) -> Worker:
@@ -169,13 +171,7 @@ class WorkerEnv:
         return worker
 
     def stop_workers(self, workers: Iterable[Worker] | None = None) -> None:
-        chosen = list(workers) if workers is not None else list(self.workers)
-        for worker in chosen:
-            if worker.state not in ("created", "stopped"):
-                worker.stop("test finished")
-        for worker in chosen:
-            if worker.state != "created":
-                assert worker.join(DEADLINE), f"worker {worker.worker_id} did not stop"
+        stop_and_join(list(workers) if workers is not None else list(self.workers))
 
     def spawn(self, *, function_name: str, worker_id: str, release_file: Path, extra_env: dict | None = None) -> "WorkerProcess":
         proc = WorkerProcess.spawn(self.conninfo, function_name=function_name, worker_id=worker_id,
