@@ -22,6 +22,7 @@ from pgflow_cli.cli.common import (
     SandboxOption,
     mapped_errors,
     open_connection,
+    versioned,
 )
 from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import manual_tasks as op
@@ -82,7 +83,7 @@ def _run(dsn: str | None, sandbox: bool, connect_timeout: int,
 
 def _emit(tasks: list[op.ManualTask], output_format: OutputFormat, title: str) -> None:
     if output_format == OutputFormat.json:
-        render.write_json(op.document(tasks))
+        render.write_json(versioned(op.document(tasks), STATE.target))
         return
     if output_format == OutputFormat.csv:
         render.write_csv(CSV_COLUMNS, [t.to_dict() for t in tasks])
