@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import shlex
 
-import pytest
-
-from pgflow_cli import installer
 from pgflow_cli.cli.common import with_target
 from pgflow_cli.db import Target, without_password
 from pgflow_cli.errors import ExitCode
 from tests.audit.helpers import define_flow
+from tests.output.helpers import leave_in_progress
 from tests.support.cli import run_cli
 from tests.support.schemas import validate
 
@@ -74,17 +72,8 @@ def test_plan_without_pgmq_suggests_installing_it_and_the_suggestion_works(empty
     assert result.code == ExitCode.OK, result.output
 
 
-class _Stop(Exception):
-    pass
-
-
 def test_plan_of_a_migration_in_progress_suggests_resume_or_abort_not_a_dry_run(baseline_db):
-    def stop(event: str, data: dict) -> None:
-        if event == "phase" and data["phase"] == "main":
-            raise _Stop()
-
-    with pytest.raises(_Stop):
-        installer.apply(baseline_db.connect(), online="always", progress=stop)
+    leave_in_progress(baseline_db)
     code, doc = _plan(baseline_db)
     assert code == ExitCode.OK
     dsn = shlex.quote(without_password(baseline_db.conninfo))

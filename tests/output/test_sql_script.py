@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import subprocess
 
-import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from pgflow_cli import installer
@@ -14,6 +13,7 @@ from pgflow_cli.embedded import find_bindir
 from pgflow_cli.errors import ExitCode
 from tests.audit.helpers import define_flow
 from tests.conftest import _install
+from tests.output.helpers import leave_in_progress
 from tests.support.cli import run_cli
 from tests.support.fingerprint import _dump
 
@@ -66,17 +66,8 @@ def test_the_phased_path_cannot_be_printed_and_says_so(baseline_db):
     assert result.stdout == ""
 
 
-class _Stop(Exception):
-    pass
-
-
 def test_a_migration_in_progress_cannot_be_printed_as_one_script(baseline_db):
-    def stop(event: str, data: dict) -> None:
-        if event == "phase" and data["phase"] == "main":
-            raise _Stop()
-
-    with pytest.raises(_Stop):
-        installer.apply(baseline_db.connect(), online="always", progress=stop)
+    leave_in_progress(baseline_db)
     result = run_cli("migrate", "apply", "--sql", "--dsn", baseline_db.conninfo)
     assert result.code == ExitCode.CONFLICT
     assert "cannot be printed as one script" in result.stderr and result.stdout == ""
