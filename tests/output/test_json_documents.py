@@ -8,13 +8,10 @@ import io
 import json
 
 import jsonschema
-import psycopg
 import pytest
 
 from pgflow_cli.errors import ExitCode
-from pgflow_cli.worker import protocol
-from pgflow_cli.worker.flow import Flow
-from tests.runtime.driver import Runtime
+from tests.output.helpers import seed
 from tests.support.cli import run_cli
 from tests.support.schemas import SCHEMAS, validate, validate_kind
 
@@ -34,13 +31,7 @@ COMMANDS = {
 
 @pytest.fixture
 def seeded(db):
-    """The latest schema with one flow (a manual step), one run waiting on it and a registered worker."""
-    flow = Flow("review").step("approve", manual=True).step("ship", lambda i, c: i, depends_on=["approve"])
-    with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        protocol.ProtocolV2().compile(conn, flow.slug, flow.shape(), None)
-        conn.execute("INSERT INTO pgflow.worker_functions (function_name) VALUES ('review-worker')")
-    with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        Runtime(conn, level="upgraded").start("review", {"secret": "never-printed"})
+    seed(db)
     return db
 
 
