@@ -18,10 +18,12 @@ with :func:`describe_target`, and libpq error text is passed through :func:`reda
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
 import re
+import shlex
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -59,6 +61,70 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class ServerInfo:
+    """The server a connection actually reached, read from the connection (libpq's view after
+    service files, ``PG*`` variables and defaults were applied), never parsed from the DSN.
+
+    Attributes:
+        host: host name or Unix-socket directory libpq connected to.
+        hostaddr: the IP address connected to (``None`` over a Unix socket).
+        port: TCP port (also the socket file's number).
+        dbname: the database.
+        user: the role logged in as.
+        server_version: PostgreSQL's ``server_version`` parameter, e.g. ``15.8``.
+        server_version_num: e.g. ``150008``.
+        service: the libpq service named by ``service=`` or ``PGSERVICE`` (``None``: none).
+    """
+
+    host: str
+    hostaddr: str | None
+    port: int
+    dbname: str
+    user: str
+    server_version: str
+    server_version_num: int
+    service: str | None = None
+
+    @classmethod
+    def from_connection(cls, conn: psycopg.Connection, conninfo: str = "") -> "ServerInfo":
+        """Read the facts of an open connection (no query is sent).
+
+        Args:
+            conn: an open connection.
+            conninfo: the target's conninfo, only to name the service it asked for.
+        """
+        info = conn.info
+        try:
+            service = conninfo_to_dict(conninfo).get("service") if conninfo else None
+        except psycopg.ProgrammingError:
+            service = None
+        hostaddr = info.hostaddr if not info.host.startswith("/") else ""
+        return cls(
+            host=info.host,
+            hostaddr=hostaddr or None,
+            port=int(info.port),
+            dbname=info.dbname,
+            user=info.user,
+            server_version=info.parameter_status("server_version") or str(info.server_version),
+            server_version_num=int(info.server_version),
+            service=str(service) if service else (os.environ.get("PGSERVICE") or None),
+        )
+
+    def describe(self) -> str:
+        """``user@host:port/dbname``, with the service name when one was used."""
+        text = f"{self.user}@{self.host}:{self.port}/{self.dbname}"
+        return f"{text} (service {self.service})" if self.service else text
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``database`` object of every JSON document (docs/commands/README.md)."""
+        return {
+            "host": self.host, "hostaddr": self.hostaddr, "port": self.port, "dbname": self.dbname,
+            "user": self.user, "server_version": self.server_version,
+            "server_version_num": self.server_version_num, "service": self.service,
+        }
+
+
+@dataclass(frozen=True)
 class Target:
     """Where to connect.
 
@@ -66,14 +132,61 @@ class Target:
         conninfo: libpq conninfo or URL (may contain a password; never print it).
         source: where it came from: ``--dsn``, an environment variable name,
             ``libpq defaults`` or ``sandbox``.
+        server: once connected, what the connection reached (:meth:`connected`); ``None`` before.
     """
 
     conninfo: str
     source: str
+    server: ServerInfo | None = None
+
+    def connected(self, conn: psycopg.Connection) -> "Target":
+        """This target with the facts of ``conn`` (what it really reached) attached."""
+        return dataclasses.replace(self, server=ServerInfo.from_connection(conn, self.conninfo))
 
     def describe(self) -> str:
-        """Password-free description, e.g. ``postgres@/tmp:5432/pgflow (from --dsn)``."""
-        return redact(f"{describe_target(self.conninfo)} (from {self.source})", self.conninfo)
+        """Password-free description, e.g. ``postgres@/tmp:5432/pgflow (from --dsn)``: the server
+        connected to once :meth:`connected`, else what the conninfo names (libpq defaults symbolic)."""
+        where = self.server.describe() if self.server else describe_target(self.conninfo)
+        return redact(f"{where} (from {self.source})", self.conninfo)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON ``database`` object: the server's facts (:meth:`ServerInfo.to_dict`, all ``None``
+        before connecting) and ``source``."""
+        facts = self.server.to_dict() if self.server else dict.fromkeys(
+            ("host", "hostaddr", "port", "dbname", "user", "server_version", "server_version_num", "service"))
+        return {**facts, "source": self.source}
+
+    def option(self) -> str:
+        """The command-line option that names this target again, for hints that work when pasted:
+        ``--sandbox``, ``--dsn '<the DSN without its password>'``, or ``""`` (environment, defaults)."""
+        if self.source == "sandbox":
+            return "--sandbox"
+        if self.source != "--dsn":
+            return ""
+        return "--dsn " + shlex.quote(without_password(self.conninfo))
+
+
+def without_password(conninfo: str) -> str:
+    """``conninfo`` with its password removed, in the form it was written (URL or key=value).
+
+    A URL keeps its user (``postgresql://user@host/db``); a key=value string is rebuilt without
+    the ``password`` keyword. Other secrets (``PGPASSWORD``) are never part of a conninfo.
+    """
+    match = _URL.match(conninfo)
+    if match:
+        userinfo = _url_userinfo(conninfo)
+        rest = match.group("rest")
+        scheme = conninfo[: match.start("rest")]
+        if userinfo is not None and ":" in userinfo:
+            rest = userinfo.split(":", 1)[0] + rest[len(userinfo):]
+        rest = re.sub(r"([?&])password=[^&]*&?", r"\1", rest).rstrip("?&")
+        return scheme + rest
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return ""
+    params.pop("password", None)
+    return make_conninfo("", **params)
 
 
 def resolve_target(dsn: str | None, environ: Mapping[str, str] | None = None) -> Target:

@@ -45,11 +45,7 @@ ALLOWED: dict[str, set[str]] = {
 INSTALLER_ORDER = ["files", "ledger", "pgmq_bootstrap", "runner"]
 """``pgflow_cli.installer`` modules, each importing only the ones before it (the facade imports all)."""
 
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("pgflow_cli.cli.migrate", "installer"):
-        "issue 15 item 2: `migrate status/apply/abort` still read the plan and abort through the "
-        "installer; move those calls into operations.migrate",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 """(importing module, imported layer) -> why it is still allowed. Remove an entry once it is fixed."""
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from pgflow_cli import __version__, render
-from pgflow_cli.cli.common import STATE, OutputFormat, mapped_errors
+from pgflow_cli.cli.common import STATE, OutputFormat, mapped_errors, with_target
 from pgflow_cli.errors import ExitCode, PgflowError, exit_code_table
 
 EXIT_CODES_HELP = "\b\nExit codes (every command; docs/exit-codes.md):\n" + exit_code_table()
@@ -48,7 +48,7 @@ def _root(
         Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = None,
 ) -> None:
-    STATE.debug = debug
+    STATE.debug = STATE.debug or debug
 
 
 def _register() -> None:
@@ -81,16 +81,42 @@ _register()
 
 
 def report_error(error: PgflowError) -> None:
-    """Print an error on stderr: JSON when ``--format json`` was chosen, else readable text."""
+    """Print an error on stderr: JSON when ``--format json`` was chosen, else readable text.
+
+    Commands named in the hint and detail repeat the target option the user gave
+    (:func:`pgflow_cli.cli.common.with_target`), so they work when pasted.
+    """
+    hint = with_target(error.hint) if error.hint else error.hint
+    detail = [with_target(line) for line in error.detail]
     if STATE.output_format == OutputFormat.json:
-        sys.stderr.write(render.to_json(error.to_dict()) + "\n")
+        document = {**error.to_dict(), "hint": hint, "detail": detail}
+        sys.stderr.write(render.to_json(document, ensure_ascii=render.ascii_only(sys.stderr)) + "\n")
         return
     console = render.stderr_console()
     console.print(render.text(f"error: {error.message}", "bold red"))
-    for line in error.detail:
+    for line in detail:
         console.print(render.text(f"  {line}"))
-    if error.hint:
-        console.print(render.text(f"hint: {error.hint}", "yellow"))
+    if hint:
+        console.print(render.text(f"hint: {hint}", "yellow"))
+
+
+def _lift_debug(args: list[str]) -> list[str]:
+    """Accept ``--debug`` anywhere before ``--`` (also after the subcommand): sets the flag and
+    removes it from what click parses."""
+    if "--debug" not in args:
+        return args
+    end = args.index("--") if "--" in args else len(args)
+    if "--debug" in args[:end]:
+        STATE.debug = True
+    return [a for i, a in enumerate(args) if not (a == "--debug" and i < end)]
+
+
+def _ascii_safe_streams() -> None:
+    """On a stdout/stderr that cannot encode Unicode, characters it cannot encode become ``\\xNN``
+    escapes instead of a UnicodeEncodeError (render.display already gives ASCII punctuation)."""
+    for stream in (sys.stdout, sys.stderr):
+        if render.ascii_only(stream) and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -100,9 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     raises is reported here.
     """
     command = typer.main.get_command(app)
+    _ascii_safe_streams()
+    args = _lift_debug(list(sys.argv[1:] if argv is None else argv))
     try:
         with mapped_errors():
-            command.main(args=argv, prog_name="pgflow", standalone_mode=True)
+            command.main(args=args, prog_name="pgflow", standalone_mode=True)
         code: int = ExitCode.OK
     except SystemExit as exc:  # typer/click finished: --help, a usage error, typer.Exit(n)
         code = exc.code if isinstance(exc.code, int) else (ExitCode.OK if exc.code is None else ExitCode.USAGE)

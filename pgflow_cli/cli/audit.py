@@ -8,9 +8,7 @@ from collections.abc import Sequence
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.padding import Padding
-from rich.table import Table
 from rich.text import Text
 
 from pgflow_cli import render
@@ -23,6 +21,8 @@ from pgflow_cli.cli.common import (
     SandboxOption,
     mapped_errors,
     open_connection,
+    versioned,
+    with_target,
 )
 from pgflow_cli.operations import audit as audit_op
 
@@ -42,6 +42,12 @@ CSV_COLUMNS = [
 """One CSV row per finding, in this column order (docs/audit.md)."""
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+SUMMARY_COLUMNS = [
+    render.Column("severity", "severity"),
+    render.Column("findings", "findings", justify="right"),
+    render.Column("blocking", "blocking", justify="right"),
+]
 
 HELP = """Read-only pre-upgrade report: every flow and step name the queue-identity release rejects
 (with every reason), case-only conflicts, PGMQ queue hazards, and the data at stake per flow.
@@ -96,7 +102,7 @@ def audit(
         sys.stdout.flush()
         return
     err = render.stderr_console()
-    verbose = output_format == OutputFormat.table
+    verbose = output_format.human
     conn, target = open_connection(dsn, sandbox, connect_timeout)
     with mapped_errors(target), conn:
         if verbose:
@@ -108,11 +114,11 @@ def audit(
             "dim"))
 
     if output_format == OutputFormat.json:
-        render.write_json(report.to_document(fail_on.value))
+        render.write_json(versioned(report.to_document(fail_on.value), target))
     elif output_format == OutputFormat.csv:
         render.write_csv(CSV_COLUMNS, [_csv_row(f) for f in report.findings])
     else:
-        _render_table(report, fail_on.value, render.stdout_console())
+        _render_table(report, fail_on.value, render.Page(output_format.value))
     code = report.exit_code(fail_on.value)
     if code:
         raise typer.Exit(code)
@@ -130,21 +136,21 @@ def _csv_row(finding: audit_op.Finding) -> dict[str, object]:
 # --------------------------------------------------------------------------------------------
 
 
-def _render_table(report: audit_op.AuditReport, fail_on: str, console: Console) -> None:
+def _render_table(report: audit_op.AuditReport, fail_on: str, page: render.Page) -> None:
     schema = report.schema
-    console.print(Text.assemble(
+    page.print(Text.assemble(
         ("pgflow audit", "bold"), " of database ", render.text(schema.database, "bold"),
         " as role ", render.text(schema.role),
     ))
     pgmq = f"PGMQ {schema.pgmq_version} ({schema.pgmq_version_source})" if schema.pgmq_version else "PGMQ (version unknown)"
-    console.print(render.text(
+    page.print(render.text(
         f"PostgreSQL {schema.server_version} · {pgmq} · {_installed(schema)} · "
         f"{len(schema.pgflow_tables)} pgflow tables", "dim"))
     for note in schema.notes:
-        console.print(render.text(f"  note: {note}", "dim"))
+        page.print(render.text(f"  note: {note}", "dim"))
     if report.flow_filter:
-        console.print(render.text("  filter: --flow " + " --flow ".join(report.flow_filter), "dim"))
-    console.print()
+        page.print(render.text("  filter: --flow " + " --flow ".join(report.flow_filter), "dim"))
+    page.print()
 
     by_flow: dict[str | None, list[audit_op.Finding]] = {}
     for finding in report.findings:
@@ -163,24 +169,24 @@ def _render_table(report: audit_op.AuditReport, fail_on: str, console: Console) 
             title = Text.assemble(("flow ", "bold"), render.text(slug, "bold"))
             if any(f.blocking for f in findings):
                 title.append("  [blocks the upgrade]", style="bold red")
-        console.print(title)
+        page.print(title)
         impact = impacts.get(slug) if slug is not None else None
         if impact is not None:
-            console.print(render.text("  " + _impact_line(impact), "dim"))
-        _print_findings(findings, console)
-        console.print()
+            page.print(render.text("  " + _impact_line(impact), "dim"))
+        _print_findings(findings, page)
+        page.print()
 
     clean_flows = [i for i in report.flows if not i.findings]
     if clean_flows:
-        console.print(render.text(
+        page.print(render.text(
             f"{len(clean_flows)} flow(s) without findings: " + ", ".join(i.flow_slug for i in clean_flows),
             "dim"))
-        console.print()
+        page.print()
 
-    _render_summary(report, fail_on, console)
+    _render_summary(report, fail_on, page)
 
 
-def _print_findings(findings: Sequence[audit_op.Finding], console: Console) -> None:
+def _print_findings(findings: Sequence[audit_op.Finding], page: render.Page) -> None:
     """One headline per finding, then its message and fix wrapped under it (readable at 80 columns)."""
     for f in findings:
         headline = Text("  ")
@@ -195,12 +201,12 @@ def _print_findings(findings: Sequence[audit_op.Finding], console: Console) -> N
             headline.append_text(render.text(f" (step {f.step_slug})", "dim"))
         if f.reasons:
             headline.append_text(render.text("  [" + ", ".join(f.reasons) + "]", "dim"))
-        console.print(headline)
-        console.print(Padding(render.text(f.message), (0, 0, 0, 6)))
+        page.print(headline)
+        page.print(Padding(render.text(f.message), (0, 0, 0, 6)))
         suggested = f.evidence.get("suggested_slug") if isinstance(f.evidence, dict) else None
         if suggested:
-            console.print(Padding(Text.assemble(("suggested slug: ", "bold"), render.text(suggested)), (0, 0, 0, 6)))
-        console.print(Padding(Text.assemble(("fix: ", "bold"), render.text(f.fix)), (0, 0, 0, 6)))
+            page.print(Padding(Text.assemble(("suggested slug: ", "bold"), render.text(suggested)), (0, 0, 0, 6)))
+        page.print(Padding(Text.assemble(("fix: ", "bold"), render.text(f.fix)), (0, 0, 0, 6)))
 
 
 def _impact_line(impact: audit_op.FlowImpact) -> str:
@@ -222,7 +228,7 @@ def _impact_line(impact: audit_op.FlowImpact) -> str:
         parts.append(f"{impact.queues_missing} queue table(s) missing")
     if impact.queues_unreadable:
         parts.append(f"{impact.queues_unreadable} queue table(s) not readable")
-    rows = "? rows" if impact.archive_rows_estimate is None else f"~{impact.archive_rows_estimate} rows"
+    rows = f"rows {render.UNKNOWN}" if impact.archive_rows_estimate is None else f"~{impact.archive_rows_estimate} rows"
     size = "-" if impact.archive_bytes is None else _bytes(impact.archive_bytes)
     parts.append(f"archive {rows}, {size}")
     if impact.shares_queue_with:
@@ -230,27 +236,24 @@ def _impact_line(impact: audit_op.FlowImpact) -> str:
     return " · ".join(parts)
 
 
-def _render_summary(report: audit_op.AuditReport, fail_on: str, console: Console) -> None:
+def _render_summary(report: audit_op.AuditReport, fail_on: str, page: render.Page) -> None:
     s = report.summary
-    table = Table(title=Text("summary", style="bold"), show_header=True, pad_edge=False)
-    table.add_column("severity")
-    table.add_column("findings", justify="right")
-    table.add_column("blocking", justify="right")
+    rows = []
     for severity in audit_op.SEVERITIES:
         count = {"error": s.errors, "warning": s.warnings, "info": s.info}[severity]
         blocking = sum(1 for f in report.findings if f.severity == severity and f.blocking)
-        table.add_row(render.text(severity, SEVERITY_STYLE[severity] if count else None),
-                      render.text(count), render.text(blocking))
-    console.print(table)
+        rows.append({"severity": severity, "findings": count, "blocking": blocking})
+    page.table(SUMMARY_COLUMNS, rows, title="summary",
+               style=lambda key, row: SEVERITY_STYLE[row["severity"]] if key == "severity" and row["findings"] else None)
     checks = ", ".join(f"{check_id} {count}" for check_id, count in s.by_check.items() if count)
     if checks:
-        console.print(render.text(f"by check: {checks}", "dim"))
-    console.print(render.text(f"{s.flows} flow(s) audited, {s.flows_with_findings} with findings"))
+        page.print(render.text(f"by check: {checks}", "dim"))
+    page.print(render.text(f"{s.flows} flow(s) audited, {s.flows_with_findings} with findings"))
     failing = report.failing(fail_on)
     if failing:
-        console.print(render.text(f"exit 1: {len(failing)} finding(s) at or above --fail-on {fail_on}", "bold"))
+        page.print(render.text(f"exit 1: {len(failing)} finding(s) at or above --fail-on {fail_on}", "bold"))
     style = "bold red" if s.blocking else ("yellow" if (s.errors or s.warnings) else "bold green")
-    console.print(render.text("next: " + report.next_step(), style))
+    page.line(with_target("next: " + report.next_step()), style)
 
 
 def _duration(seconds: float) -> str:

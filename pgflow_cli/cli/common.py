@@ -7,24 +7,47 @@ Every command that touches a database accepts ``--dsn``, ``--sandbox`` and
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import psycopg
 import typer
 
-from pgflow_cli import db
+from pgflow_cli import db, render
 from pgflow_cli.errors import UsageError
 
 
 class OutputFormat(str, enum.Enum):
-    """Report formats: ``table`` for people, ``json`` (versioned) and ``csv`` for automation."""
+    """Report formats (docs/commands/README.md): ``table`` for a terminal, ``plain`` for pipes and grep
+    (the default when stdout is not a terminal), ``markdown`` for tickets, ``json`` (versioned) and
+    ``csv`` for automation."""
 
     table = "table"
+    plain = "plain"
+    markdown = "markdown"
     json = "json"
     csv = "csv"
+
+    @property
+    def human(self) -> bool:
+        """A format for people (``table``, ``plain``, ``markdown``): progress lines go to stderr."""
+        return self.value in render.TEXT_FORMATS
+
+
+def _default_format(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """``--format`` not given and stdout not a terminal: ``plain`` instead of ``table`` (for formats
+    that have it); the chosen format is also what errors are reported in."""
+    source = ctx.get_parameter_source(param.name or "")
+    if (source is None or source.name in ("DEFAULT", "DEFAULT_MAP")) and value is not None \
+            and str(getattr(value, "value", value)) == "table" and not render.stdout_is_terminal():
+        with suppress(ValueError):
+            value = type(value)("plain")
+    if isinstance(value, enum.Enum) and value.value in OutputFormat._value2member_map_:
+        STATE.output_format = OutputFormat(value.value)
+    return value
 
 
 DsnOption = Annotated[
@@ -47,8 +70,9 @@ ConnectTimeoutOption = Annotated[
 ]
 FormatOption = Annotated[
     OutputFormat,
-    typer.Option("--format", "-f", help="Output format: table (people), json (versioned document), csv (rows).",
-                 case_sensitive=False),
+    typer.Option("--format", "-f", help="Output format: table (terminal default), plain (default when piped; "
+                 "tabulate text for grep), markdown (for tickets), json (versioned document, docs/schemas/), "
+                 "csv (rows).", case_sensitive=False, callback=_default_format),
 ]
 
 
@@ -58,9 +82,31 @@ class State:
 
     debug: bool = False
     output_format: OutputFormat = OutputFormat.table
+    target: db.Target | None = None
 
 
 STATE = State()
+
+_COMMAND = re.compile(
+    r"(?P<cmd>\bpgflow (?:audit|coverage|drop-flow|status|worker"
+    r"|(?:migrate|fence|task|runs) (?:status|plan|apply|abort|disable|restore|list|show|complete|fail)))"
+    r"(?![\w-])(?! --(?:dsn|sandbox)\b)"
+)
+
+
+def with_target(text: str, target: db.Target | None = None) -> str:
+    """``text`` with every ``pgflow <command>`` that needs a database followed by the target option
+    the user gave (:meth:`pgflow_cli.db.Target.option`: ``--dsn '...'`` without password, or
+    ``--sandbox``), so a hint works when pasted. Unchanged when the target came from the environment.
+
+    Args:
+        text: a hint, a ``next:`` line or an error message.
+        target: the command's target (default: the one :func:`open_connection` resolved).
+    """
+    option = (target or STATE.target or db.Target("", "")).option()
+    if not option:
+        return text
+    return _COMMAND.sub(lambda m: f"{m.group('cmd')} {option}", text)
 
 
 @contextmanager
@@ -84,6 +130,23 @@ def mapped_errors(target: db.Target | None = None) -> Iterator[None]:
         raise db.map_database_error(exc, target=target) from None
 
 
+def versioned(document: dict[str, Any], target: db.Target | None = None) -> dict[str, Any]:
+    """A command's JSON document in the common shape (docs/commands/README.md "JSON documents"):
+    ``kind``, ``version``, ``tool_version`` and ``database`` first, then the rest.
+
+    ``database`` is :meth:`pgflow_cli.db.Target.to_dict` of the connected target; when the document
+    already has a ``database`` object (the audit's), the connection's facts are added to it.
+    """
+    from pgflow_cli import __version__
+
+    head: dict[str, Any] = {"kind": document["kind"], "version": document["version"],
+                            "tool_version": document.get("tool_version", __version__)}
+    if target is not None:
+        own = document.get("database")
+        head["database"] = {**target.to_dict(), **own} if isinstance(own, dict) else target.to_dict()
+    return {**head, **{key: value for key, value in document.items() if key not in head}}
+
+
 def resolve(dsn: str | None, sandbox: bool) -> db.Target:
     """Pick the target: ``--sandbox`` or the usual precedence (see :mod:`pgflow_cli.db`).
 
@@ -100,6 +163,15 @@ def resolve(dsn: str | None, sandbox: bool) -> db.Target:
 
 
 def open_connection(dsn: str | None, sandbox: bool, connect_timeout: int) -> tuple[psycopg.Connection, db.Target]:
-    """Resolve the target and connect (autocommit; transactions are explicit)."""
+    """Resolve the target and connect (autocommit; transactions are explicit).
+
+    Returns:
+        The connection and the target with the facts of the server it reached
+        (:meth:`pgflow_cli.db.Target.connected`: banners and JSON ``database`` objects use them).
+    """
     target = resolve(dsn, sandbox)
-    return db.connect(target, connect_timeout=connect_timeout), target
+    STATE.target = target
+    conn = db.connect(target, connect_timeout=connect_timeout)
+    target = target.connected(conn)
+    STATE.target = target
+    return conn, target

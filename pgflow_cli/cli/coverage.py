@@ -92,7 +92,7 @@ def coverage(
             report = coverage_op.check_coverage(conn, flow, heartbeat_window=heartbeat_window)
 
     if output_format == OutputFormat.json:
-        render.write_json(report.to_document())
+        render.write_json(common.versioned(report.to_document(), target))
     elif output_format == OutputFormat.csv:
         render.write_csv(CSV_COLUMNS, [r.to_dict() for r in report.routes])
     else:

@@ -20,7 +20,8 @@ from pgflow_cli.errors import ExitCode, PgflowError, UsageError
 from pgflow_cli.operations import drop_flow as drop_op
 
 DOCUMENT_KIND = "pgflow-cli/drop-flow"
-DOCUMENT_VERSION = 1
+DOCUMENT_VERSION = 2
+"""2: ``database`` is an object (the server connected to), was a string."""
 
 HELP = """Delete one concrete flow for good: its runs, step states and tasks, its definition, and its
 private PGMQ queues with their archives, in one transaction and in the runtime's lock order.
@@ -82,7 +83,7 @@ def drop_flow(
     export_dir = drop_op.prepare_export_dir(export) if export is not None else None
 
     err = render.stderr_console()
-    table = output_format == OutputFormat.table
+    table = output_format.human
     conn, target = common.open_connection(dsn, sandbox, connect_timeout)
     with common.mapped_errors(target), conn:
         if table:
@@ -93,7 +94,7 @@ def drop_flow(
         problem = drop_op.refusal(plan, force=force)
         if problem is not None or dry_run:
             if output_format == OutputFormat.json:
-                render.write_json(_document(target.describe(), plan, None, dry_run=dry_run))
+                render.write_json(_document(target, plan, None, dry_run=dry_run))
             if problem is not None:
                 raise problem
             if table:
@@ -115,7 +116,7 @@ def drop_flow(
                               attempts=retries, on_retry=on_retry)
 
     if output_format == OutputFormat.json:
-        render.write_json(_document(target.describe(), plan, result, dry_run=False))
+        render.write_json(_document(target, plan, result, dry_run=False))
     else:
         render_result(flow_slug, result, render.stdout_console())
     if result.leftovers:
@@ -136,11 +137,12 @@ def _ask(flow_slug: str, err: Console) -> None:
         raise typer.Exit(int(ExitCode.INTERRUPTED))
 
 
-def _document(database: str, plan: drop_op.DropPlan, result: drop_op.DropResult | None, *, dry_run: bool) -> dict[str, Any]:
-    return {
-        "kind": DOCUMENT_KIND, "version": DOCUMENT_VERSION, "database": database, "flow_slug": plan.flow_slug,
+def _document(target: Any, plan: drop_op.DropPlan, result: drop_op.DropResult | None, *,
+              dry_run: bool) -> dict[str, Any]:
+    return common.versioned({
+        "kind": DOCUMENT_KIND, "version": DOCUMENT_VERSION, "flow_slug": plan.flow_slug,
         "dry_run": dry_run, "plan": plan.to_dict(), "result": result.to_dict() if result else None,
-    }
+    }, target)
 
 
 # --------------------------------------------------------------------------------------------

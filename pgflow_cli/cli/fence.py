@@ -33,6 +33,7 @@ from pgflow_cli.cli.common import (
     SandboxOption,
     mapped_errors,
     resolve,
+    versioned,
 )
 from pgflow_cli.errors import DeadlineReached, ExitCode, PgflowError
 from pgflow_cli.operations import fence as fence_op
@@ -109,7 +110,9 @@ def application_name() -> str:
 def _connection(dsn: str | None, sandbox: bool, connect_timeout: int) -> Iterator[psycopg.Connection]:
     """Connect as ``pgflow fence (user@host)``, check the fence record exists, map database errors."""
     target = resolve(dsn, sandbox)
+    STATE.target = target
     conn = db.connect(target, application_name=application_name(), connect_timeout=connect_timeout)
+    STATE.target = target = target.connected(conn)
     try:
         with mapped_errors(target):
             fence_op.require_installed(conn)
@@ -178,7 +181,7 @@ def disable(
         if dry_run or detach:
             result.outcome = "dry_run" if dry_run else "detached"
             if as_json:
-                render.write_json(result.to_document())
+                render.write_json(versioned(result.to_document(), STATE.target))
             elif detach:
                 render.stdout_console().print(render.text(
                     "detached: watch the drain with `pgflow fence status --watch`", "dim"))
@@ -210,7 +213,7 @@ def disable(
 
 def _finish_disable(result: fence_op.DisableResult, as_json: bool) -> None:
     if as_json:
-        render.write_json(result.to_document())
+        render.write_json(versioned(result.to_document(), STATE.target))
         return
     console = render.stdout_console()
     drain = result.drain
@@ -389,7 +392,7 @@ def restore(
         waiting = result.enabled_again
         if not wait_heartbeat or dry_run or not waiting:
             if as_json:
-                render.write_json(result.to_document())
+                render.write_json(versioned(result.to_document(), STATE.target))
             if conflict:
                 raise conflict
             return
@@ -425,7 +428,7 @@ def restore(
 
 def _finish_restore(result: fence_op.RestoreResult, as_json: bool) -> None:
     if as_json:
-        render.write_json(result.to_document())
+        render.write_json(versioned(result.to_document(), STATE.target))
         return
     console = render.stdout_console()
     for worker in result.new_workers:
@@ -478,14 +481,14 @@ def status(
         if not watch:
             report = look()
             if as_json:
-                render.write_json(report.to_document())
+                render.write_json(versioned(report.to_document(), STATE.target))
             else:
                 render.stdout_console().print(_status_view(report))
             return
         try:
             if as_json:
                 while True:
-                    sys.stdout.write(json.dumps(json.loads(render.to_json(look().to_document()))) + "\n")
+                    sys.stdout.write(json.dumps(json.loads(render.to_json(versioned(look().to_document(), STATE.target)))) + "\n")
                     sys.stdout.flush()
                     time.sleep(interval)
             console = render.stdout_console()

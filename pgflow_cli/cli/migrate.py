@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from pgflow_cli import installer, render
+from pgflow_cli import render
 from pgflow_cli.cli.common import (
     STATE,
     ConnectTimeoutOption,
@@ -16,10 +16,16 @@ from pgflow_cli.cli.common import (
     OutputFormat,
     SandboxOption,
     open_connection,
+    versioned,
+    with_target,
 )
-from pgflow_cli.errors import PgflowError, Refused, UsageError
+from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import migrate as migrate_op
 from pgflow_cli.operations import upstream
+
+DOCUMENT_VERSION = 2
+"""Version of the migrate-status/-plan/-apply JSON documents: 2 made ``database`` an object
+(docs/schemas/migrate-*.schema.json)."""
 
 app = typer.Typer(
     help="Apply pgflow's SQL migrations in order, each in one transaction recorded with its checksum in "
@@ -43,44 +49,6 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="migrate")
 
 
-def _summary(migration: installer.Migration) -> str:
-    """The header sentence of a migration file (its first comment paragraph, up to the first period
-    at the end of a line), without the '-- NNNN ' prefix."""
-    parts: list[str] = []
-    for line in migration.sql.splitlines():
-        if not line.startswith("--") or line.startswith("--@"):
-            break
-        text = line[2:].strip()
-        if not text:
-            break
-        parts.append(text)
-        if text.endswith("."):
-            break
-    summary = " ".join(parts)
-    prefix = f"{migration.version:04d} "
-    summary = summary[len(prefix):] if summary.startswith(prefix) else summary
-    return summary or migration.name.replace("_", " ")
-
-
-def _status_rows(plan: installer.Plan) -> list[dict[str, Any]]:
-    by_version = {m.version: m for m in installer.available_migrations()}
-    rows = []
-    for s in plan.statuses:
-        row: dict[str, Any] = {
-            "version": s.version,
-            "name": s.name,
-            "state": s.state,
-            "summary": _summary(by_version[s.version]) if s.version in by_version else "",
-            "applied_at": s.recorded.applied_at if s.recorded else None,
-            "applied_by": s.recorded.applied_by if s.recorded else None,
-            "tool_version": s.recorded.tool_version if s.recorded else None,
-            "duration_ms": s.recorded.duration_ms if s.recorded else None,
-            "checksum": s.file_checksum or (s.recorded.checksum if s.recorded else None),
-        }
-        rows.append(row)
-    return rows
-
-
 AssumeReleaseOption = Annotated[
     Optional[str],
     typer.Option("--assume-release", metavar="X.Y.Z",
@@ -89,34 +57,25 @@ AssumeReleaseOption = Annotated[
 ]
 
 
-def _conflict(the_plan: installer.Plan, found: upstream.UpstreamPlan) -> PgflowError | None:
-    """What stops `apply` here: an unrecognised upstream schema, else the ledger's conflicts; a
-    recognised upstream schema (or one whose release is asserted) is adopted instead."""
-    return migrate_op.blocking_conflict(the_plan, found)
-
-
-def _after_adoption(the_plan: installer.Plan, found: upstream.UpstreamPlan) -> list[installer.Migration]:
-    """The pending migrations `apply` runs itself (the adoption reaches the baseline)."""
-    upstream_schema = found.recognition.status in ("upstream", "unrecognised")
-    return [m for m in the_plan.pending if not (upstream_schema and m.version <= installer.BASELINE_VERSION)]
-
-
-def _print_upstream(found: upstream.UpstreamPlan) -> None:
-    console = render.stdout_console()
+def _print_upstream(page: render.Page, found: upstream.UpstreamPlan) -> None:
     recognition = found.recognition
     if recognition.status in ("none", "pgflow-cli") and not found.completion:
         return
     summary = recognition.summary()
-    console.print(render.text(summary if summary.startswith("unrecognised") else f"pgflow schema: {summary}",
-                              "bold red" if recognition.status == "unrecognised" else None))
+    page.line(summary if summary.startswith("unrecognised") else f"pgflow schema: {summary}",
+              "bold red" if recognition.status == "unrecognised" else None)
     for difference in recognition.differences:
-        console.print(render.text(f"  {difference.describe()}", "red" if not recognition.adoptable else "dim"))
+        page.line(f"  {difference.describe()}", "red" if not recognition.adoptable else "dim")
     for step in found.steps:
-        console.print(render.text(f"step: {step}"))
+        page.line(f"step: {step}")
     for item in found.must_do:
-        console.print(render.text(f"  must: {item}", "yellow"))
+        page.line(f"  must: {item}", "yellow")
     for note in found.notes:
-        console.print(render.text(f"  note: {note}", "dim"))
+        page.line(f"  note: {note}", "dim")
+
+
+def _document(kind: str, target: Any, body: dict[str, Any]) -> dict[str, Any]:
+    return versioned({"kind": f"pgflow-cli/{kind}", "version": DOCUMENT_VERSION, **body}, target)
 
 
 STATUS_COLUMNS = ["version", "name", "state", "applied_at", "applied_by", "tool_version", "duration_ms", "summary"]
@@ -141,18 +100,19 @@ def status(
     with conn:
         report = migrate_op.status(conn)
     plan = report.plan
-    rows = _status_rows(plan)
+    rows = migrate_op.status_rows(plan)
     if output_format == OutputFormat.json:
-        render.write_json({
-            "kind": "pgflow-cli/migrate-status", "version": 1, "database": target.describe(),
-            "pgmq_version": plan.state.pgmq_version, "migrations": rows, **report.to_dict(),
-        })
+        render.write_json(_document("migrate-status", target, {
+            "pgmq_version": plan.state.pgmq_version,
+            "migrations": [{k: v for k, v in row.items() if k != "label"} for row in rows], **report.to_dict(),
+        }))
     elif output_format == OutputFormat.csv:
         render.write_csv(STATUS_COLUMNS, rows)
     else:
-        _print_status(rows, target.describe(), report)
+        page = render.Page(output_format.value)
+        _print_status(page, rows, target.describe(), report)
         if report.found is not None:
-            _print_upstream(report.found)
+            _print_upstream(page, report.found)
     if report.conflict:
         from pgflow_cli.cli import report_error
 
@@ -161,40 +121,46 @@ def status(
         raise typer.Exit(int(report.exit_code))
 
 
-def _print_status(rows: list[dict[str, Any]], where: str, report: migrate_op.StatusReport) -> None:
-    from rich.table import Table
+STATE_STYLES = {"applied": "green", "current": "green", "pending": "yellow", "in_progress": "bold yellow",
+                "changed": "bold red", "unknown": "bold red", "missing": "bold red", "drifted": "bold red"}
 
-    console = render.stdout_console()
-    table = Table(title=f"migrations in {render.display(where)}", title_justify="left")
-    for column in ("version", "state", "applied", "by", "tool", "ms", "summary"):
-        table.add_column(column, no_wrap=column != "summary", overflow="fold")
-    styles = {"applied": "green", "pending": "yellow", "in_progress": "bold yellow", "changed": "bold red",
-              "unknown": "bold red"}
-    for row in rows:
-        table.add_row(
-            render.text(f"{row['version']:04d}_{row['name']}"),
-            render.text(row["state"], styles.get(row["state"])),
-            render.text(row["applied_at"].strftime("%Y-%m-%d %H:%M:%S") if row["applied_at"] else ""),
-            render.text(row["applied_by"]),
-            render.text(row["tool_version"]),
-            render.text(row["duration_ms"]),
-            render.text(row["summary"]),
-        )
-    console.print(table)
+STATUS_TABLE = [
+    render.Column("label", "migration"),
+    render.Column("state", "state"),
+    render.Column("applied", "applied (UTC)", drop=2),
+    render.Column("applied_by", "by", drop=4),
+    render.Column("tool_version", "tool", drop=5),
+    render.Column("seconds", "s", drop=3, justify="right"),
+    render.Column("summary", "summary", drop=1, wrap=True),
+]
+"""``migrate status`` at any width: migration and state always; the summary wraps; the rest go first."""
+
+FILES_TABLE = [
+    render.Column("file", "function file", wrap=True),
+    render.Column("state", "state"),
+    render.Column("recorded", "recorded by", drop=1),
+]
+
+
+def _print_status(page: render.Page, rows: list[dict[str, Any]], where: str, report: migrate_op.StatusReport) -> None:
+    shown = [{**row, "applied": row["applied_at"].strftime("%Y-%m-%d %H:%M:%S") if row["applied_at"] else "",
+              "seconds": "" if row["duration_seconds"] is None else f"{row['duration_seconds']:.1f}"}
+             for row in rows]
+    page.table(STATUS_TABLE, shown, title=f"migrations in {where}",
+               style=lambda key, row: STATE_STYLES.get(row["state"]) if key == "state" else None)
     if report.plan.files:
-        files = Table(title="function files", title_justify="left")
-        for column in ("file", "state", "recorded by"):
-            files.add_column(column, no_wrap=True)
-        for f in report.plan.files:
-            style = "green" if f.state == "current" else "bold red" if f in report.plan.file_drift else "yellow"
-            files.add_row(render.text(f"sql/{f.path}"),
-                          render.text(f.state, style),
-                          render.text(f"{f.recorded_version:04d}" if f.recorded_version else ""))
-        console.print(files)
-    console.print(render.text(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}"))
+        drift = {f.path for f in report.plan.file_drift}
+        files = [{"file": f"sql/{f.path}", "state": f.state, "drift": f.path in drift,
+                  "recorded": f"{f.recorded_version:04d}" if f.recorded_version else ""} for f in report.plan.files]
+        page.blank()
+        page.table(FILES_TABLE, files, title="function files",
+                   style=lambda key, row: None if key != "state" else
+                   "green" if row["state"] == "current" else "bold red" if row["drift"] else "yellow")
+    page.blank()
+    page.line(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}")
     style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")
     for line in report.lines():
-        console.print(render.text(line, style))
+        page.line(with_target(line), style)
 
 
 @app.command()
@@ -215,39 +181,21 @@ def plan(
     """
     STATE.output_format = output_format
     conn, target = open_connection(dsn, sandbox, connect_timeout)
-    refused: PgflowError | None = None
     with conn:
-        the_plan = installer.make_plan(conn)
-        found = upstream.inspect(conn, assume_release=assume_release)
-        conflict = _conflict(the_plan, found)
-        todo = _after_adoption(the_plan, found)
-        if not conflict:
-            try:
-                migrate_op.preflight(conn, todo)
-            except Refused as exc:
-                refused = exc
-        paths = {m.version: (m.phased.path(conn) if m.phased else "one transaction") for m in todo}
-    pending = [{"version": m.version, "name": m.name, "summary": _summary(m), "checksum": m.checksum,
-                "state": next(s.state for s in the_plan.statuses if s.version == m.version),
-                "path": paths[m.version], "preflight_audit": m.preflight_audit,
-                "worker_protocol": m.worker_protocol}
-               for m in todo]
+        report = migrate_op.make_plan(conn, assume_release=assume_release)
     if output_format == OutputFormat.json:
-        render.write_json({
-            "kind": "pgflow-cli/migrate-plan", "version": 1, "database": target.describe(),
-            "upstream": found.to_dict(),
-            "pending": pending, "pgmq_installed": the_plan.state.has_pgmq_meta,
-            "conflict": conflict.to_dict() if conflict else None,
-            "refused": refused.to_dict() if refused else None,
-        })
+        body = report.to_dict()
+        body["next"] = [with_target(command) for command in report.next]
+        render.write_json(_document("migrate-plan", target, body))
     elif output_format == OutputFormat.csv:
-        render.write_csv(["version", "name", "summary", "checksum"], pending)
+        render.write_csv(["version", "name", "state", "path", "preflight_audit", "worker_protocol", "summary",
+                          "checksum"], report.pending)
     else:
-        console = render.stdout_console()
-        _print_upstream(found)
-        if not pending and not found.steps:
-            console.print(render.text("nothing to apply: the database is up to date", "green"))
-        for item in pending:
+        page = render.Page(output_format.value)
+        _print_upstream(page, report.found)
+        if not report.pending and not report.found.steps:
+            page.line("nothing to apply: the database is up to date", "green")
+        for item in report.pending:
             notes = []
             if item["state"] == "in_progress":
                 notes.append("in progress: apply resumes it")
@@ -256,18 +204,17 @@ def plan(
                 notes.append("preflight audit")
             if item["worker_protocol"]:
                 notes.append(f"switches workers to protocol {item['worker_protocol']}: fence and drain them first")
-            suffix = f" [{'; '.join(notes)}]" if notes else ""
-            console.print(render.text(f"{item['version']:04d}_{item['name']}: {item['summary']}{suffix}"))
-        if (pending or found.steps) and not conflict and not refused:
-            console.print(render.text("next: pgflow migrate apply --dry-run, then pgflow migrate apply", "dim"))
-        if not the_plan.state.has_pgmq_meta:
-            console.print(render.text("PGMQ is not installed: install the pgmq extension or use --install-pgmq", "yellow"))
-    problem = conflict or refused
-    if problem:
+            page.line(f"{item['version']:04d}_{item['name']}: {item['summary']} [{'; '.join(notes)}]")
+        for note in report.notes:
+            page.line(with_target(note), "yellow")
+        if report.next:
+            joiner = " or " if report.choice else ", then "
+            page.line("next: " + joiner.join(with_target(command) for command in report.next), "dim")
+    if report.problem:
         from pgflow_cli.cli import report_error
 
-        report_error(problem)
-        raise typer.Exit(int(problem.exit_code))
+        report_error(report.problem)
+        raise typer.Exit(int(report.problem.exit_code))
 
 
 @app.command()
@@ -283,7 +230,8 @@ def apply(
         bool, typer.Option("--dry-run", help="Run the next pending migration and roll it back: rows touched, locks held, time.")
     ] = False,
     show_sql: Annotated[
-        bool, typer.Option("--sql", help="Print the SQL of the pending migrations for review and exit; changes nothing.")
+        bool, typer.Option("--sql", help="Print the pending migrations as a script psql runs as is (the one-transaction path: "
+                            "phases as comments, no placeholders, ledger rows included) and exit; changes nothing.")
     ] = False,
     lock_timeout: Annotated[
         float, typer.Option("--lock-timeout", min=0.1, metavar="SECONDS",
@@ -305,6 +253,10 @@ def apply(
                             help="Phased path: how long each backfill batch may keep its rows locked (batches adapt to it).")
     ] = 0.2,
     assume_release: AssumeReleaseOption = None,
+    full: Annotated[
+        bool, typer.Option("--full", help="Dry run: list every table touched and every lock held (default: the first "
+                           f"{5} of each and a summary of the rest).")
+    ] = False,
 ) -> None:
     """Apply pending migrations in order; each one is atomic and recorded with its checksum.
 
@@ -327,29 +279,17 @@ def apply(
     err = render.stderr_console()
     with conn:
         if show_sql:
-            the_plan = installer.make_plan(conn)
-            found = upstream.inspect(conn, assume_release=assume_release)
-            conflict = _conflict(the_plan, found)
-            if conflict:
-                raise conflict
-            if found.adoption_pending:
-                typer.echo(f"-- ===== {found.steps[0]} =====")
-                typer.echo(upstream.sql_script(conn, found).rstrip("\n"))
-            todo = [m for m in _after_adoption(the_plan, found) if target_version is None or m.version <= target_version]
-            for migration in todo:
-                typer.echo(f"-- ===== {migration.label} (sha256 {migration.checksum}) =====")
-                locks = migration.locks_for([None, *(p.name for p in migration.phases_for_single_transaction())])
-                if locks:
-                    typer.echo("-- taken first, all or none, on the one-transaction path (each phase takes its own "
-                               "--@lock lines): " + ", ".join(f"{lock.table} {lock.mode}" for lock in locks))
-                typer.echo(migration.sql.rstrip("\n"))
-            if not todo and not found.adoption_pending:
-                err.print("nothing pending")
+            script = migrate_op.sql_script(conn, target_version=target_version, assume_release=assume_release,
+                                           online=OnlineMode(online).value, lock_timeout=lock_timeout)
+            if script.text:
+                typer.echo(script.text.rstrip("\n"))
+            for note in script.notes:
+                err.print(render.text(with_target(note), "yellow"))
             return
 
         def progress(event: str, data: dict[str, Any]) -> None:
             # json/csv: stderr carries one JSON error document at most (blockers go into its detail)
-            if output_format != OutputFormat.table:
+            if not output_format.human:
                 return
             if event == "lock_wait":
                 holder = data["described"][0] if data["described"] else "a session"
@@ -370,7 +310,7 @@ def apply(
                 err.print(render.text(f"{'dry run of' if dry_run else 'applying'} {data['migration']}{suffix}..."))
             elif event == "blocked":
                 waiting = data.get("waiting_on") or {}
-                what = f"{waiting.get('mode', 'a lock')} on {waiting.get('object', '?')}" if waiting else "a lock"
+                what = f"{waiting.get('mode', 'a lock')} on {waiting.get('object', 'an object')}" if waiting else "a lock"
                 err.print(render.text(f"waiting for {what}, blocked by:", "yellow"))
                 for blocker in data["blockers"]:
                     err.print(render.text(f"  {migrate_op.describe_blocker(blocker)}", "yellow"))
@@ -403,32 +343,47 @@ def apply(
     if interrupted:  # the migrator's connection is closed now (its session lock released): read what is left
         raise migrate_op.interrupted(target)
     if output_format == OutputFormat.json:
-        render.write_json({"kind": "pgflow-cli/migrate-apply", "version": 1, "database": target.describe(), **result.to_dict()})
+        render.write_json(_document("migrate-apply", target, result.to_dict()))
         return
     if output_format == OutputFormat.csv:
         render.write_csv(["name", "seconds"], [{"name": p.name, "seconds": round(p.seconds, 3)} for p in result.phases])
         return
-    console = render.stdout_console()
+    page = render.Page(output_format.value)
     if not result.phases:
-        console.print(render.text("nothing to apply: the database is up to date", "green"))
+        page.line("nothing to apply: the database is up to date", "green")
     for phase in result.phases:
-        console.print(render.text(f"{phase.name}: {phase.seconds:.3f}s"))
+        page.line(f"{phase.name}: {phase.seconds:.3f}s")
         if dry_run:
-            for row in phase.detail.get("rows_touched", []):
-                console.print(render.text(
-                    f"  {row['table_name']}: +{row['inserted']} ~{row['updated']} -{row['deleted']} rows"))
-            for lock in phase.detail.get("locks_held", []):
-                console.print(render.text(f"  lock {lock['relation']}: {lock['modes']} for {lock['held_ms']} ms"))
+            _print_measured(page, phase.detail, full)
     if dry_run and result.phases:
-        console.print(render.text("dry run: everything was rolled back", "dim"))
+        page.line("dry run: everything was rolled back", "dim")
         if result.adoption:
-            console.print(render.text("the migrations after the baseline run once the adoption is applied "
-                                      "(dry-run them then)", "dim"))
+            page.line("the migrations after the baseline run once the adoption is applied (dry-run them then)", "dim")
+        else:
+            page.line(with_target("next: pgflow migrate apply"), "dim")
     elif result.applied and result.protocol_change:
-        console.print(render.text(
-            f"next: deploy workers speaking protocol {result.protocol_change['protocol']}, check that every route has a "
-            "live worker, then lift the fence (docs/upgrade.md steps 6-7)", "dim"))
+        page.line(with_target(
+            f"next: deploy workers speaking protocol {result.protocol_change['protocol']}, check that every route has "
+            "a live worker (pgflow coverage), then lift the fence (docs/upgrade.md steps 6-7)"), "dim")
 
+
+SUMMARISED = 5
+"""Rows-touched and lock lines a dry run shows per migration before summarising (``--full``: all)."""
+
+
+def _print_measured(page: render.Page, detail: dict[str, Any], full: bool) -> None:
+    touched = [row for row in detail.get("rows_touched", [])]
+    locks = list(detail.get("locks_held", []))
+    for row in touched if full else touched[:SUMMARISED]:
+        page.line(f"  {row['table_name']}: +{row['inserted']} ~{row['updated']} -{row['deleted']} rows")
+    if not full and len(touched) > SUMMARISED:
+        page.line(f"  ... and {len(touched) - SUMMARISED} more table(s) (--full lists every one)", "dim")
+    for lock in locks if full else locks[:SUMMARISED]:
+        page.line(f"  lock {lock['relation']}: {lock['modes']} for {lock['held_ms']} ms")
+    if not full and len(locks) > SUMMARISED:
+        modes = sorted({mode for lock in locks for mode in str(lock["modes"]).split(", ")})
+        page.line(f"  ... and {len(locks) - SUMMARISED} more lock(s) of {len(locks)} in all ({', '.join(modes)}; "
+                  "--full lists every one)", "dim")
 
 
 @app.command()
@@ -456,5 +411,5 @@ def abort(
             raise typer.Exit(int(ExitCode.INTERRUPTED))
     conn, _target = open_connection(dsn, sandbox, connect_timeout)
     with conn:
-        migration = installer.abort(conn, version)
-    render.stderr_console().print(render.text(f"aborted {migration.label}: its prepared phases were undone", "green"))
+        label = migrate_op.abort(conn, version)
+    render.stderr_console().print(render.text(f"aborted {label}: its prepared phases were undone", "green"))

@@ -10,7 +10,6 @@ from typing import Annotated, Any, Optional
 
 import psycopg
 import typer
-from rich.table import Table
 
 from pgflow_cli import render
 from pgflow_cli.cli.common import (
@@ -22,6 +21,7 @@ from pgflow_cli.cli.common import (
     SandboxOption,
     mapped_errors,
     open_connection,
+    versioned,
 )
 from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import manual_tasks as op
@@ -82,23 +82,32 @@ def _run(dsn: str | None, sandbox: bool, connect_timeout: int,
 
 def _emit(tasks: list[op.ManualTask], output_format: OutputFormat, title: str) -> None:
     if output_format == OutputFormat.json:
-        render.write_json(op.document(tasks))
+        render.write_json(versioned(op.document(tasks), STATE.target))
         return
     if output_format == OutputFormat.csv:
         render.write_csv(CSV_COLUMNS, [t.to_dict() for t in tasks])
         return
-    console = render.stdout_console()
+    page = render.Page(output_format.value)
     if not tasks:
-        console.print(render.text(title + ": none"))
+        page.line(title + ": none")
         return
-    table = Table(title=title, title_justify="left")
-    for column in ("run", "flow", "step", "index", "status", "waited", "run/step", "error"):
-        table.add_column(column)
-    for t in tasks:
-        table.add_row(render.text(t.run_id), render.text(t.flow_slug), render.text(t.step_slug),
-                      render.text(t.task_index), render.text(t.status), render.text(_age(t.age_seconds)),
-                      render.text(f"{t.run_status}/{t.step_status}"), render.text(t.error_message))
-    console.print(table)
+    rows = [{"run": t.run_id, "flow": t.flow_slug, "step": t.step_slug, "index": t.task_index, "status": t.status,
+             "waited": _age(t.age_seconds), "run_step": f"{t.run_status}/{t.step_status}", "error": t.error_message}
+            for t in tasks]
+    page.table(TASK_COLUMNS, rows, title=title)
+
+
+TASK_COLUMNS = [
+    render.Column("run", "run"),
+    render.Column("flow", "flow"),
+    render.Column("step", "step"),
+    render.Column("index", "index", drop=3, justify="right"),
+    render.Column("status", "status"),
+    render.Column("waited", "waited"),
+    render.Column("run_step", "run/step", drop=2),
+    render.Column("error", "error", drop=1, wrap=True),
+]
+"""``task list``: run, flow, step, status and age always; run/step state and the error go first when narrow."""
 
 
 def _age(seconds: float | None) -> str:

@@ -372,6 +372,9 @@ class AuditReport:
     flow_filter: tuple[str, ...] | None = None
     duration_ms: int = 0
     statements: int = len(STATEMENTS)
+    blocking_elsewhere: tuple[str, ...] = ()
+    """With ``--flow``: the flows (or ``queue <name>``) of blocking findings left out by the filter,
+    which still make ``pgflow migrate`` refuse."""
 
     @property
     def blocking(self) -> list[Finding]:
@@ -408,6 +411,16 @@ class AuditReport:
             return (f"fix the {self.summary.blocking} blocking finding(s): " + "; ".join(todo)
                     + " (docs/audit.md, docs/upgrade.md step 1); then run `pgflow audit` again. "
                     "`pgflow migrate` refuses until they are gone")
+        if self.flow_filter:
+            selected = ", ".join(self.flow_filter)
+            review = " (review the errors and warnings above)" if self.summary.errors or self.summary.warnings else ""
+            if self.blocking_elsewhere:
+                return (f"nothing to fix in {selected}{review}; but blocking findings elsewhere "
+                        f"({', '.join(self.blocking_elsewhere)}) still make `pgflow migrate` refuse: "
+                        "run `pgflow audit` without --flow for them")
+            if self.schema.queue_identity:
+                return f"nothing to fix in {selected}{review}; this database already has queue identity"
+            return f"nothing to fix in {selected}{review}; nothing blocks elsewhere: run `pgflow migrate plan`"
         if self.schema.queue_identity:
             return "this database already has queue identity: nothing blocks, nothing to upgrade for this release"
         if self.summary.errors or self.summary.warnings:
@@ -430,6 +443,7 @@ class AuditReport:
                 **self.summary.to_dict(),
                 "exit_code": self.exit_code(fail_on),
                 "next": self.next_step(),
+                "blocking_elsewhere": list(self.blocking_elsewhere),
             },
             "findings": [f.to_dict() for f in self.findings],
             "flows": [f.to_dict() for f in self.flows],
@@ -696,6 +710,7 @@ def build_report(
             suggestions.
     """
     known = {impact.flow_slug for impact in impacts}
+    elsewhere: list[str] = []
     if flow_filter:
         unknown = [slug for slug in flow_filter if slug not in known]
         if unknown:
@@ -709,6 +724,8 @@ def build_report(
                 detail=detail,
             )
         selected = set(flow_filter)
+        elsewhere = sorted({slug for f in findings if f.blocking and not f.related_flows & selected
+                            for slug in (sorted(f.related_flows) or [f"{f.object_type} {f.object_name}"])})
         findings = [f for f in findings if f.related_flows & selected]
         shown = selected | {slug for f in findings for slug in f.related_flows}
         impacts = [impact for impact in impacts if impact.flow_slug in shown]
@@ -738,6 +755,7 @@ def build_report(
         summary=summary,
         flow_filter=tuple(flow_filter) if flow_filter else None,
         duration_ms=duration_ms,
+        blocking_elsewhere=tuple(elsewhere),
     )
 
 

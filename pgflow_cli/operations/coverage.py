@@ -31,8 +31,9 @@ from pgflow_cli.errors import DeadlineReached, ExitCode, StateConflict, UsageErr
 
 COVERAGE_SQL = "queries/coverage.sql"
 
-DOCUMENT_KIND = "pgflow-coverage"
-DOCUMENT_VERSION = 1
+DOCUMENT_KIND = "pgflow-cli/coverage"
+DOCUMENT_VERSION = 2
+"""2: ``kind`` in the common ``pgflow-cli/`` namespace (was ``pgflow-coverage``) and a ``database`` object."""
 
 STATES = ("covered", "draining", "fenced", "stale", "uncovered", "queue_missing")
 """Every route state, healthy first (docs/coverage.md)."""

@@ -508,3 +508,297 @@ def apply(
                                        batch_seconds=batch_seconds, progress=emit):
                 result.phases.append(Phase("history backfill (adoption, online)", time.monotonic() - started))
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# what `migrate status` and `migrate plan` show, `migrate apply --sql`, `migrate abort`
+# --------------------------------------------------------------------------------------------
+
+
+def summary(migration: installer.Migration) -> str:
+    """The header sentence of a migration file (its first comment paragraph, up to the first period
+    at the end of a line), without the ``-- NNNN`` prefix; the name in words when it has none."""
+    parts: list[str] = []
+    for line in migration.sql.splitlines():
+        if not line.startswith("--") or line.startswith("--@"):
+            break
+        text = line[2:].strip()
+        if not text:
+            break
+        parts.append(text)
+        if text.endswith("."):
+            break
+    joined = " ".join(parts)
+    prefix = f"{migration.version:04d} "
+    joined = joined[len(prefix):] if joined.startswith(prefix) else joined
+    return joined or migration.name.replace("_", " ")
+
+
+def status_rows(plan: installer.Plan) -> list[dict[str, Any]]:
+    """One row per migration for ``migrate status`` (JSON ``migrations``, CSV, tables).
+
+    Returns:
+        Dicts with ``version`` (int), ``name``, ``label`` (``NNNN_name``), ``state`` (``applied``,
+        ``pending``, ``in_progress``, ``changed``, ``unknown``), ``summary``, ``applied_at``
+        (datetime, UTC, or None), ``applied_by``, ``tool_version``, ``duration_ms`` (int ms),
+        ``duration_seconds`` (float s), ``checksum`` (hex).
+    """
+    import datetime as dt
+
+    by_version = {m.version: m for m in installer.available_migrations()}
+    rows = []
+    for s in plan.statuses:
+        recorded = s.recorded
+        applied_at = recorded.applied_at if recorded else None
+        if isinstance(applied_at, dt.datetime):
+            applied_at = applied_at.astimezone(dt.timezone.utc)
+        duration_ms = recorded.duration_ms if recorded else None
+        rows.append({
+            "version": s.version,
+            "name": s.name,
+            "label": f"{s.version:04d}_{s.name}",
+            "state": s.state,
+            "summary": summary(by_version[s.version]) if s.version in by_version else "",
+            "applied_at": applied_at,
+            "applied_by": recorded.applied_by if recorded else None,
+            "tool_version": recorded.tool_version if recorded else None,
+            "duration_ms": duration_ms,
+            "duration_seconds": None if duration_ms is None else round(duration_ms / 1000, 3),
+            "checksum": s.file_checksum or (recorded.checksum if recorded else None),
+        })
+    return rows
+
+
+@dataclass
+class PlanReport:
+    """What ``migrate apply`` would do here, and what can be run next (``migrate plan``).
+
+    Attributes:
+        plan: the installer's comparison of files and ledger.
+        found: what installed the schema and what adopting it involves.
+        conflict: what stops ``apply`` (exit 6), or ``None``.
+        refused: the preflight audit's refusal (exit 1), or ``None``.
+        pending: one dict per migration apply runs: ``version``, ``name``, ``summary``, ``checksum``,
+            ``state``, ``path`` (one transaction / phased, in words), ``preflight_audit`` (bool),
+            ``worker_protocol`` (int or None).
+        pgmq_installed: ``pgmq.meta`` exists.
+        next: commands that will succeed in this state (without the target option; the CLI adds
+            it), e.g. ``pgflow migrate apply --dry-run``: in order, or alternatives when ``choice``.
+        notes: sentences to show with them.
+        choice: ``next`` lists alternatives (resume or abort), not steps.
+    """
+
+    plan: installer.Plan
+    found: upstream.UpstreamPlan
+    conflict: PgflowError | None
+    refused: PgflowError | None
+    pending: list[dict[str, Any]]
+    pgmq_installed: bool
+    next: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    choice: bool = False
+
+    @property
+    def problem(self) -> PgflowError | None:
+        """The conflict or the refusal (what the command exits with), or ``None``."""
+        return self.conflict or self.refused
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "upstream": self.found.to_dict(),
+            "pending": self.pending,
+            "pgmq_installed": self.pgmq_installed,
+            "conflict": self.conflict.to_dict() if self.conflict else None,
+            "refused": self.refused.to_dict() if self.refused else None,
+            "next": self.next,
+            "next_is_choice": self.choice,
+            "notes": self.notes,
+        }
+
+
+def make_plan(conn: psycopg.Connection, *, assume_release: str | None = None) -> PlanReport:
+    """Plan ``migrate apply`` (read-only): the pending migrations and their paths, the preflight audit,
+    and the commands that will succeed next in this state.
+
+    The suggestions follow the state: a conflict or a refusal suggests nothing that would fail (the
+    audit for a refusal); a migration in progress suggests resuming or aborting it (a dry run cannot
+    replay it); a database without PGMQ suggests installing it (``--install-pgmq``, which cannot be
+    combined with ``--dry-run``); otherwise a dry run, then the apply.
+
+    Returns:
+        A :class:`PlanReport`.
+    """
+    the_plan = installer.make_plan(conn)
+    found = upstream.inspect(conn, assume_release=assume_release)
+    conflict = blocking_conflict(the_plan, found)
+    upstream_schema = found.recognition.status in ("upstream", "unrecognised")
+    todo = [m for m in the_plan.pending if not (upstream_schema and m.version <= installer.BASELINE_VERSION)]
+    refused: PgflowError | None = None
+    if not conflict:
+        try:
+            preflight(conn, todo)
+        except Refused as exc:
+            refused = exc
+    states = {s.version: s.state for s in the_plan.statuses}
+    pending = [{"version": m.version, "name": m.name, "summary": summary(m), "checksum": m.checksum,
+                "state": states.get(m.version, "pending"),
+                "path": m.phased.path(conn) if m.phased else "one transaction",
+                "preflight_audit": m.preflight_audit, "worker_protocol": m.worker_protocol}
+               for m in todo]
+    report = PlanReport(the_plan, found, conflict, refused, pending, the_plan.state.has_pgmq_meta)
+    work = bool(pending or found.steps)
+    in_progress = [p for p in pending if p["state"] == "in_progress"]
+    if conflict:
+        pass
+    elif refused:
+        report.next = ["pgflow audit"]
+        report.notes.append("fix the blocking findings `pgflow audit` lists, then plan again")
+    elif in_progress:
+        version = in_progress[0]["version"]
+        report.next = ["pgflow migrate apply", f"pgflow migrate abort {version}"]
+        report.choice = True
+        report.notes.append(f"{version:04d} is in progress: `apply` resumes it after its last committed phase, "
+                            "`abort` undoes its committed phases (a dry run cannot replay a partly applied migration)")
+    elif work and not report.pgmq_installed:
+        report.next = ["pgflow migrate apply --install-pgmq"]
+        report.notes.append("PGMQ is not installed: install the pgmq extension (CREATE EXTENSION pgmq) and plan "
+                            "again, or let apply install the PGMQ SQL bundled with pgflow-cli (--install-pgmq; "
+                            "a dry run needs PGMQ first)")
+    elif work:
+        report.next = ["pgflow migrate apply --dry-run", "pgflow migrate apply"]
+    return report
+
+
+def abort(conn: psycopg.Connection, version: int) -> str:
+    """Undo the committed phases of in-progress migration ``version`` (:func:`pgflow_cli.installer.abort`).
+
+    Returns:
+        The migration's label (``NNNN_name``).
+
+    Raises:
+        StateConflict: it is not in progress or has no abort phase (exit 6).
+    """
+    return installer.abort(conn, version).label
+
+
+BATCH_ALL_PAGES = {"first_page": 0, "pages": 4294967294}
+"""Parameters that make one call of a ``batch`` phase cover the whole heap (block numbers are 32-bit)."""
+
+
+@dataclass
+class Script:
+    """``migrate apply --sql``: SQL that psql runs as is, or the reason it cannot be printed.
+
+    Attributes:
+        text: the script (empty when nothing is pending).
+        notes: what the operator should know (stderr), one sentence each.
+    """
+
+    text: str
+    notes: list[str] = field(default_factory=list)
+
+
+def sql_script(conn: psycopg.Connection, *, target_version: int | None = None, assume_release: str | None = None,
+               online: str = "auto", lock_timeout: float = 5.0) -> Script:
+    """The pending migrations as one psql script: what ``migrate apply`` runs on its one-transaction path.
+
+    Each migration is one ``BEGIN ... COMMIT`` holding the migrator's advisory lock, the local
+    ``lock_timeout``, its table locks (taken first, in the lock order), every phase apply runs on
+    that path (marked ``-- phase NAME`` comments; ``notx`` phases are left out as apply leaves them
+    out, a ``batch`` backfill runs once over the whole table), and its ledger rows, with every value
+    written in: no placeholder, no abort phase. ``psql -v ON_ERROR_STOP=1 -f script.sql`` runs it.
+
+    Raises:
+        StateConflict: what stops ``apply`` (exit 6), or a migration in progress: its remaining
+            phases run only phase by phase, which cannot be printed as one script.
+        UsageError: ``online="always"``: the phased path cannot be printed as one script (exit 2).
+    """
+    from psycopg import ClientCursor
+
+    from pgflow_cli import __version__
+    from pgflow_cli.errors import UsageError
+
+    plan = installer.make_plan(conn)
+    found = upstream.inspect(conn, assume_release=assume_release)
+    conflict = blocking_conflict(plan, found)
+    if conflict:
+        raise conflict
+    if online == "always":
+        raise UsageError(
+            "the phased path cannot be printed as one script: it commits phase by phase, sizes its backfill "
+            "batches while it runs and builds an index CONCURRENTLY outside any transaction",
+            hint="--sql prints the one-transaction path (--online auto or never); run the phased path with "
+            "`pgflow migrate apply --online always`")
+    if plan.in_progress:
+        first = plan.in_progress[0]
+        raise StateConflict(
+            f"migration {first.version:04d}_{first.name} is in progress: its remaining phases run only phase by "
+            "phase, which cannot be printed as one script",
+            hint=f"resume it with `pgflow migrate apply`, or undo it with `pgflow migrate abort {first.version}`")
+    notes: list[str] = []
+    if found.adoption_pending:
+        review = upstream.sql_script(conn, found)
+        notes.append("this database was installed by a pgflow release: its adoption cannot be printed as a script "
+                     "psql runs as is (the driver adds backfills, validations and ledger rows around it); the text "
+                     "below is commented out, for review only; adopt it with `pgflow migrate apply`, then "
+                     "`--sql` prints the migrations after it")
+        commented = "\n".join(f"-- {line}" if line else "--" for line in review.rstrip("\n").splitlines())
+        return Script(f"-- FOR REVIEW ONLY (not runnable as is): {found.steps[0]}\n{commented}\n", notes)
+    todo = [m for m in plan.pending if target_version is None or m.version <= target_version]
+    if not todo:
+        return Script("", ["nothing pending"])
+    if not plan.state.has_pgmq_meta:
+        notes.append("PGMQ is not installed: psql stops at the first migration until it is (CREATE EXTENSION pgmq), "
+                     "or use `pgflow migrate apply --install-pgmq`")
+    skips = installer.file_runs(installer.available_migrations(), todo)
+    out = [f"-- pgflow-cli {__version__}: `pgflow migrate apply` on its one-transaction path, as a psql script.",
+           "-- Run it with: psql -v ON_ERROR_STOP=1 -f this-file.sql (each migration is one transaction).",
+           "\\set ON_ERROR_STOP on", ""]
+    with ClientCursor(conn) as cur:
+        for migration in todo:
+            skip = skips.get(migration.version, frozenset())
+            phases = migration.phases_for_single_transaction(skip)
+            if migration.phased and migration.phased.large(conn) and online == "auto":
+                notes.append(f"{migration.label}: `apply` would take the phased path here (large table); this script "
+                             "is the one-transaction path, which holds its locks for the whole migration")
+            out.append(f"-- ===== {migration.label} (sha256 {migration.checksum}) =====")
+            out.append("BEGIN;")
+            out.append(_statement(sqlfiles.statement(installer.QUERIES, "migrator_xact_lock")))
+            out.append(_statement(cur.mogrify(sqlfiles.statement(installer.QUERIES, "local_lock_timeout"),
+                                              {"value": f"{max(1, int(lock_timeout * 1000))}ms"})))
+            template = sqlfiles.statement(installer.QUERIES, "lock_table")
+            for lock in migration.locks_for([None, *(p.name for p in phases)]):
+                schema, table = lock.table.split(".")
+                statement = psycopg.sql.SQL(template).format(
+                    table=psycopg.sql.Identifier(schema, table), mode=psycopg.sql.SQL(lock.mode))
+                out.append(_statement(statement.as_string(conn)))
+            skipped = [p.name for p in (migration.phased.apply_phases if migration.phased else ()) if p.mode == "notx"]
+            for phase in phases:
+                if migration.phased:
+                    out.append(f"-- phase {phase.name} ({phase.mode})")
+                if phase.mode == "batch":
+                    out.append(_statement(cur.mogrify(phase.sql, BATCH_ALL_PAGES)))
+                else:
+                    out.append(_statement(phase.sql))
+            for name in skipped:
+                out.append(f"-- phase {name} (notx) is left out on this path, as `apply` leaves it out")
+            out.append("-- the ledger rows (what `apply` records in the same transaction)")
+            out.append(_statement(sqlfiles.statement(installer.QUERIES, "ledger_bootstrap")))
+            out.append(_statement(cur.mogrify(sqlfiles.statement(installer.QUERIES, "ledger_record"), {
+                "version": migration.version, "name": migration.name, "checksum": migration.checksum,
+                "tool_version": __version__, "duration_ms": 0, "state": "applied", "phases_done": []})))
+            ran = [a for a in migration.applies if a.path not in skip]
+            if ran:
+                out.append(_statement(sqlfiles.statement(installer.QUERIES, "ledger_files_bootstrap")))
+                for applied in ran:
+                    out.append(_statement(cur.mogrify(sqlfiles.statement(installer.QUERIES, "ledger_file_record"), {
+                        "version": migration.version, "path": applied.path, "checksum": applied.checksum})))
+            out.append("COMMIT;")
+            out.append("")
+    return Script("\n".join(out), notes)
+
+
+def _statement(text: str) -> str:
+    """One statement of a script, ended by exactly one semicolon (on its own line after a comment)."""
+    body = text.rstrip().rstrip(";").rstrip()
+    return body + ("\n;" if "--" in body.splitlines()[-1] else ";")

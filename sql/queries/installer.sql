@@ -152,3 +152,8 @@ ORDER BY 1;
 -- Session-level lock_timeout for statements that cannot run in a transaction (CONCURRENTLY).
 SELECT set_config('lock_timeout', %(value)s, false);
 --@end
+
+--@name migrator_xact_lock
+-- The migrators' advisory lock (key as migrator_try_lock), held to the end of the transaction:
+-- `migrate apply --sql` scripts wait for any running migrator, and it for them.
+SELECT pg_advisory_xact_lock(1885824631, 0)

@@ -3,6 +3,7 @@ queue-identity columns that a later migration adds (one static query must serve 
 
 from __future__ import annotations
 
+from pgflow_cli.db import without_password
 from pgflow_cli.errors import ExitCode
 from tests.audit.helpers import audit, cli, cli_json, define_flow, insert_task, keys
 
@@ -53,7 +54,9 @@ def test_clean_database_exits_zero_and_points_to_migrate_plan(baseline_db):
 
     result = cli(baseline_db)
     assert result.code == ExitCode.OK, result.output
-    assert "nothing to fix: run `pgflow migrate plan`" in result.stdout
+    # the hint repeats the --dsn the audit was given, so it works when pasted (issue 16 item 2)
+    assert f"nothing to fix: run `pgflow migrate plan --dsn '{without_password(baseline_db.conninfo)}'`" \
+        in result.stdout
     assert "2 flow(s) without findings" in result.stdout
 
     result, document = cli_json(baseline_db)

@@ -36,14 +36,17 @@ def test_json_document_is_versioned_and_stable(published_db):
                         "findings", "flows", "timing"}
     assert (doc["kind"], doc["version"]) == ("pgflow-cli/audit", 1)
     assert doc["filter"] == {"flows": None} and doc["fail_on"] == "warning"
+    # the audit's own facts, plus the connection's (issue 16: `database` describes the server connected to)
     assert set(doc["database"]) == {"name", "role", "server_version", "server_version_num", "audited_at",
-                                    "pgflow", "pgmq", "notes"}
+                                    "pgflow", "pgmq", "notes",
+                                    "host", "hostaddr", "port", "dbname", "user", "service", "source"}
+    assert doc["database"]["dbname"] == doc["database"]["name"] == published_db.name
     assert set(doc["database"]["pgflow"]) == {"installed_by", "ledger", "queue_identity", "step_queues", "tables",
                                             "recognition"}
     assert set(doc["database"]["pgmq"]) == {"version", "version_source", "message_headers", "queue_tables",
                                             "unreadable_tables"}
     assert set(doc["summary"]) == {"errors", "warnings", "info", "blocking", "flows", "flows_with_findings",
-                                   "by_check", "exit_code", "next"}
+                                   "by_check", "exit_code", "next", "blocking_elsewhere"}
     assert set(doc["summary"]["by_check"]) == set(audit_op.CHECKS)
     assert (doc["summary"]["errors"], doc["summary"]["warnings"], doc["summary"]["info"]) == (17, 2, 5)  # 3 flow_queue_missing block
     assert doc["summary"]["blocking"] == 16 and doc["summary"]["exit_code"] == 1

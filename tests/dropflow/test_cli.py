@@ -25,7 +25,7 @@ def test_plan_refusal_and_forced_deletion(rt, db):
     dry = _cli(db, "Doomed", "--dry-run", "--format", "json")
     assert dry.code == ExitCode.FINDINGS, dry.output  # it would be refused: started runs, a live worker
     doc = json.loads(dry.stdout)
-    assert (doc["kind"], doc["version"], doc["dry_run"], doc["result"]) == ("pgflow-cli/drop-flow", 1, True, None)
+    assert (doc["kind"], doc["version"], doc["dry_run"], doc["result"]) == ("pgflow-cli/drop-flow", 2, True, None)
     assert doc["plan"]["verdict"] == "needs_force" and doc["plan"]["rows"]["runs"] == 5
     err = json.loads(dry.stderr)
     assert err["exit_code"] == 1 and "1 live worker(s) serve the flow" in err["detail"]

@@ -117,11 +117,17 @@ def test_sql_prints_the_pending_migration_for_review_and_changes_nothing(pre_upg
     before = fingerprint(database.conninfo)
     result = run_cli("migrate", "apply", "--sql", "--dsn", database.conninfo)
     assert result.code == ExitCode.OK
-    assert result.stdout.startswith("-- ===== 0003_queue_identity (sha256 ")
+    # a script psql runs as is (issue 16 item 4): a header, then one BEGIN ... COMMIT per migration
+    assert result.stdout.startswith("-- pgflow-cli ")
+    assert "\n-- ===== 0003_queue_identity (sha256 " in result.stdout
     assert "--@include" not in result.stdout  # included files are expanded
     assert "pgflow queue-identity upgrade refused" in result.stdout
-    assert "taken first, all or none, on the one-transaction path (each phase takes its own --@lock lines): " \
-        "pgflow.flows ACCESS EXCLUSIVE, pgflow.steps ACCESS EXCLUSIVE, pgflow.step_tasks ACCESS EXCLUSIVE" in result.stdout
+    # the locks the runner takes first are statements now, in the lock order, before the first phase
+    section = result.stdout.split("-- ===== 0003_queue_identity", 1)[1]
+    locks = [line for line in section.split("-- phase prepare", 1)[0].splitlines() if line.startswith("LOCK TABLE")]
+    assert locks[:3] == ['LOCK TABLE "pgflow"."flows" IN ACCESS EXCLUSIVE MODE;',
+                         'LOCK TABLE "pgflow"."steps" IN ACCESS EXCLUSIVE MODE;',
+                         'LOCK TABLE "pgflow"."step_tasks" IN ACCESS EXCLUSIVE MODE;']
     assert fingerprint(database.conninfo).differences(before) == []
 
 

@@ -71,7 +71,7 @@ def test_dry_run_and_sql_of_the_adoption_change_nothing(inflight_db):
     database, _state = inflight_db
     before = fingerprint(database.conninfo)
 
-    dry = run_cli("migrate", "apply", "--dry-run", "--dsn", database.conninfo)
+    dry = run_cli("migrate", "apply", "--dry-run", "--full", "--dsn", database.conninfo)  # --full: every lock
     script = run_cli("migrate", "apply", "--sql", "--dsn", database.conninfo)
 
     assert dry.code == ExitCode.OK, dry.output
@@ -81,9 +81,13 @@ def test_dry_run_and_sql_of_the_adoption_change_nothing(inflight_db):
     assert "pg_temp" not in dry.stdout
     assert "0003_queue_identity" not in dry.stderr  # it needs the adoption committed
     assert script.code == ExitCode.OK, script.output
+    # the adoption cannot be run by psql as is (the driver adds backfills and ledger rows): it is
+    # printed for review, every line commented out, and stderr says so (issue 16 item 4)
     out = script.stdout
-    assert out.index("-- ===== adopt pgflow") < out.index("-- ===== 0003_queue_identity")
-    assert "-- ==== adoption/schema.sql" in out and "CREATE FUNCTION pgflow.start_tasks(" in out
+    assert out.startswith("-- FOR REVIEW ONLY (not runnable as is): adopt pgflow")
+    assert all(line.startswith("--") for line in out.splitlines())
+    assert "-- -- ==== adoption/schema.sql" in out and "-- CREATE FUNCTION pgflow.start_tasks(" in out
+    assert "0003_queue_identity" not in out and "cannot be printed as a script psql runs as is" in script.stderr
     assert fingerprint(database.conninfo) == before
 
 
