@@ -9,8 +9,8 @@ import subprocess
 from psycopg.conninfo import conninfo_to_dict
 
 from pgflow_cli import installer
-from pgflow_cli.sandbox import find_bindir
 from pgflow_cli.errors import ExitCode
+from pgflow_cli.sandbox import find_bindir
 from tests.audit.helpers import define_flow
 from tests.conftest import _install
 from tests.output.helpers import leave_in_progress
