@@ -135,10 +135,6 @@ def _maintenance(conninfo: str, traffic: Traffic) -> None:
                     traffic.count("maintenance")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "KNOWN (issue 14, open): on the merged tree with migrations 0004-0009 the up-front, all-or-none "
-    "lock acquisition can be starved by continuous producers and give up with LockTimeout (exit 4, "
-    "database unchanged, no deadlock, no producer error); passed on the migsafe branch with 0004-0006"))
 @pytest.mark.parametrize("online", ["never", "always"])
 def test_producers_workers_and_maintenance_run_through_the_migration(baseline_db, online):
     admin = baseline_db.connect()
