@@ -155,7 +155,8 @@ def take_locks(conn: psycopg.Connection, locks: Sequence[TableLock], *, lock_tim
             return tries
         except (_GiveBack, psycopg.errors.LockNotAvailable):
             if time.monotonic() >= deadline:
-                raise psycopg.errors.LockNotAvailable("lock plan: not every lock within lock_timeout") from None
+                raise psycopg.errors.LockNotAvailable(
+                    f"lock timeout: not every lock of the plan within {lock_timeout:g} s") from None
             time.sleep(random.uniform(0.001, 0.01))
         finally:
             if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
