@@ -15,9 +15,13 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from pgflow_cli import installer
 from pgflow_cli.installer.files import TableLock
+from pgflow_cli.worker import Flow
+from pgflow_cli.worker.protocol import ProtocolV2
 
 DEADLOCK_TIMEOUT = 3.0
 PLAN = (TableLock("pgflow.steps", "ACCESS EXCLUSIVE"), TableLock("pgflow.step_tasks", "ACCESS EXCLUSIVE"))
@@ -155,3 +159,52 @@ def test_a_backfill_range_never_deadlocks_with_a_worker_holding_its_rows(baselin
     migration.join(120)
     assert [d for e, d in events if e == "retry"] == []  # neither a deadlock nor a lock timeout of the migration
     assert admin.execute("SELECT count(*) FROM pgflow.step_tasks WHERE queue_name IS NULL").fetchone()[0] == 0
+
+
+def _table_order(database, statement: str, params: tuple) -> list[str]:
+    """The order in which one call first locks the pgflow tables: every table is held ACCESS
+    EXCLUSIVE by its own session; each time the call waits for one, that session lets go."""
+    observer = database.connect()
+    tables = [r[0] for r in observer.execute(
+        "SELECT c.relname::text FROM pg_class AS c WHERE c.relnamespace = 'pgflow'::regnamespace "
+        "AND c.relkind = 'r' AND c.relname NOT LIKE 'schema\\_%'").fetchall()]
+    holders = {}
+    for table in tables:
+        holder = database.connect(autocommit=False)
+        holder.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier("pgflow", table)))
+        holders[table] = holder
+    caller = database.connect(autocommit=False)
+    call = _Background(lambda: caller.execute(statement, params).fetchall())
+    order: list[str] = []
+    while call.thread.is_alive():
+        row = observer.execute("SELECT c.relname::text FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation "
+                               "WHERE l.pid = %s AND NOT l.granted", (caller.info.backend_pid,)).fetchone()
+        if row and row[0] in holders:
+            order.append(row[0])
+            holders.pop(row[0]).commit()
+        time.sleep(0.005)
+    call.join()
+    caller.commit()
+    for holder in holders.values():
+        holder.commit()
+    return order
+
+
+def test_the_runtime_locks_tables_in_no_single_order(db):
+    """Why the lock plan cannot rely on an order: start_flow reaches steps before step_tasks,
+    complete_task step_tasks before steps (docs/architecture.md "Locks a migration takes")."""
+    conn = db.connect()
+    protocol = ProtocolV2()
+    flow = Flow("ordered").step("only", lambda value, ctx: None)
+    protocol.compile(conn, "ordered", flow.shape(), None)
+    started = _table_order(db, "SELECT run_id FROM pgflow.start_flow('ordered', %s)", (Jsonb({}),))
+    assert started.index("steps") < started.index("step_tasks"), started
+    worker_id = "00000000-0000-0000-0000-0000000000aa"
+    protocol.register(conn, worker_id=worker_id, function_name="w", queue_name="ordered", flow_slug="ordered",
+                      step_slug=None)
+    ids = protocol.read(conn, queue_name="ordered", vt=60, qty=1, max_poll_seconds=1, poll_interval_ms=20)
+    [task] = protocol.claim(conn, flow_slug="ordered", step_slug=None, queue_name="ordered", message_ids=ids,
+                            worker_id=worker_id).claimed
+    completed = _table_order(db, "SELECT count(*) FROM pgflow.complete_task(%s, %s, %s, %s)",
+                             (task.run_id, task.step_slug, task.task_index, Jsonb(1)))
+    assert completed.index("step_tasks") < completed.index("steps"), completed
