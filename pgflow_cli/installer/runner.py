@@ -111,7 +111,7 @@ def take_locks(conn: psycopg.Connection, locks: Sequence[TableLock], *, lock_tim
       each, but only until the oldest lock waiter of the database is ``0.75 * deadlock_timeout``
       into its wait: a waiter checks for a deadlock once, ``deadlock_timeout`` after its wait began
       (``pg_locks.waitstart``), so the migration has given its locks back before anyone's check
-      could find it in a cycle, and it is never a deadlock victim itself either;
+      could find it in a cycle (and its own waits while holding end before its own check);
     * after giving back, a short random pause; the next try starts with the lock that stood in the
       way.
 
