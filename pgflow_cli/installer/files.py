@@ -51,11 +51,33 @@ LOCK_MODES = ("ACCESS SHARE", "ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUS
               "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE")
 """PostgreSQL's table lock modes, weakest first (``LOCK TABLE ... IN <mode> MODE``)."""
 
+LOCK_CONFLICTS = {
+    "ACCESS SHARE": ("ACCESS EXCLUSIVE",),
+    "ROW SHARE": ("EXCLUSIVE", "ACCESS EXCLUSIVE"),
+    "ROW EXCLUSIVE": ("SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"),
+    "SHARE UPDATE EXCLUSIVE": ("SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE",
+                               "ACCESS EXCLUSIVE"),
+    "SHARE": ("ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE", "ACCESS EXCLUSIVE"),
+    "SHARE ROW EXCLUSIVE": ("ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE", "EXCLUSIVE",
+                            "ACCESS EXCLUSIVE"),
+    "EXCLUSIVE": ("ROW SHARE", "ROW EXCLUSIVE", "SHARE UPDATE EXCLUSIVE", "SHARE", "SHARE ROW EXCLUSIVE",
+                  "EXCLUSIVE", "ACCESS EXCLUSIVE"),
+    "ACCESS EXCLUSIVE": LOCK_MODES,
+}
+"""Which modes each mode conflicts with (PostgreSQL's table-level lock conflict table)."""
+
+
+def pg_locks_mode(mode: str) -> str:
+    """``ROW EXCLUSIVE`` -> ``RowExclusiveLock``: a mode as ``pg_locks.mode`` spells it."""
+    return "".join(word.capitalize() for word in mode.split()) + "Lock"
+
 LOCK_ORDER = ("pgflow.flows", "pgflow.steps", "pgflow.runs", "pgflow.step_states", "pgflow.step_tasks",
               "pgflow.workers", "pgflow.worker_functions")
-"""The order a migration takes its table locks in (docs/runtime.md "Lock order"): definitions,
+"""The order of a merged lock plan (the order ``--sql`` prints and the first try takes): definitions,
 then runs and their states and tasks, then workers. Tables not listed come after, in the order
-their ``--@lock`` lines name them."""
+their ``--@lock`` lines name them. The runtime has no single order (docs/architecture.md "Locks a
+migration takes"), so :func:`~pgflow_cli.installer.runner.take_locks` does not rely on this one to
+avoid deadlocks; a retry starts with the lock that stood in the way."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import first_line, retry_on_lock, transaction
 from pgflow_cli.errors import ConnectionFailed, Refused, SchemaMissing, StateConflict
 from pgflow_cli.installer.files import (
+    LOCK_CONFLICTS,
     LOCK_MODES,
     MAX_BATCH_PAGES,
     QUERIES,
@@ -32,6 +33,7 @@ from pgflow_cli.installer.files import (
     TableLock,
     available_migrations,
     parse_phases,
+    pg_locks_mode,
 )
 from pgflow_cli.installer.ledger import LedgerRow, make_plan
 from pgflow_cli.installer.pgmq_bootstrap import ensure_pgmq
@@ -84,22 +86,40 @@ def file_runs(migrations: Sequence[Migration], todo: Sequence[Migration]) -> dic
 ProgressFn = Callable[[str, dict[str, Any]], None]
 
 
+QUEUE_EVERY = 8
+"""Every this many tries, :func:`take_locks` queues for its first lock instead of trying it once."""
+
+
 def take_locks(conn: psycopg.Connection, locks: Sequence[TableLock], *, lock_timeout: float) -> int:
     """Take ``locks`` at the start of the caller's transaction: all of them, or none.
 
-    The first lock is waited for (up to ``lock_timeout`` seconds) while the transaction holds
-    nothing, so that wait can never be part of a deadlock. Each further lock may only be waited
-    for briefly: together at most half the server's ``deadlock_timeout`` (and ``lock_timeout``).
-    A producer or worker queued behind a lock already taken would only look for a deadlock after
-    ``deadlock_timeout``; by then the migrator has either got everything or given every lock back
-    (the savepoint is rolled back) and tries again after a short random pause. So the migration
-    never holds a lock while it waits for one long enough to deadlock anybody, whatever order the
-    other sessions lock in. The locks are taken in :data:`~pgflow_cli.installer.files.LOCK_ORDER`.
+    The runtime does not lock tables in one order (``start_flow`` reaches ``steps`` before
+    ``step_tasks``, ``complete_task`` the other way round; docs/architecture.md "Locks a migration
+    takes"), so no fixed order keeps a migration that holds one table and waits for the next out
+    of a deadlock. What keeps a runtime call from ever being the victim, and the migration from
+    being starved by a continuous stream of calls:
+
+    * a lock is only ever waited for in the queue while the transaction holds nothing (that wait
+      cannot be part of a deadlock), and not on every try: a queued migrator makes every call that
+      reaches the table wait behind it, holding what it took before, which is exactly what blocks
+      the migrator's next lock. So most tries take the first lock only if it is free at once
+      (``NOWAIT``), and every :data:`QUEUE_EVERY`-th try queues for it (up to ``lock_timeout``),
+      which drains a table that is never free;
+    * every further lock is tried with ``NOWAIT``. When it is busy, one query asks who holds it:
+      if a holder waits, directly or through others, for this transaction (a lock cycle), every
+      lock is given back at once. Otherwise it is waited for in short slices, asking again after
+      each, but only until the oldest lock waiter of the database is ``0.75 * deadlock_timeout``
+      into its wait: a waiter checks for a deadlock once, ``deadlock_timeout`` after its wait began
+      (``pg_locks.waitstart``), so the migration has given its locks back before anyone's check
+      could find it in a cycle (and its own waits while holding end before its own check);
+    * after giving back, a short random pause; the next try starts with the lock that stood in the
+      way.
 
     Args:
         conn: a connection inside the transaction that needs the locks (nothing locked yet).
-        locks: the merged lock plan (:meth:`Migration.locks_for`).
-        lock_timeout: seconds, overall: how long to keep trying before giving up.
+        locks: the merged lock plan (:meth:`Migration.locks_for`), in
+            :data:`~pgflow_cli.installer.files.LOCK_ORDER`.
+        lock_timeout: seconds, overall: how long to keep trying before giving up (0: no limit).
 
     Returns:
         How many times the whole set was tried (1 when nothing stood in the way).
@@ -110,40 +130,85 @@ def take_locks(conn: psycopg.Connection, locks: Sequence[TableLock], *, lock_tim
     """
     if not locks:
         return 0
-    template = sqlfiles.statement(QUERIES, "lock_table")
-    statements = []
     for lock in locks:
         if lock.mode not in LOCK_MODES:  # parse_locks checked; the mode is spliced as SQL text
             raise ValueError(f"unknown lock mode {lock.mode!r}")
-        schema, table = lock.table.split(".")
-        statements.append(sql.SQL(template).format(table=sql.Identifier(schema, table), mode=sql.SQL(lock.mode)))
     row = conn.execute(sqlfiles.statement(QUERIES, "deadlock_timeout_ms")).fetchone()
-    deadlock_ms = int(row[0]) if row and row[0] else 1000
-    budget = max(0.001, min(lock_timeout or float("inf"), deadlock_ms / 2000))
+    check_after = (int(row[0]) if row and row[0] else 1000) / 1000
     deadline = time.monotonic() + (lock_timeout or float("inf"))
     local_timeout = sqlfiles.statement(QUERIES, "local_lock_timeout")
-    tries = 0
+    first, tries = 0, 0
     while True:
         tries += 1
+        order = [locks[first], *(lock for i, lock in enumerate(locks) if i != first)]
         try:
             with conn.transaction():  # a savepoint: rolling it back gives back every lock taken in it
-                conn.execute(local_timeout, {"value": _millis(max(0.001, deadline - time.monotonic()))})
-                conn.execute(statements[0])
-                holding_since = time.monotonic()
-                for statement in statements[1:]:
-                    left = budget - (time.monotonic() - holding_since)
-                    if left <= 0:
-                        raise psycopg.errors.LockNotAvailable("lock plan: out of time for the next lock")
-                    conn.execute(local_timeout, {"value": _millis(left)})
-                    conn.execute(statement)
+                if tries % QUEUE_EVERY == 0:
+                    conn.execute(local_timeout, {"value": _millis(max(0.001, deadline - time.monotonic()))})
+                    conn.execute(_lock_statement(order[0], wait=True))
+                elif not _try_lock(conn, order[0]):
+                    raise _GiveBack()
+                for lock in order[1:]:
+                    if not _take_while_holding(conn, lock, check_after, deadline):
+                        first = locks.index(lock)
+                        raise _GiveBack()
             return tries
-        except psycopg.errors.LockNotAvailable:
+        except (_GiveBack, psycopg.errors.LockNotAvailable):
             if time.monotonic() >= deadline:
-                raise
-            time.sleep(random.uniform(0.005, 0.05))
+                raise psycopg.errors.LockNotAvailable(
+                    f"lock timeout: not every lock of the plan within {lock_timeout:g} s") from None
+            time.sleep(random.uniform(0.001, 0.01))
         finally:
             if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
                 conn.execute(local_timeout, {"value": _millis(lock_timeout)})
+
+
+class _GiveBack(Exception):
+    """The lock plan gives every lock back and tries again."""
+
+
+WAIT_SLICE = 0.05
+"""Seconds :func:`take_locks` waits for a busy further lock before it asks again who holds it."""
+
+
+def _lock_statement(lock: TableLock, *, wait: bool) -> sql.Composed:
+    schema, table = lock.table.split(".")
+    template = sqlfiles.statement(QUERIES, "lock_table" if wait else "lock_table_nowait")
+    return sql.SQL(template).format(table=sql.Identifier(schema, table), mode=sql.SQL(lock.mode))
+
+
+def _try_lock(conn: psycopg.Connection, lock: TableLock, wait: float = 0.0) -> bool:
+    """Take ``lock`` if it is free (``wait`` 0) or within ``wait`` seconds; a failure rolls back
+    only this inner savepoint, the locks taken before stay."""
+    try:
+        with conn.transaction():
+            if wait:
+                conn.execute(sqlfiles.statement(QUERIES, "local_lock_timeout"), {"value": _millis(wait)})
+            conn.execute(_lock_statement(lock, wait=bool(wait)))
+        return True
+    except psycopg.errors.LockNotAvailable:
+        return False
+
+
+def _take_while_holding(conn: psycopg.Connection, lock: TableLock, check_after: float, deadline: float) -> bool:
+    """One further lock of :func:`take_locks`, while the transaction holds the earlier ones.
+
+    Returns:
+        True when it is taken; False when it must not be waited for (a cycle, or no time left
+        before the oldest waiter's deadlock check or the overall deadline).
+    """
+    conflicting = [pg_locks_mode(m) for m in LOCK_CONFLICTS[lock.mode]]
+    if _try_lock(conn, lock):
+        return True
+    while True:
+        row = conn.execute(sqlfiles.statement(QUERIES, "lock_contention"),
+                           {"table": lock.table, "conflicting": conflicting}).fetchone()
+        cycle, oldest_wait = (bool(row[0]), float(row[1])) if row else (True, check_after)
+        budget = min(check_after * 0.75 - oldest_wait, deadline - time.monotonic())
+        if cycle or budget < 0.005:
+            return False
+        if _try_lock(conn, lock, min(WAIT_SLICE, budget)):
+            return True
 
 
 def _millis(seconds: float | None) -> str:
@@ -380,19 +445,35 @@ class _Runner:
         """
         label = self.migration.label
         first_page, pages = 0, self.batch_pages
+        row = self.conn.execute(sqlfiles.statement(QUERIES, "deadlock_timeout_ms")).fetchone()
+        bound = 0.75 * (int(row[0]) if row and row[0] else 1000) / 1000
         while True:
-            def one(first_page: int = first_page, pages: int = pages) -> tuple[int, int]:
-                params = {"first_page": first_page, "pages": pages}
-                if own_transactions:
-                    locks = self.migration.locks_for([phase.name])
-                    with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
+            def one(first_page: int = first_page) -> tuple[int, int, int]:
+                """One range: (rows updated, relation pages, pages done)."""
+                nonlocal pages
+                deadline = time.monotonic() + (self.lock_timeout or float("inf"))
+                while True:
+                    params = {"first_page": first_page, "pages": pages}
+                    if not own_transactions:
                         row = self.conn.execute(phase.sql, params).fetchone()
-                else:
-                    row = self.conn.execute(phase.sql, params).fetchone()
-                return (int(row[0]), int(row[1])) if row else (0, 0)
+                        break
+                    started = time.monotonic()
+                    try:
+                        row = self._bounded_batch(phase, params, bound)
+                        break
+                    except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled):
+                        if time.monotonic() - started < bound * 0.9:
+                            raise  # not this bound: somebody cancelled the statement
+                        if time.monotonic() >= deadline:
+                            raise psycopg.errors.LockNotAvailable(
+                                f"backfill batch of {pages} page(s) from page {first_page}: rows stayed "
+                                "locked by other sessions past lock_timeout") from None
+                        pages = max(1, pages // 2)
+                        time.sleep(random.uniform(0.005, 0.05))
+                return (int(row[0]), int(row[1]), pages) if row else (0, 0, pages)
 
             started = time.monotonic()
-            updated, relation_pages = self._retrying(one) if own_transactions else one()
+            updated, relation_pages, pages = self._retrying(one) if own_transactions else one()
             elapsed = time.monotonic() - started
             self.emit("batch", {"migration": label, "phase": phase.name, "first_page": first_page, "pages": pages,
                                 "relation_pages": relation_pages, "rows": updated, "ms": int(elapsed * 1000)})
@@ -402,6 +483,28 @@ class _Runner:
             wanted = pages * self.batch_seconds / elapsed if elapsed > 0 else pages * 2
             pages = int(max(pages / 4, min(pages * 2, wanted)))
             pages = max(1, min(MAX_BATCH_PAGES, pages))
+
+    def _bounded_batch(self, phase: "Phase", params: dict[str, int], bound: float) -> Any:
+        """One backfill range in its own transaction, every lock wait and the statement itself
+        limited to ``bound`` seconds (``0.75 * deadlock_timeout``).
+
+        The range updates rows one by one and may wait for a row a worker holds while another
+        worker waits for a row the range already updated: a cycle in either order of the two
+        waits. The transaction holds nothing when the range starts, so every session waiting
+        for it began waiting after that and checks for a deadlock ``deadlock_timeout`` later;
+        ending within ``bound`` gives every row back before any such check (or its own) runs.
+        The caller retries a range that ran out of time with half the pages.
+
+        Returns:
+            The batch's row (rows updated, relation pages).
+
+        Raises:
+            psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled: out of time.
+        """
+        locks = self.migration.locks_for([phase.name])
+        with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
+            self.conn.execute(sqlfiles.statement(QUERIES, "bounded_statement"), {"value": _millis(bound)})
+            return self.conn.execute(phase.sql, params).fetchone()
 
     # one transaction ------------------------------------------------------------------
     def run_single(self, dry_run: bool) -> Applied:

@@ -56,7 +56,7 @@ ProgressFn = Callable[[str, dict[str, Any]], None]
 ADOPTION_LOCKS = tuple(TableLock(f"pgflow.{table}", "ACCESS EXCLUSIVE") for table in (
     "flows", "steps", "deps", "runs", "step_states", "step_tasks", "workers", "worker_functions"))
 """What the adoption transaction locks before its SQL runs, all or none
-(:func:`pgflow_cli.installer.take_locks`), in the runtime's order; ``worker_functions`` only where the
+(:func:`pgflow_cli.installer.take_locks`); ``worker_functions`` only where the
 release has it. ``sql/adoption/schema.sql`` locks the same tables again (already held) so its text
 also stands alone in ``--sql``."""
 

@@ -52,6 +52,9 @@ log = logging.getLogger("pgflow.worker")
 MAX_ERROR_MESSAGE = 2000
 """Characters of a handler's error kept in ``step_tasks.error_message``."""
 
+STALE_ROW_TYPE_RETRIES = 2
+"""How many times a report that failed with 42804 (the task table changed shape while the call
+waited for a migration's lock; see :meth:`Worker._report`) is sent again before it counts as refused."""
 GENERIC_FAILURE = "the handler failed and its error message could not be stored"
 
 
@@ -479,13 +482,16 @@ class Worker:
 
         A result the database refuses (a data error), or one the client cannot even send (an
         encoding error, anything else raised while sending), turns into a failure of the task
-        with that reason, so the attempt always ends; only lost connections are retried. When
-        even the generic failure cannot be recorded, the task is logged at ERROR and left
-        ``started`` for stalled-task recovery.
+        with that reason, so the attempt always ends. Lost connections are retried, and so is
+        42804 (a migration added a ``step_tasks`` column while the call waited for its lock; the
+        call was rolled back) up to :data:`STALE_ROW_TYPE_RETRIES` times. When even the generic
+        failure cannot be recorded, the task is logged at ERROR and left ``started`` for
+        stalled-task recovery.
         """
         assert self._pool is not None
         if not ok:
             payload = storable_text(str(payload))[:MAX_ERROR_MESSAGE]
+        reshaped = 0
         for attempt in range(1, 6):
             try:
                 with self._pool.connection() as conn:
@@ -500,18 +506,44 @@ class Worker:
                 log.warning("could not report task %s/%s/%s (attempt %d): %s", task.run_id, task.step_slug,
                             task.task_index, attempt, type(exc).__name__)
                 time.sleep(min(0.2 * 2 ** attempt, 5))
-            except Exception as exc:  # refused by the server (DataError, ...) or unsendable by the client
+            except psycopg.errors.DatatypeMismatch as exc:
+                if reshaped == STALE_ROW_TYPE_RETRIES:
+                    if not self._refused(task, ok, payload, exc):
+                        break
+                    ok, payload = False, self._failure_text(ok, exc)
+                    continue
+                # 42804 "wrong record type supplied in RETURN NEXT": a migration added a column to
+                # step_tasks while this call waited for its lock, and the row the function returns
+                # no longer has the shape this statement expected when it started. The call was
+                # rolled back (nothing recorded): the same report again is safe and succeeds.
+                reshaped += 1
                 self.stats.add(report_errors=1)
-                what = "output" if ok else "error message"
-                reason = storable_text(f"the database refused the task's {what}: {first_line(exc)}"
-                                       if isinstance(exc, psycopg.Error)
-                                       else f"the worker could not send the task's {what}: {type(exc).__name__}")
-                log.warning("task %s/%s/%s: %s", task.run_id, task.step_slug, task.task_index, reason)
-                if not ok and payload == GENERIC_FAILURE:
+                log.warning("task %s/%s/%s: the task table changed during the report (%s); sending it again",
+                            task.run_id, task.step_slug, task.task_index, first_line(exc))
+            except Exception as exc:  # refused by the server (DataError, ...) or unsendable by the client
+                if not self._refused(task, ok, payload, exc):
                     break
-                ok, payload = False, (reason[:MAX_ERROR_MESSAGE] if ok else GENERIC_FAILURE)
+                ok, payload = False, self._failure_text(ok, exc)
         log.error("giving up reporting task %s/%s/%s; it stays started and stalled-task recovery will requeue it",
                   task.run_id, task.step_slug, task.task_index)
+
+    @staticmethod
+    def _reason(ok: bool, exc: BaseException) -> str:
+        what = "output" if ok else "error message"
+        return storable_text(f"the database refused the task's {what}: {first_line(exc)}"
+                             if isinstance(exc, psycopg.Error)
+                             else f"the worker could not send the task's {what}: {type(exc).__name__}")
+
+    def _refused(self, task: ClaimedTask, ok: bool, payload: Any, exc: BaseException) -> bool:
+        """Count and log a report the database refused; False when nothing is left to try (the
+        generic failure itself was refused)."""
+        self.stats.add(report_errors=1)
+        log.warning("task %s/%s/%s: %s", task.run_id, task.step_slug, task.task_index, self._reason(ok, exc))
+        return ok or payload != GENERIC_FAILURE
+
+    def _failure_text(self, ok: bool, exc: BaseException) -> str:
+        """What to report instead: the refusal as the task's error, or the generic failure."""
+        return self._reason(ok, exc)[:MAX_ERROR_MESSAGE] if ok else GENERIC_FAILURE
 
     # shutdown -------------------------------------------------------------------------
     def _drain_heartbeat(self) -> None:

@@ -121,8 +121,45 @@ WHERE l.locktype = 'advisory' AND l.classid = 1885824631 AND l.objid = 0 AND l.g
 -- the mode (from the fixed list installer.files.LOCK_MODES).
 LOCK TABLE {table} IN {mode} MODE;
 
+--@name lock_table_nowait
+-- The same, but never queued: fails at once (55P03) when another session holds a conflicting lock.
+LOCK TABLE {table} IN {mode} MODE NOWAIT;
+
+--@name lock_contention
+-- Asked by the lock plan while it holds some of its locks and the next one (%(table)s) is taken:
+--   cycle:  a session holding %(table)s in one of %(conflicting)s (pg_locks spelling) is waiting,
+--           directly or through others, for this session: waiting for it would be a deadlock;
+--   oldest_wait_seconds: how long the longest lock wait of this database has lasted. Each waiter
+--           checks for a deadlock once, deadlock_timeout after its wait began (pg_locks.waitstart
+--           is that moment), so the plan may only wait until the oldest waiter's check comes.
+WITH RECURSIVE waiting AS (
+  SELECT l.pid, pg_catalog.pg_blocking_pids(l.pid) AS blockers,
+         coalesce(l.waitstart, pg_catalog.clock_timestamp()) AS waitstart
+  FROM pg_catalog.pg_locks AS l
+  JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid AND a.datname = pg_catalog.current_database()
+  WHERE NOT l.granted AND l.pid <> pg_catalog.pg_backend_pid()
+),
+waiting_for_me (pid) AS (
+  SELECT w.pid FROM waiting AS w WHERE pg_catalog.pg_backend_pid() = ANY (w.blockers)
+  UNION
+  SELECT w.pid FROM waiting AS w JOIN waiting_for_me AS m ON m.pid = ANY (w.blockers)
+)
+SELECT EXISTS (SELECT 1
+               FROM pg_catalog.pg_locks AS h
+               JOIN waiting_for_me AS m ON m.pid = h.pid
+               WHERE h.granted AND h.locktype = 'relation'
+                 AND h.relation = pg_catalog.to_regclass(%(table)s)
+                 AND h.mode = ANY (%(conflicting)s::text[])) AS cycle,
+       coalesce(extract(epoch FROM pg_catalog.clock_timestamp() - (SELECT min(w.waitstart) FROM waiting AS w)),
+                0)::float8 AS oldest_wait_seconds;
+
 --@name local_lock_timeout
 SELECT set_config('lock_timeout', %(value)s, true);
+
+--@name bounded_statement
+-- A backfill range in its own transaction: its lock waits and the statement itself end within
+-- this (the runner's 0.75 * deadlock_timeout), so its row locks never form a deadlock anyone sees.
+SELECT set_config('lock_timeout', %(value)s, true), set_config('statement_timeout', %(value)s, true);
 
 --@name deadlock_timeout_ms
 -- The server's deadlock_timeout: a lock waiter checks for a deadlock after this long.

@@ -7,10 +7,11 @@ commits, then protocol 2, as the runbook's new workers do), and a maintenance co
 succeed (waiting is fine), nobody may see SQLSTATE 40P01 (deadlock), the migrator must not need
 a deadlock retry either, and every run started must finish afterwards.
 
-Known and separate (reported in changes/14-migsafe.md): the released runtime's ``complete_task``,
-compiled in a session before 0003 added ``step_tasks.queue_name``, fails once per session with
-42804 "wrong record type supplied in RETURN NEXT" (PL/pgSQL keeps the old row type); the second
-call works. The test's workers retry that once and count it, so it cannot hide a lock problem.
+Known and separate (tests/upgrade/test_stale_row_type.py, docs/upgrade.md): a ``complete_task``
+waiting for the migration's lock in a session that cached ``step_tasks``' row type fails with
+42804 "wrong record type supplied in RETURN NEXT" when a migration adding a column to the table
+commits; the call was rolled back and the same call again works. The test's workers send it
+again once, as the reference worker does, and count it, so it cannot hide a lock problem.
 """
 
 from __future__ import annotations
@@ -135,10 +136,6 @@ def _maintenance(conninfo: str, traffic: Traffic) -> None:
                     traffic.count("maintenance")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "KNOWN (issue 14, open): on the merged tree with migrations 0004-0009 the up-front, all-or-none "
-    "lock acquisition can be starved by continuous producers and give up with LockTimeout (exit 4, "
-    "database unchanged, no deadlock, no producer error); passed on the migsafe branch with 0004-0006"))
 @pytest.mark.parametrize("online", ["never", "always"])
 def test_producers_workers_and_maintenance_run_through_the_migration(baseline_db, online):
     admin = baseline_db.connect()

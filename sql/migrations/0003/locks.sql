@@ -5,9 +5,10 @@
 -- lines in their own phases.
 --
 -- The one-transaction path takes the strongest mode of every phase it runs, per table. The
--- locks are taken in docs/runtime.md's order and all or none: a transaction that cannot get
--- the next one quickly gives every lock back and tries again, so it never waits while holding a
--- lock a producer or worker waits for long enough to form a deadlock.
+-- locks are taken all or none (installer.runner.take_locks): a transaction never queues while it
+-- holds a lock, gives every lock back at once when a holder of the next one waits for it, and
+-- never waits while holding past the point where a waiting producer or worker would check for a
+-- deadlock.
 
 --@phase prepare
 -- definitions frozen for the recheck; the task table for the column, check and trigger
