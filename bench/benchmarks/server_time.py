@@ -27,7 +27,10 @@ Bare sample: a fresh database with one queue, the same warm-up and reset; record
 message until all are archived: per message, one cycle.
 
 Result: microseconds of server time per task (**lower is better**); goal (issue 18) <= 2x the
-bare cycle. Samples interleave (bare, pgflow, pgflow one call per task, ...), ``ctx.repeat`` times.
+bare cycle. Because ``total_exec_time`` is wall time, an overloaded machine inflates long
+statements more than short ones; so each side also reports the CPU time its one backend used
+over the same window (first field of ``/proc/<backend pid>/schedstat``, the server being local),
+per task, against the bare side's the same way. Samples interleave (bare, pgflow, pgflow one call per task, ...), ``ctx.repeat`` times.
 """
 
 from __future__ import annotations
@@ -62,6 +65,12 @@ KINDS = {"start": "start_flow", "read": "pgmq.read", "claim": "claim_tasks", "co
 
 def _noop(value, ctx):
     return None
+
+
+def _backend_cpu_ms(conn: psycopg.Connection) -> float:
+    """CPU time the connection's server process has used so far, in ms (Linux schedstat)."""
+    with open(f"/proc/{conn.info.backend_pid}/schedstat", encoding="ascii") as stat:
+        return int(stat.read().split()[0]) / 1e6
 
 
 def _server_ms(conn: psycopg.Connection) -> tuple[float, int]:
@@ -122,10 +131,13 @@ def pgflow_sample(ctx: Context, runs: int, *, batched: bool) -> tuple[float, dic
         drain(warm)
         conn.execute("ANALYZE")
         conn.execute("SELECT pg_stat_statements_reset()")
+        cpu = _backend_cpu_ms(conn)
         start(runs)
         drain(runs)
+        cpu = _backend_cpu_ms(conn) - cpu
         total_ms, calls = _server_ms(conn)
-        details = {"breakdown_ms": _breakdown(conn), "calls": calls, "batched": batched, "start_flows": many_starts}
+        details = {"breakdown_ms": _breakdown(conn), "calls": calls, "batched": batched, "start_flows": many_starts,
+                   "backend_cpu_us_per_task": round(1000 * cpu / (runs * STAGES), 1)}
         left = conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE status <> 'completed' "
                             "OR attempts_count <> 1").fetchone()[0]
         if left:
@@ -133,7 +145,7 @@ def pgflow_sample(ctx: Context, runs: int, *, batched: bool) -> tuple[float, dic
     return 1000 * total_ms / (runs * STAGES), details
 
 
-def bare_sample(ctx: Context, runs: int) -> float:
+def bare_sample(ctx: Context, runs: int) -> tuple[float, float]:
     queue = "bench_bare"
     with ctx.database("server_time_bare") as conninfo, psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -154,9 +166,11 @@ def bare_sample(ctx: Context, runs: int) -> float:
         cycle(max(1, runs // 3) * STAGES)
         conn.execute("ANALYZE")
         conn.execute("SELECT pg_stat_statements_reset()")
+        cpu = _backend_cpu_ms(conn)
         cycle(runs * STAGES)
+        cpu = _backend_cpu_ms(conn) - cpu
         total_ms, _calls = _server_ms(conn)
-    return 1000 * total_ms / (runs * STAGES)
+    return 1000 * total_ms / (runs * STAGES), 1000 * cpu / (runs * STAGES)
 
 
 def run(ctx: Context) -> list[Result]:
@@ -168,6 +182,8 @@ def run(ctx: Context) -> list[Result]:
     bare: list[float] = []
     batched: list[float] = []
     single: list[float] = []
+    bare_cpu: list[float] = []
+    batched_cpu: list[float] = []
     details: dict[str, Any] = {}
     single_details: dict[str, Any] = {}
     try:
@@ -176,13 +192,17 @@ def run(ctx: Context) -> list[Result]:
         server.wait_ready()
         own = Context(server, repeat=ctx.repeat, scale=ctx.scale)
         for i in range(ctx.repeat):
-            bare.append(bare_sample(own, runs))
+            value, cpu = bare_sample(own, runs)
+            bare.append(value)
+            bare_cpu.append(cpu)
             value, details = pgflow_sample(own, runs, batched=True)
             batched.append(value)
+            batched_cpu.append(details["backend_cpu_us_per_task"])
             value, single_details = pgflow_sample(own, runs, batched=False)
             single.append(value)
             ctx.log(f"server_time {i + 1}/{ctx.repeat}: bare cycle {bare[-1]:.0f} us/msg, pgflow {batched[-1]:.0f} "
-                    f"us/task (batched reports: {details['batched']}), one call per task {single[-1]:.0f} us/task")
+                    f"us/task (batched reports: {details['batched']}), one call per task {single[-1]:.0f} us/task; "
+                    f"backend CPU: bare {bare_cpu[-1]:.0f}, pgflow {batched_cpu[-1]:.0f} us")
     finally:
         if own is not None:
             own.close()
@@ -196,4 +216,8 @@ def run(ctx: Context) -> list[Result]:
                batched, work=runs * STAGES, baseline=baseline, details={**common, **details, "goal": "<= 2x"}),
         Result(f"{LATEST.__name__} start + read + claim + complete, per task, one complete_task per task", "us/task",
                single, work=runs * STAGES, baseline=baseline, details={**common, **single_details}),
+        Result(f"{baseline} (backend CPU)", "us/msg", bare_cpu, work=runs * STAGES,
+               details={**common, "clock": "schedstat"}),
+        Result(f"{LATEST.__name__} per task, as the Worker reports (backend CPU)", "us/task", batched_cpu,
+               work=runs * STAGES, baseline=f"{baseline} (backend CPU)", details={**common, "clock": "schedstat"}),
     ]
