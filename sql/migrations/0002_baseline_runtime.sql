@@ -91,13 +91,13 @@
 
 --@include baseline/runtime/start_ready_steps.sql as-create
 
---@include functions/runtime/_advance_run.sql as-create
+--@include released/0002/functions/runtime/_advance_run.sql as-create
 
 ------------------------------------------------------------------------------------------------
 -- Runtime: public entry points
 ------------------------------------------------------------------------------------------------
 
---@include functions/runtime/start_flow.sql as-create
+--@include released/0002/functions/runtime/start_flow.sql as-create
 
 --@include baseline/claim/start_tasks.sql as-create
 

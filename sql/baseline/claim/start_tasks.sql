@@ -17,7 +17,7 @@ DECLARE
   v_changed integer;
 BEGIN
   IF coalesce(pg_catalog.cardinality(start_tasks.msg_ids), 0) = 0 THEN
---@include functions/claim/claim_tasks.sql lines=75-77
+--@include functions/claim/claim_tasks.sql lines=77-79
   -- Lock order runs -> step_tasks, as complete_task/fail_task: the runs in share mode (claims do
   -- not block each other, but wait for a completion or failure of the same run), then the task
   -- rows in key order, so two claims with overlapping batches cannot deadlock either.
@@ -38,7 +38,7 @@ BEGIN
       AND t.status = 'queued'
     ORDER BY t.run_id, t.step_slug, t.task_index
     FOR UPDATE
---@include functions/claim/claim_tasks.sql lines=276-280
+--@include functions/claim/claim_tasks.sql lines=280-284
            last_worker_id = start_tasks.worker_id
       FROM locked AS l, pgflow.runs AS r, pgflow.step_states AS ss, pgflow.steps AS s, pgflow.flows AS f
      WHERE t.run_id = l.run_id AND t.step_slug = l.step_slug AND t.task_index = l.task_index
@@ -64,7 +64,7 @@ BEGIN
       v_changed, v_claimed, start_tasks.flow_slug
       USING ERRCODE = 'P0001',
             HINT = 'a claimed task''s message is missing from its queue; check for code that archives or deletes pgflow messages directly';
---@include functions/claim/claim_tasks.sql lines=352-354
+--@include functions/claim/claim_tasks.sql lines=357-359
   SELECT t.flow_slug,
          t.run_id,
          t.step_slug,

@@ -6,13 +6,18 @@
 -- flow's queue in one send_batch per step, delayed by the step's start_delay; message ids are
 -- paired with task indexes by ordinality; one queued step_tasks row per task.
 --@include functions/runtime/start_ready_steps.sql lines=1-13
---@include functions/runtime/start_ready_steps.sql lines=16-44
+  v_state pgflow.step_states;
+--@include functions/runtime/start_ready_steps.sql lines=18-45
     SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0)
     INTO v_tasks, v_delay
---@include functions/runtime/start_ready_steps.sql lines=47-49
+--@include functions/runtime/start_ready_steps.sql lines=48-50
 
     INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id)
     SELECT v_flow, start_ready_steps.run_id, v_step, (m.n - 1)::integer, m.msg_id
     FROM pgmq.send_batch(
            v_flow,
---@include functions/runtime/start_ready_steps.sql lines=60-73
+--@include functions/runtime/start_ready_steps.sql lines=61-68
+    SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
+    WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
+    PERFORM pgflow._broadcast_step(v_state);
+--@include functions/runtime/start_ready_steps.sql lines=74-76

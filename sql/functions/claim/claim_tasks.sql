@@ -21,6 +21,8 @@
 -- function paused: the row belongs to whoever registered it last), as an unregistered id does.
 -- Ordinary database errors still raise (and roll back): they are retryable. Notices carry
 -- queue names and message ids, never message bodies.
+-- Every lookup is by a unique key (from 0010 the run and step state too), so a claim costs the
+-- same next to 1,000 or 1,000,000 rows, with or without statistics.
 -- Lock order: runs (FOR SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
 -- messages are read after the task locks, so a claim that waited for a concurrent claim of
 -- the same tasks sees that claim's result (duplicates), not the state before it.
@@ -121,9 +123,9 @@ BEGIN
   END IF;
 
   -- Lock what the classification reads, in the runtime's order.
-  PERFORM 1 FROM pgflow.runs AS r
-  WHERE r.run_id IN (SELECT t.run_id FROM pgflow.step_tasks AS t
-                     WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids))
+  PERFORM 1 FROM pgflow.runs AS r  -- by primary key (= ANY), never a scan of runs
+  WHERE r.run_id = ANY (ARRAY(SELECT t.run_id FROM pgflow.step_tasks AS t
+                              WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids)))
   ORDER BY r.run_id
   FOR SHARE;
   PERFORM 1 FROM pgflow.step_tasks AS t
@@ -162,11 +164,13 @@ BEGIN
       WHERE st.queue_name = claim_tasks.queue_name AND st.message_id = rq.msg_id
       LIMIT 1  -- unique anyway; keeps the planner from flattening this into a hash join
     ) AS t ON true
-    LEFT JOIN pgflow.runs AS r ON r.run_id = t.run_id
-    LEFT JOIN pgflow.step_states AS ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
+    -- run and step state by key too: one probe each per message (0010)
+    LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = t.run_id LIMIT 1) AS r ON true
+    LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
+                       WHERE x.run_id = t.run_id AND x.step_slug = t.step_slug LIMIT 1) AS ss ON true
     LEFT JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
     LEFT JOIN pgflow.flows AS f ON f.flow_slug = t.flow_slug
-  ), judged AS (
+  ), judged AS MATERIALIZED (  -- each verdict computed once, however often it is read
     SELECT j.*,
            CASE
              WHEN v_route_reason IS NOT NULL THEN ARRAY['fatal', v_route_reason]
@@ -279,16 +283,16 @@ BEGIN
            attempts_count = t.attempts_count + 1,
            started_at = pg_catalog.now(),
            last_worker_id = claim_tasks.worker_id
-      FROM candidates AS c, pgflow.steps AS s, pgflow.flows AS f, pgflow.runs AS r
+      FROM candidates AS c, pgflow.steps AS s, pgflow.flows AS f
      WHERE t.run_id = c.run_id AND t.step_slug = c.step AND t.task_index = c.task_index
        AND t.status = 'queued'
        AND s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
        AND f.flow_slug = t.flow_slug
-       AND r.run_id = t.run_id
     RETURNING t.run_id, t.step_slug, t.task_index, t.message_id, t.flow_slug,
               coalesce(s.opt_timeout, f.opt_timeout) + 2 AS vt_offset,
               CASE
-                WHEN s.step_type = 'map' AND s.deps_count = 0 THEN r.input -> t.task_index
+                WHEN s.step_type = 'map' AND s.deps_count = 0 THEN (
+                  SELECT r.input -> t.task_index FROM pgflow.runs AS r WHERE r.run_id = t.run_id)
                 WHEN s.step_type = 'map' THEN (
                   SELECT ds.output -> t.task_index
                   FROM pgflow.deps AS d
@@ -303,7 +307,8 @@ BEGIN
                   WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug AND ds.status = 'completed'),
                   '{}'::jsonb)
               END AS input,
-              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END AS flow_input
+              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN (
+                SELECT r.input FROM pgflow.runs AS r WHERE r.run_id = t.run_id) END AS flow_input
   )
   SELECT pg_catalog.array_agg(c.run_id ORDER BY c.message_id), pg_catalog.array_agg(c.step_slug ORDER BY c.message_id),
          pg_catalog.array_agg(c.task_index ORDER BY c.message_id), pg_catalog.array_agg(c.vt_offset ORDER BY c.message_id),

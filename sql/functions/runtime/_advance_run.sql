@@ -1,20 +1,39 @@
 -- Moves a run forward after a change: conditions and taskless steps settle, then ready steps
 -- start and the run completes if nothing is left. Caller holds the run row lock.
+-- Only what the flow can need runs (from 0010): the condition cascade only when a step of the
+-- flow has a condition, the taskless cascade only when the flow has a map step (only a map can
+-- have zero tasks), and run completion only when no step is left.
 CREATE OR REPLACE FUNCTION pgflow._advance_run(p_run_id uuid)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = ''
 AS $$
+DECLARE
+  v_conditions boolean;
+  v_maps boolean;
+  v_status text;
+  v_remaining integer;
 BEGIN
-  IF NOT pgflow.cascade_resolve_conditions(p_run_id) THEN
+  SELECT pg_catalog.bool_or(s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL),
+         pg_catalog.bool_or(s.step_type = 'map')
+  INTO v_conditions, v_maps
+  FROM pgflow.runs AS r
+  JOIN pgflow.steps AS s ON s.flow_slug = r.flow_slug
+  WHERE r.run_id = p_run_id;
+  IF v_conditions AND NOT pgflow.cascade_resolve_conditions(p_run_id) THEN
     RETURN;
   END IF;
-  PERFORM pgflow.cascade_complete_taskless_steps(p_run_id);
-  IF NOT EXISTS (SELECT 1 FROM pgflow.runs AS r WHERE r.run_id = p_run_id AND r.status = 'started') THEN
+  IF v_maps THEN
+    PERFORM pgflow.cascade_complete_taskless_steps(p_run_id);
+  END IF;
+  SELECT r.status, r.remaining_steps INTO v_status, v_remaining FROM pgflow.runs AS r WHERE r.run_id = p_run_id;
+  IF v_status IS DISTINCT FROM 'started' THEN
     RETURN;
   END IF;
   PERFORM pgflow.start_ready_steps(p_run_id);
-  PERFORM pgflow.maybe_complete_run(p_run_id);
+  IF v_remaining = 0 THEN
+    PERFORM pgflow.maybe_complete_run(p_run_id);
+  END IF;
 END;
 $$;

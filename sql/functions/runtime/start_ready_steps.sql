@@ -14,6 +14,7 @@ DECLARE
   v_queue text;
   v_mode text;
   v_state pgflow.step_states;
+  v_realtime boolean := pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL;
 BEGIN
   SELECT r.flow_slug INTO v_flow FROM pgflow.runs AS r
   WHERE r.run_id = start_ready_steps.run_id AND r.status = 'started';
@@ -65,9 +66,11 @@ BEGIN
                  ORDER BY g.i),
            v_delay) WITH ORDINALITY AS m (msg_id, n);
 
-    SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
-    WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
-    PERFORM pgflow._broadcast_step(v_state);
+    IF v_realtime THEN
+      SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
+      WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
+      PERFORM pgflow._broadcast_step(v_state);
+    END IF;
   END LOOP;
 END;
 $$;
