@@ -1,19 +1,16 @@
 """Helpers of the batch-report tests: the batch entry points on any schema, and how often the
 database ran a function (``pg_stat_user_functions``; the database is told to count every call).
 
-``ensure_batch_functions`` installs tests/worker/batch_shim.sql (test scaffolding) only where
-the schema lacks ``pgflow.complete_tasks`` / ``pgflow.fail_tasks`` (before migration 0010).
+``ensure_batch_functions`` checks that the schema has ``pgflow.complete_tasks`` /
+``pgflow.fail_tasks`` (migration 0010). Before 0010 was merged these tests installed test-only
+stand-ins; with 0010 in the tree they test the real functions, and the stand-ins are gone.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from psycopg import sql
 
 from tests.worker.helpers import wait_until
-
-SHIM = Path(__file__).with_name("batch_shim.sql")
 
 
 def has_batch_functions(env) -> bool:
@@ -21,12 +18,9 @@ def has_batch_functions(env) -> bool:
                         "AND to_regprocedure('pgflow.fail_tasks(jsonb)') IS NOT NULL"))
 
 
-def ensure_batch_functions(env) -> bool:
-    """Make sure the batch entry points exist; returns True when the test stand-ins were installed."""
-    if has_batch_functions(env):
-        return False
-    env.conn.execute(SHIM.read_text())
-    return True
+def ensure_batch_functions(env) -> None:
+    """The test needs the batch entry points of migration 0010."""
+    assert has_batch_functions(env), "the schema has no pgflow.complete_tasks / pgflow.fail_tasks (migration 0010)"
 
 
 def drop_batch_functions(env) -> None:

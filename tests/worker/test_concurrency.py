@@ -3,8 +3,7 @@
 Every handler invocation is recorded with (run_id, step_slug, task_index, worker); the record
 is compared with ``pgflow.step_tasks`` (status, attempts_count, last_worker_id) and with the
 flow's PGMQ queue and archive. Each case runs with one report call per task and with batched
-reports (``complete_tasks``; on a schema before migration 0010 the test stand-ins of
-tests/worker/batch_shim.sql).
+reports (``complete_tasks``, migration 0010).
 """
 
 from __future__ import annotations
