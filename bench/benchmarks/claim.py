@@ -1,17 +1,19 @@
 """Claim throughput: messages claimed per second through the worker's claim entry point (the
 latest protocol's ``read`` + ``claim``, exactly as the reference Worker calls them, no handlers),
-next to a bare PGMQ ``read`` + ``archive`` loop over the same number of messages.
+next to a bare PGMQ ``read`` + ``archive`` loop over the same number of messages, at batches of
+10 (the Worker's default batch size) and of 50.
 
 Claim sample: a fresh database with a 1-step flow compiled and one registered worker (the
 protocol's own ``check_version`` / ``compile`` / ``register``); N runs are started beforehand
-(N queued tasks, N messages) and the database is ANALYZEd (not timed). Timed: read 10 message
-ids (the Worker's default batch size), claim them, until N tasks are claimed. Checked after
-timing: N tasks started on their first attempt.
+(N queued tasks, N messages) and the database is ANALYZEd (not timed). Timed: read B message
+ids, claim them, until N tasks are claimed. Checked after timing: N tasks started on their
+first attempt.
 
-Baseline sample: N messages sent to a plain queue beforehand, ANALYZE; timed: read 10, archive
-those 10 (one call), until N are archived.
+Baseline sample: N messages sent to a plain queue beforehand, ANALYZE; timed: read B, archive
+those B (one call), until N are archived. Each batch size B has its own baseline; goal (issue
+18): read + claim >= 0.5x of read + archive at both.
 
-Also measured, each next to the same baseline:
+Also measured at batch 10, each next to the batch-10 baseline:
 
 * the claim without the ANALYZE: the state right after a burst of runs on fresh tables, before
   autovacuum has gathered statistics (the planner then expects almost empty tables);
@@ -19,8 +21,8 @@ Also measured, each next to the same baseline:
   released baseline schema, to show what the newer claim costs; the latest claim's samples are
   also reported against it (goal for the classifying claim: at least 0.8x).
 
-Samples are interleaved (baseline, claim, cold claim, protocol 1, baseline, ...), ``ctx.repeat``
-times each.
+Samples are interleaved (baseline 10, claim 10, cold claim, protocol 1, baseline 50, claim 50,
+baseline 10, ...), ``ctx.repeat`` times each.
 """
 
 from __future__ import annotations
@@ -36,13 +38,15 @@ from pgflow_cli.worker.protocol import LATEST, ProtocolV1
 
 FLOW = "benchClaim"
 BATCH = 10
+BIG_BATCH = 50
 
 
 def _noop(value, ctx):
     return None
 
 
-def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | None = None, analyze: bool = True) -> float:
+def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | None = None, analyze: bool = True,
+                 batch: int = BATCH) -> float:
     protocol = protocol or LATEST()
     flow = Flow(FLOW).step("only", _noop)
     worker_id = str(uuid.uuid4())
@@ -61,7 +65,7 @@ def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | No
         def loop() -> int:
             claimed = 0
             while claimed < messages:
-                ids = protocol.read(conn, queue_name=queue, vt=30, qty=BATCH, max_poll_seconds=1, poll_interval_ms=10)
+                ids = protocol.read(conn, queue_name=queue, vt=30, qty=batch, max_poll_seconds=1, poll_interval_ms=10)
                 if not ids:
                     raise RuntimeError(f"queue ran dry after {claimed} claims")
                 outcome = protocol.claim(conn, flow_slug=FLOW, step_slug=None, queue_name=queue,
@@ -79,7 +83,7 @@ def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | No
     return messages / seconds
 
 
-def bare_sample(ctx: Context, messages: int) -> float:
+def bare_sample(ctx: Context, messages: int, batch: int = BATCH) -> float:
     queue = "bench_bare"
     with ctx.database("claim_bare") as conninfo, psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("SELECT pgmq.create(%s)", (queue,))
@@ -90,7 +94,7 @@ def bare_sample(ctx: Context, messages: int) -> float:
         def loop() -> None:
             done = 0
             while done < messages:
-                ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read(%s, 30, %s)", (queue, BATCH)).fetchall()]
+                ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read(%s, 30, %s)", (queue, batch)).fetchall()]
                 if not ids:
                     raise RuntimeError(f"queue ran dry after {done} messages")
                 conn.execute("SELECT count(*) FROM pgmq.archive(%s, %s::bigint[])", (queue, ids))
@@ -110,6 +114,8 @@ def run(ctx: Context) -> list[Result]:
     claims: list[float] = []
     cold: list[float] = []
     v1: list[float] = []
+    bare_big: list[float] = []
+    claims_big: list[float] = []
     for i in range(ctx.repeat):
         bare.append(bare_sample(ctx, messages))
         claims.append(claim_sample(ctx, messages))
@@ -119,15 +125,24 @@ def run(ctx: Context) -> list[Result]:
         if with_v1:
             v1.append(claim_sample(ctx, messages, protocol=ProtocolV1(), schema=installer.BASELINE_VERSION))
             line += f", protocol 1 on the baseline schema {v1[-1]:.0f}"
+        bare_big.append(bare_sample(ctx, messages, BIG_BATCH))
+        claims_big.append(claim_sample(ctx, messages, batch=BIG_BATCH))
+        line += f"; batch {BIG_BATCH}: bare {bare_big[-1]:.0f}, claim {claims_big[-1]:.0f}"
         ctx.log(line)
     baseline = "bare PGMQ read + archive"
     details = {"batch": BATCH, "connections": 1, "protocol": LATEST.version}
     results = [
         Result(baseline, "msg/s", bare, work=messages, details={"batch": BATCH, "connections": 1}),
         Result(f"{LATEST.__name__} read + claim (no handlers)", "msg/s", claims, work=messages, baseline=baseline,
-               details=details),
+               details={**details, "goal": ">= 0.5x"}),
         Result(f"{LATEST.__name__} read + claim, before any ANALYZE", "msg/s", cold, work=messages, baseline=baseline,
                details={**details, "analyze": False}),
+    ]
+    big_baseline = f"bare PGMQ read + archive, batch {BIG_BATCH}"
+    results += [
+        Result(big_baseline, "msg/s", bare_big, work=messages, details={"batch": BIG_BATCH, "connections": 1}),
+        Result(f"{LATEST.__name__} read + claim, batch {BIG_BATCH} (no handlers)", "msg/s", claims_big, work=messages,
+               baseline=big_baseline, details={**details, "batch": BIG_BATCH, "goal": ">= 0.5x"}),
     ]
     if with_v1:
         v1_name = f"ProtocolV1 read + claim on schema {installer.BASELINE_VERSION:04d}"

@@ -270,6 +270,40 @@ class ProtocolV1:
         """Mark the worker stopped."""
         conn.execute(self._sql("stopped"), {"worker_id": worker_id})
 
+    def has_batch_reports(self, conn: psycopg.Connection) -> bool:
+        """Whether the database has ``complete_tasks`` / ``fail_tasks`` (protocol 1 databases never do)."""
+        return False
+
+    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> None:
+        """Report several successes in one call (see :meth:`ProtocolV2.complete_many`).
+
+        Raises:
+            UsageError: protocol 1 has no batch entry point (check :meth:`has_batch_reports`).
+        """
+        raise UsageError("protocol 1 has no batch completion; report each task with complete()")
+
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, str]]) -> None:
+        """Report several failures in one call (see :meth:`ProtocolV2.fail_many`).
+
+        Raises:
+            UsageError: protocol 1 has no batch failure; report each task with fail().
+        """
+        raise UsageError("protocol 1 has no batch failure; report each task with fail()")
+
+    def step_timeouts(self, conn: psycopg.Connection, flow_slug: str, step_slug: str | None) -> dict[str, int]:
+        """Effective timeout in seconds (the step's, else the flow's) of each step the worker may claim.
+
+        Args:
+            flow_slug: the compiled flow.
+            step_slug: a step worker's step (only that step), or ``None`` for every step.
+
+        Returns:
+            ``{step_slug: seconds}``; empty when the flow is not compiled.
+        """
+        rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "step_timeouts"),
+                            {"flow_slug": flow_slug, "step_slug": step_slug}).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
+
 
 class ProtocolV2(ProtocolV1):
     """Protocol 2: queue identity. Queue = the flow's persisted route; claim = ``claim_tasks``.
@@ -301,6 +335,40 @@ class ProtocolV2(ProtocolV1):
             return super().heartbeat(conn, worker_id)
         row = conn.execute(sqlfiles.statement(self.v2_queries, "heartbeat"), {"worker_id": worker_id, **route}).fetchone()
         return bool(row and row[0])
+
+    def has_batch_reports(self, conn: psycopg.Connection) -> bool:
+        """Whether the database has ``pgflow.complete_tasks(jsonb)`` and ``pgflow.fail_tasks(jsonb)`` (schema 0010+)."""
+        row = conn.execute(sqlfiles.statement(self.v2_queries, "has_batch_reports")).fetchone()
+        return bool(row and row[0])
+
+    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> None:
+        """Report several successes in one ``pgflow.complete_tasks`` call (one transaction).
+
+        Args:
+            results: ``(task, output)`` pairs, applied in this order with the per-task semantics
+                of ``complete_task``; every output must be JSON-serialisable.
+
+        Raises:
+            psycopg.Error: the call raised (an element it refused, a lost connection...); nothing
+                of the batch was applied, so each task can be reported alone.
+        """
+        tasks = [{"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": output}
+                 for task, output in results]
+        conn.execute(sqlfiles.statement(self.v2_queries, "complete_many"), {"tasks": Jsonb(tasks)})
+
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, str]]) -> None:
+        """Report several failures in one ``pgflow.fail_tasks`` call (one transaction).
+
+        Args:
+            failures: ``(task, error_message)`` pairs, applied in this order with the per-task
+                semantics of ``fail_task`` (retry or exhaust).
+
+        Raises:
+            psycopg.Error: the call raised; nothing of the batch was applied.
+        """
+        tasks = [{"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
+                  "error_message": message} for task, message in failures]
+        conn.execute(sqlfiles.statement(self.v2_queries, "fail_many"), {"tasks": Jsonb(tasks)})
 
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
         """The generated lowercase default queue (plain flows; step workers need private step queues)."""

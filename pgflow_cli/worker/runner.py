@@ -5,16 +5,38 @@ Lifecycle (states: created -> starting -> running -> draining -> stopped):
 1. **starting**: check the protocol version, compile the flow (``ensure_flow_compiled``),
    register the worker row. Any refusal (protocol mismatch, fenced function, shape
    mismatch) raises before anything was registered or polled.
-2. **running**: one poll thread long-polls the worker's queue for at most as many messages
-   as there are free handler slots, claims them, and hands each claimed task to a thread
-   pool of ``max_concurrent`` handlers. Every ``heartbeat_interval`` seconds it records a
-   heartbeat; a deprecated worker stops polling.
-3. **draining**: no more polling; in-flight handlers finish and report (up to
-   ``drain_timeout`` seconds) while heartbeats go on, so a draining worker is told apart
-   from a dead one (``pgflow fence`` waits for the first and reports the second). Triggered by :meth:`Worker.stop`, SIGTERM/SIGINT in
-   :meth:`Worker.run`, deprecation, or a fatal claim outcome.
+2. **running**: one poll thread long-polls the worker's queue for as many messages as the
+   worker has capacity for (at most ``batch_size``; see "Capacity" below), claims them, and
+   hands each claimed task to a thread pool of ``max_concurrent`` handlers. Every
+   ``heartbeat_interval`` seconds it records a heartbeat; a deprecated worker stops polling.
+3. **draining**: no more polling; claimed tasks and in-flight handlers finish and their reports
+   are sent (up to ``drain_timeout`` seconds) while heartbeats go on, so a draining worker is
+   told apart from a dead one (``pgflow fence`` waits for the first and reports the second).
+   Triggered by :meth:`Worker.stop`, SIGTERM/SIGINT in :meth:`Worker.run`, deprecation, or a
+   fatal claim outcome.
 4. **stopped**: the worker row is marked stopped. Tasks whose handlers were still running
    stay ``started`` and are recovered by stalled-task recovery.
+
+Capacity. A claim starts the task's attempt and hides its message for the step's effective
+timeout (+ 2 s); a claimed task that waits in the worker for a free handler spends that
+window. The worker therefore claims, beyond its free handler slots, only the tasks it expects
+to start within half of the shortest effective timeout of the steps it serves: with ``d`` the
+moving average of how long a handler slot stays taken, ``max_concurrent * floor(budget / d)``
+more, at most ``batch_size`` more. It claims nothing beyond its free slots before it has seen a
+handler finish, or while a handler runs for much longer than ``d`` (it could be stuck). A
+claimed task that still waited longer than its effective timeout is not run (its message may
+already be visible to others); it stays ``started`` for stalled-task recovery. ``prefetch=False``
+reads only as many messages as there are free slots.
+
+Reports. Where the database has ``pgflow.complete_tasks`` / ``pgflow.fail_tasks`` (schema 0010,
+found once at startup) and ``batch_reports`` is on, a handler thread queues its report and
+takes the next task; one reporter thread sends everything queued in one call (completions and
+failures in finish order, each consecutive run of one kind in one call), a lone report at once
+through ``complete_task`` / ``fail_task``. A batch call that raises applied nothing; its tasks
+are then reported one by one, so one refused report never loses the others. Elsewhere each
+handler thread reports its own task with one call. Draining sends every queued report before
+the worker marks itself stopped; a killed worker loses its unsent reports, and their tasks,
+still ``started``, come back through stalled-task recovery like any task of a dead worker.
 
 Logs carry flow, step, run, task index, queue and message ids only, never inputs,
 outputs or message bodies. Database errors while polling are retried with backoff.
@@ -22,6 +44,7 @@ outputs or message bodies. Database errors while polling are retried with backof
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -46,6 +69,7 @@ from pgflow_cli.worker.protocol import (
     SQLSTATE_PROTOCOL,
     ClaimedTask,
 )
+from pgflow_cli.worker.reports import PendingReport, ReportQueue
 
 log = logging.getLogger("pgflow.worker")
 
@@ -56,6 +80,12 @@ STALE_ROW_TYPE_RETRIES = 2
 """How many times a report that failed with 42804 (the task table changed shape while the call
 waited for a migration's lock; see :meth:`Worker._report`) is sent again before it counts as refused."""
 GENERIC_FAILURE = "the handler failed and its error message could not be stored"
+
+DEFAULT_TIMEOUT = 60
+"""Effective timeout (seconds) assumed for a step the database did not describe (pgflow's default)."""
+
+SLOT_AVERAGE_WEIGHT = 0.2
+"""Weight of the newest handler-slot duration in the moving average the capacity estimate uses."""
 
 
 def storable_text(text: str) -> str:
@@ -122,7 +152,13 @@ def unstorable(output: Any) -> str | None:
 
 @dataclass
 class WorkerStats:
-    """Counters for tests, benchmarks and the final log line."""
+    """Counters for tests, benchmarks and the final log line.
+
+    ``report_batches`` counts batch calls that succeeded and ``batch_reported`` the tasks they
+    reported; ``batch_fallbacks`` counts batch calls that raised (their tasks were then
+    reported one by one); ``expired`` counts claimed tasks not run because they waited longer
+    than their effective timeout.
+    """
 
     polls: int = 0
     messages_read: int = 0
@@ -133,6 +169,10 @@ class WorkerStats:
     archived: int = 0
     report_errors: int = 0
     poll_errors: int = 0
+    report_batches: int = 0
+    batch_reported: int = 0
+    batch_fallbacks: int = 0
+    expired: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -156,7 +196,8 @@ class Worker:
         protocol: a protocol object (default: the latest this package speaks).
         step_slug: serve only this step's private queue (protocol 2+ step-queued flows).
         max_concurrent: handler threads (tasks in flight at once).
-        batch_size: most messages read per poll.
+        batch_size: most messages read per poll, and most tasks claimed beyond the free
+            handler slots (see "Capacity" in the module docstring).
         poll_vt: seconds a read message stays invisible before the claim extends it.
         max_poll_seconds: long-poll duration of one read, seconds.
         poll_interval_ms: pause between empty reads inside one long poll, milliseconds.
@@ -167,6 +208,13 @@ class Worker:
         connect_timeout: seconds libpq waits for the server on every connection the worker opens.
         worker_version: free text reported at registration (``workers.worker_version``, shown
             by ``pgflow coverage``); ignored by databases that do not record it.
+        batch_reports: send reports through ``complete_tasks`` / ``fail_tasks`` when the database
+            has them (found at startup; see :attr:`reports_batched`); False: one call per task.
+        prefetch: claim beyond the free handler slots when the tasks are expected to start well
+            within their visibility window; False: read only as many messages as slots are free.
+
+    Attributes:
+        reports_batched: after :meth:`start`, whether reports go through the batch entry points.
     """
 
     def __init__(
@@ -188,6 +236,8 @@ class Worker:
         application_name: str = "pgflow-worker",
         connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
         worker_version: str | None = None,
+        batch_reports: bool = True,
+        prefetch: bool = True,
     ) -> None:
         if max_concurrent < 1 or batch_size < 1:
             raise ValueError("max_concurrent and batch_size must be at least 1")
@@ -212,11 +262,22 @@ class Worker:
         self.state = "created"
         self.stop_reason: str | None = None
         self.fatal: str | None = None
+        self.batch_reports = batch_reports
+        self.prefetch = prefetch
+        self.reports_batched = False
         self._stop = threading.Event()
         self._stopped = threading.Event()
-        self._slots = threading.Semaphore(max_concurrent)
-        self._in_flight = 0
-        self._in_flight_lock = threading.Lock()
+        # capacity bookkeeping, all under _cv: claimed tasks waiting for a handler thread,
+        # handlers running (since when), moving average of a slot's duration
+        self._cv = threading.Condition()
+        self._waiting = 0
+        self._running: dict[int, float] = {}
+        self._slot_seconds: float | None = None
+        self._tokens = itertools.count()
+        self._timeouts: dict[str, int] = {}
+        self._start_budget = DEFAULT_TIMEOUT / 2
+        self._reports = ReportQueue(2 * max(batch_size, max_concurrent))
+        self._reporter: threading.Thread | None = None
         self._pool: ConnectionPool | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
@@ -250,16 +311,19 @@ class Worker:
                     startup, worker_id=self.worker_id, function_name=self.function_name, queue_name=self.queue_name,
                     flow_slug=self.flow.slug, step_slug=self.step_slug, worker_version=self.worker_version,
                 )
+                self.reports_batched = self.batch_reports and self.protocol.has_batch_reports(startup)
+                self._timeouts = self.protocol.step_timeouts(startup, self.flow.slug, self.step_slug)
         except BaseException:
             # Nothing was registered; the worker is finished, not stuck in 'starting'.
             self.state = "stopped"
             self.stop_reason = self.stop_reason or "startup failed"
             self._stopped.set()
             raise
+        self._start_budget = min(self._timeouts.values(), default=DEFAULT_TIMEOUT) / 2
         log.info(
-            "worker %s started: flow=%s step=%s queue=%s function=%s compile=%s protocol=%s",
+            "worker %s started: flow=%s step=%s queue=%s function=%s compile=%s protocol=%s reports=%s",
             self.worker_id, self.flow.slug, self.step_slug or "-", self.queue_name, self.function_name,
-            result.get("status"), self.protocol.version,
+            result.get("status"), self.protocol.version, "batched" if self.reports_batched else "one per call",
         )
         self._pool = ConnectionPool(
             db.connection_string(self._target(), application_name=self.application_name,
@@ -272,6 +336,9 @@ class Worker:
         )
         self._executor = ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="pgflow-task")
         self.state = "running"
+        if self.reports_batched:
+            self._reporter = threading.Thread(target=self._report_loop, name="pgflow-report", daemon=True)
+            self._reporter.start()
         self._thread = threading.Thread(target=self._main_loop, name="pgflow-poll", daemon=True)
         self._thread.start()
 
@@ -287,6 +354,10 @@ class Worker:
     def join(self, timeout: float | None = None) -> bool:
         """Wait until the worker has fully stopped. Returns False on timeout."""
         return self._stopped.wait(timeout)
+
+    def tasks_in_flight(self) -> int:
+        """Claimed tasks whose handler has not finished (waiting for a handler thread or running)."""
+        return self._in_flight()
 
     def run(self) -> int:
         """Start, then block until stopped; SIGTERM/SIGINT trigger a graceful drain.
@@ -324,11 +395,11 @@ class Worker:
                                 self.stop("deprecated")
                                 break
                         next_heartbeat = now + self.heartbeat_interval
-                    free = self._free_slots()
-                    if free == 0:
-                        self._wait_for_slot(min(self.heartbeat_interval, 1.0))
+                    capacity = self._capacity()
+                    if capacity == 0:
+                        self._wait_for_capacity(min(self.heartbeat_interval, 1.0))
                         continue
-                    self._poll_once(min(free, self.batch_size))
+                    self._poll_once(min(capacity, self.batch_size))
                     backoff = 0.5
                 except psycopg.Error as exc:
                     if getattr(exc, "sqlstate", None) == SQLSTATE_PROTOCOL:
@@ -398,8 +469,9 @@ class Worker:
             )
             self.stop("fatal claim outcome")
             return
+        claimed_at = time.monotonic()
         for task in outcome.claimed:
-            self._submit(task)
+            self._submit(task, claimed_at)
 
     def _route(self) -> dict[str, Any]:
         """The route this worker registered (heartbeats are checked against it)."""
@@ -414,20 +486,39 @@ class Worker:
             log.warning("worker %s: could not hand back messages %s (%s); they are visible again after %ss",
                         self.worker_id, ",".join(map(str, message_ids)), type(exc).__name__, self.poll_vt)
 
-    def _free_slots(self) -> int:
-        with self._in_flight_lock:
-            return self.max_concurrent - self._in_flight
+    # capacity -----------------------------------------------------------------------
+    def _in_flight(self) -> int:
+        """Claimed tasks not finished yet (waiting for a handler thread or running)."""
+        with self._cv:
+            return self._waiting + len(self._running)
 
-    def _wait_for_slot(self, timeout: float) -> None:
-        if self._slots.acquire(timeout=timeout):
-            self._slots.release()
+    def _capacity(self) -> int:
+        """How many more tasks to claim now: free handler slots plus the prefetch allowance."""
+        with self._cv:
+            return max(0, self.max_concurrent + self._prefetch_allowance() - self._waiting - len(self._running))
 
-    def _submit(self, task: ClaimedTask) -> None:
+    def _prefetch_allowance(self) -> int:
+        """Tasks that may wait for a slot: those expected to start within the start budget (caller holds _cv)."""
+        average = self._slot_seconds
+        if not self.prefetch or average is None:
+            return 0
+        now = time.monotonic()
+        longest = max((now - since for since in self._running.values()), default=0.0)
+        if longest > 2 * average + 0.05:
+            return 0  # a handler runs far longer than usual: when a slot frees is unknown
+        rounds = int(self._start_budget // max(average, longest, 1e-4))
+        return min(self.batch_size, self.max_concurrent * rounds)
+
+    def _wait_for_capacity(self, timeout: float) -> None:
+        """Wait until a handler starts or finishes (or ``timeout`` seconds, or a stop)."""
+        with self._cv:
+            self._cv.wait(timeout)
+
+    def _submit(self, task: ClaimedTask, claimed_at: float) -> None:
         assert self._executor is not None
-        self._slots.acquire()
-        with self._in_flight_lock:
-            self._in_flight += 1
-        future = self._executor.submit(self._execute, task)
+        with self._cv:
+            self._waiting += 1
+        future = self._executor.submit(self._execute, task, claimed_at)
         future.add_done_callback(lambda done: self._log_escaped(task, done.exception()) if not done.cancelled() else None)
 
     def _log_escaped(self, task: ClaimedTask, exc: BaseException | None) -> None:
@@ -438,20 +529,42 @@ class Worker:
                       type(exc).__name__)
 
     # task execution -----------------------------------------------------------------
-    def _execute(self, task: ClaimedTask) -> None:
-        """Run one claimed task and report it. Never raises: every attempt ends reported, or is
-        logged at ERROR and left ``started`` for stalled-task recovery."""
+    def _execute(self, task: ClaimedTask, claimed_at: float) -> None:
+        """Run one claimed task and report (or queue its report). Never raises: every attempt ends
+        reported, or is logged and left ``started`` for stalled-task recovery."""
+        token = next(self._tokens)
+        started = time.monotonic()
+        with self._cv:
+            self._waiting -= 1
+            self._running[token] = started
+            self._cv.notify_all()
         try:
+            timeout = self._timeouts.get(task.step_slug, DEFAULT_TIMEOUT)
+            if started - claimed_at > timeout:
+                self.stats.add(expired=1)
+                log.warning("worker %s: task %s/%s/%s waited %.0fs for a handler, longer than its %ss timeout; "
+                            "not run, it stays started for stalled-task recovery", self.worker_id, task.run_id,
+                            task.step_slug, task.task_index, started - claimed_at, timeout)
+                return
             ok, payload = self._outcome(task)
-            self._report(task, ok=ok, payload=payload)
+            if not ok:
+                payload = storable_text(str(payload))[:MAX_ERROR_MESSAGE]
+            if not self.reports_batched:
+                self._report(task, ok=ok, payload=payload)
+            elif not self._reports.put(PendingReport(task, ok, payload)):
+                log.error("worker %s: task %s/%s/%s finished after the worker stopped reporting; it stays started "
+                          "for stalled-task recovery", self.worker_id, task.run_id, task.step_slug, task.task_index)
         except BaseException as exc:  # nothing may vanish silently in the thread pool
             self.stats.add(report_errors=1)
             log.error("worker %s: could not finish task %s/%s/%s (%s); it stays started for stalled-task recovery",
                       self.worker_id, task.run_id, task.step_slug, task.task_index, type(exc).__name__)
         finally:
-            with self._in_flight_lock:
-                self._in_flight -= 1
-            self._slots.release()
+            with self._cv:
+                seconds = time.monotonic() - self._running.pop(token)
+                average = self._slot_seconds
+                self._slot_seconds = seconds if average is None else (
+                    average + SLOT_AVERAGE_WEIGHT * (seconds - average))
+                self._cv.notify_all()
 
     def _outcome(self, task: ClaimedTask) -> tuple[bool, Any]:
         """Run the handler; returns ``(True, output)`` or ``(False, storable error text)``."""
@@ -545,6 +658,69 @@ class Worker:
         """What to report instead: the refusal as the task's error, or the generic failure."""
         return self._reason(ok, exc)[:MAX_ERROR_MESSAGE] if ok else GENERIC_FAILURE
 
+    # batched reports --------------------------------------------------------------------
+    def _report_loop(self) -> None:
+        """The reporter thread: send queued reports until the queue is closed and empty."""
+        most = max(self.batch_size, self.max_concurrent)
+        while True:
+            batch = self._reports.take(most)
+            if batch is None:
+                return
+            try:
+                self._flush(batch)
+            except BaseException as exc:  # pragma: no cover - _flush reports or logs every task itself
+                log.error("worker %s: BUG: %d report(s) escaped the report path (%s); their tasks stay started for "
+                          "stalled-task recovery", self.worker_id, len(batch), type(exc).__name__)
+            finally:
+                self._reports.done()
+
+    def _flush(self, batch: list[PendingReport]) -> None:
+        """Send ``batch`` in finish order: each consecutive run of completions (or failures) in one call."""
+        for ok, run in itertools.groupby(batch, key=lambda report: report.ok):
+            reports = list(run)
+            if len(reports) == 1:
+                self._report(reports[0].task, ok=ok, payload=reports[0].payload)
+                continue
+            try:
+                self._send_batch(ok, reports)
+            except Exception as exc:
+                # Nothing of the batch was applied: report each task alone, so the one the
+                # database refuses becomes that task's failure and the others still complete.
+                self.stats.add(batch_fallbacks=1)
+                log.warning("worker %s: a batch of %d %s was not recorded (%s); reporting each task alone",
+                            self.worker_id, len(reports), "completions" if ok else "failures",
+                            first_line(exc) if isinstance(exc, psycopg.Error) else type(exc).__name__)
+                for report in reports:
+                    self._report(report.task, ok=report.ok, payload=report.payload)
+                continue
+            self.stats.add(report_batches=1, batch_reported=len(reports))
+            self.stats.add(completed=len(reports)) if ok else self.stats.add(failed=len(reports))
+
+    def _send_batch(self, ok: bool, reports: list[PendingReport]) -> None:
+        """One ``complete_tasks`` or ``fail_tasks`` call; lost connections are retried (the calls are
+        idempotent: a task already ended is a late report that changes nothing).
+
+        Raises:
+            Exception: whatever the last attempt raised.
+        """
+        assert self._pool is not None
+        pairs = [(report.task, report.payload) for report in reports]
+        for attempt in range(1, 4):
+            try:
+                with self._pool.connection() as conn:
+                    if ok:
+                        self.protocol.complete_many(conn, pairs)
+                    else:
+                        self.protocol.fail_many(conn, pairs)
+                return
+            except psycopg.OperationalError as exc:
+                self.stats.add(report_errors=1)
+                if attempt == 3:
+                    raise
+                log.warning("worker %s: could not send a batch of %d reports (attempt %d): %s", self.worker_id,
+                            len(reports), attempt, type(exc).__name__)
+                time.sleep(min(0.2 * 2 ** attempt, 5))
+
     # shutdown -------------------------------------------------------------------------
     def _drain_heartbeat(self) -> None:
         """Heartbeat while handlers finish: a draining worker is still running tasks, and the rollout
@@ -560,17 +736,21 @@ class Worker:
         self.state = "draining"
         deadline = time.monotonic() + self.drain_timeout
         next_heartbeat = time.monotonic() + self.heartbeat_interval
-        while self._free_slots() < self.max_concurrent and time.monotonic() < deadline:
+        while (self._in_flight() or not self._reports.idle()) and time.monotonic() < deadline:
             if time.monotonic() >= next_heartbeat:
                 self._drain_heartbeat()
                 next_heartbeat = time.monotonic() + self.heartbeat_interval
             time.sleep(0.05)
-        left = self.max_concurrent - self._free_slots()
+        left = self._in_flight()
         if left:
             log.warning("worker %s: %d task(s) still running after %.0fs; they stay started for stalled recovery",
                         self.worker_id, left, self.drain_timeout)
         if self._executor:
             self._executor.shutdown(wait=left == 0, cancel_futures=True)
+        self._reports.close()
+        if self._reporter is not None:
+            # sends what is still queued (reports of handlers that finished at the deadline)
+            self._reporter.join(max(5.0, deadline - time.monotonic()))
         try:
             if self._pool and not self._disowned:
                 with self._pool.connection(timeout=10) as conn:

@@ -37,11 +37,18 @@ WINDOW = "2"
 __all__ = ["DEADLINE", "FenceEnv", "gated_flow", "wait_until"]
 
 
+def _say(line: str) -> None:
+    """Print one whole line in one write: print() writes the text and the newline separately, so two
+    handler threads printing at once could interleave their lines (and hide a RAN line)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def gated_flow(slug: str, gate: Path) -> Flow:
     """``work`` (prints RAN, blocks until ``gate/<run_id>`` or ``gate/all`` exists) -> ``after``."""
 
     def work(run_input: Any, ctx: TaskContext) -> Any:
-        print(f"RAN {ctx.run_id} work {ctx.task_index} {ctx.worker_id}", flush=True)
+        _say(f"RAN {ctx.run_id} work {ctx.task_index} {ctx.worker_id}")
         deadline = time.monotonic() + DEADLINE * 3
         while not ((gate / ctx.run_id).exists() or (gate / "all").exists()):
             if time.monotonic() > deadline:
@@ -50,7 +57,7 @@ def gated_flow(slug: str, gate: Path) -> Flow:
         return {"worked": run_input}
 
     def after(deps: Any, ctx: TaskContext) -> Any:
-        print(f"RAN {ctx.run_id} after {ctx.task_index} {ctx.worker_id}", flush=True)
+        _say(f"RAN {ctx.run_id} after {ctx.task_index} {ctx.worker_id}")
         return {"after": deps}
 
     # work's timeout (5 s) keeps a killed worker's task recoverable 35 s after its claim.

@@ -2,7 +2,8 @@
 
 Every handler invocation is recorded with (run_id, step_slug, task_index, worker); the record
 is compared with ``pgflow.step_tasks`` (status, attempts_count, last_worker_id) and with the
-flow's PGMQ queue and archive.
+flow's PGMQ queue and archive. Each case runs with one report call per task and with batched
+reports (``complete_tasks``, migration 0010).
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ import threading
 
 import pytest
 
+from tests.worker.batch import ensure_batch_functions
 from tests.worker.flows import diamond_map_flow
 from tests.worker.helpers import assert_each_task_ran_exactly_once, wait_until
 
 
+@pytest.mark.parametrize("reports", ["one call per task", "batched"])
 @pytest.mark.parametrize("n_workers", [2, 4])
-def test_concurrent_workers_run_every_task_exactly_once(env, n_workers):
+def test_concurrent_workers_run_every_task_exactly_once(env, n_workers, reports):
+    batched = reports == "batched"
+    if batched:
+        ensure_batch_functions(env)
     rec = env.recorder
     opened = threading.Event()
 
@@ -30,9 +36,11 @@ def test_concurrent_workers_run_every_task_exactly_once(env, n_workers):
             opened.set()
 
     flow = diamond_map_flow("concFlow", rec, gate)
-    workers = [env.worker(flow, function_name="conc-worker", max_concurrent=2, batch_size=2) for _ in range(n_workers)]
+    workers = [env.worker(flow, function_name="conc-worker", max_concurrent=2, batch_size=2, batch_reports=batched)
+               for _ in range(n_workers)]
     for worker in workers:
         worker.start()  # the first start compiles the flow, the others verify it
+    assert [w.reports_batched for w in workers] == [batched] * n_workers
     run_ids = env.start_runs("concFlow", [{"n": i % 4} for i in range(40)])  # maps of 0..3 elements
     finished = env.wait_runs_finished(run_ids)
 
