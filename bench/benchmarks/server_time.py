@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from pgflow_cli.embedded import LocalServer
 
 from bench.core import Context, Result
+from pgflow_cli.sandbox import LocalServer
 from pgflow_cli.worker import Flow
 from pgflow_cli.worker.protocol import LATEST
 
