@@ -330,9 +330,13 @@ def to_json(document: Mapping[str, Any], *, ensure_ascii: bool = False) -> str:
     return json.dumps(document, indent=2, default=_json_default, ensure_ascii=ensure_ascii)
 
 
-def write_json(document: Mapping[str, Any]) -> None:
-    """Write a JSON document to stdout, newline-terminated (ASCII escapes on an ASCII stdout)."""
-    sys.stdout.write(to_json(document, ensure_ascii=ascii_only()) + "\n")
+def write_json(document: Mapping[str, Any], *, compact: bool = False) -> None:
+    """Write a JSON document to stdout, newline-terminated (ASCII escapes on an ASCII stdout);
+    ``compact``: on one line (one document per line, for ``--watch``)."""
+    text = to_json(document, ensure_ascii=ascii_only())
+    if compact:
+        text = json.dumps(json.loads(text), ensure_ascii=ascii_only(), separators=(",", ":"))
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 

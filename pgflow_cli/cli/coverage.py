@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from collections.abc import Mapping
+from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from pgflow_cli import render
 from pgflow_cli.cli import common
@@ -96,69 +94,85 @@ def coverage(
     elif output_format == OutputFormat.csv:
         render.write_csv(CSV_COLUMNS, [r.to_dict() for r in report.routes])
     else:
-        _render_table(report, render.stdout_console())
+        _render_table(report, render.Page(output_format.value))
     code = report.exit_code()
     if code:
         raise typer.Exit(code)
 
 
-def _versions(count: int, versions: list[str]) -> Text:
-    if not count:
-        return render.text("0")
-    return render.text(f"{count} ({', '.join(versions)})")
+COLUMNS = (
+    render.Column("flow", "flow", wrap=True),
+    render.Column("step", "step", wrap=True),
+    render.Column("queue", "queue", drop=6, wrap=True),
+    render.Column("state", "state"),
+    render.Column("live", "live workers (versions)", wrap=True),
+    render.Column("draining", "draining", drop=2, wrap=True),
+    render.Column("stale", "stale", drop=4, justify="right"),
+    render.Column("fenced", "fenced functions", drop=3, wrap=True),
+    render.Column("backlog", "backlog", justify="right"),
+    render.Column("oldest", "oldest", drop=5, justify="right"),
+)
+"""One row per route; too narrow a terminal leaves out queue, oldest, stale, fenced, draining (in that
+order; the flow and step name the route, the state says fenced or draining)."""
 
 
-def _backlog(route: coverage_op.Route) -> Text:
+def _versions(count: int, versions: list[str]) -> str:
+    return f"{count} ({', '.join(versions)})" if count else "0"
+
+
+def _backlog(route: coverage_op.Route) -> str:
     if not route.queue_exists:
-        return render.text("no queue", "bold red")
+        return "no queue"
     if route.backlog is None:
-        return render.text("unreadable", "dim")
+        return "unreadable"
     text = f"{route.backlog}"
     if route.backlog and route.visible_messages is not None and route.visible_messages != route.backlog:
         text += f" ({route.visible_messages} visible)"
-    return render.text(text, "bold red" if route.work_waiting else None)
+    return text
 
 
-def _age(seconds: float | None) -> Text:
+def _age(seconds: float | None) -> str:
     if seconds is None:
-        return render.text("-", "dim")
+        return "-"
     whole = int(seconds)
     if whole < 120:
-        return render.text(f"{seconds:.0f} s")
+        return f"{seconds:.0f} s"
     if whole < 7200:
-        return render.text(f"{whole // 60} min")
-    return render.text(f"{whole // 3600} h")
+        return f"{whole // 60} min"
+    return f"{whole // 3600} h"
 
 
-def _render_table(report: coverage_op.CoverageReport, console: Console) -> None:
-    table = Table(title=Text(f"pgflow coverage (heartbeat window {report.heartbeat_window:g} s)", style="bold"),
-                  show_header=True, pad_edge=False)
-    for column, justify in (("flow", "left"), ("step", "left"), ("queue", "left"), ("state", "left"),
-                            ("live workers (versions)", "left"), ("draining", "left"), ("stale", "right"),
-                            ("fenced functions", "left"), ("backlog", "right"), ("oldest", "right")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for route in report.routes:
-        state = render.text(route.state.replace("_", " "), STATE_STYLE.get(route.state))
-        if route.work_waiting:
-            state.append("  work waiting", style="bold red")
-        table.add_row(
-            render.text(route.flow_slug), render.text(route.step_slug or "(all steps)", None if route.step_slug else "dim"),
-            render.text(route.queue_name), state, _versions(route.live_workers, route.live_versions),
-            _versions(route.draining_workers, route.draining_versions), render.text(route.stale_workers),
-            render.text(", ".join(route.fenced_functions) or "-"), _backlog(route), _age(route.oldest_message_age_seconds),
-        )
-    console.print(table)
+def _style(key: str, row: Mapping[str, Any]) -> str | None:
+    route: coverage_op.Route = row["route"]
+    if key == "state":
+        return "bold red" if route.work_waiting else STATE_STYLE.get(route.state)
+    if key == "backlog":
+        return "bold red" if not route.queue_exists or route.work_waiting else "dim" if route.backlog is None else None
+    if key in ("step", "oldest"):
+        return "dim" if row[key] in ("(all steps)", "-") else None
+    return None
+
+
+def _render_table(report: coverage_op.CoverageReport, page: render.Page) -> None:
+    rows = [{
+        "route": route, "flow": route.flow_slug, "step": route.step_slug or "(all steps)", "queue": route.queue_name,
+        "state": route.state.replace("_", " ") + (" (work waiting)" if route.work_waiting else ""),
+        "live": _versions(route.live_workers, route.live_versions),
+        "draining": _versions(route.draining_workers, route.draining_versions), "stale": route.stale_workers,
+        "fenced": ", ".join(route.fenced_functions) or "-", "backlog": _backlog(route),
+        "oldest": _age(route.oldest_message_age_seconds),
+    } for route in report.routes]
+    page.table(COLUMNS, rows, title=f"pgflow coverage (heartbeat window {report.heartbeat_window:g} s)", style=_style)
     if report.unowned_workers:
-        console.print(render.text("workers polling queues no route owns:", "bold yellow"))
+        page.line("workers polling queues no route owns:", "bold yellow")
         for w in report.unowned_workers:
             owner = f"flow {w.flow_slug}" + (f" step {w.step_slug}" if w.step_slug else "") if w.flow_slug else "no flow"
-            console.print(render.text(
-                f"  worker {w.worker_id} (function {w.function_name}, {owner}) polls queue {w.queue_name}"
-                + (" [deprecated]" if w.deprecated else "")))
+            page.line(f"  worker {w.worker_id} (function {w.function_name}, {owner}) polls queue {w.queue_name}"
+                      + (" [deprecated]" if w.deprecated else ""))
     counts = report.counts()
     summary = ", ".join(f"{n} {state.replace('_', ' ')}" for state, n in counts.items() if n)
     waiting = sum(1 for r in report.routes if r.work_waiting)
     line = f"{len(report.routes)} route(s): {summary or 'none'}"
     if waiting:
         line += f"; work waiting on {waiting} route(s)"
-    console.print(render.text(line, "bold green" if report.covered else "bold red"))
+    page.line(line, "bold green" if report.covered else "bold red")

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from pgflow_cli import render
 from pgflow_cli.cli import common
@@ -67,7 +66,7 @@ def drop_flow(
 ) -> None:
     STATE.output_format = output_format
     if output_format == OutputFormat.csv:
-        raise UsageError("drop-flow reports as table or json, not csv")
+        raise UsageError("drop-flow reports as table, plain, markdown or json, not csv")
     if confirm is not None and confirm != flow_slug:
         raise UsageError(f"--confirm {confirm!r} does not match the flow slug {flow_slug!r}",
                          hint="give the exact slug twice; letter case matters")
@@ -89,18 +88,18 @@ def drop_flow(
         if table:
             err.print(render.text(f"planning the deletion of flow {flow_slug!r} on {target.describe()}", "dim"))
         plan = drop_op.plan(conn, flow_slug)
-        if table:
-            render_plan(plan, render.stdout_console())
+        page = render.Page(output_format.value) if table else None
+        if page is not None:
+            render_plan(plan, page)
         problem = drop_op.refusal(plan, force=force)
         if problem is not None or dry_run:
             if output_format == OutputFormat.json:
                 render.write_json(_document(target, plan, None, dry_run=dry_run))
             if problem is not None:
                 raise problem
-            if table:
-                render.stdout_console().print(render.text(
-                    "dry run: nothing was deleted" + (" (it would go ahead only with --force)"
-                                                      if plan.verdict == "needs_force" else ""), "dim"))
+            if page is not None:
+                page.line("dry run: nothing was deleted" + (" (it would go ahead only with --force)"
+                                                            if plan.verdict == "needs_force" else ""), "dim")
             return
         if interactive:
             _ask(flow_slug, err)
@@ -118,7 +117,7 @@ def drop_flow(
     if output_format == OutputFormat.json:
         render.write_json(_document(target, plan, result, dry_run=False))
     else:
-        render_result(flow_slug, result, render.stdout_console())
+        render_result(flow_slug, result, page or render.Page(output_format.value))
     if result.leftovers:
         raise PgflowError(
             f"flow {flow_slug!r} was deleted, but the check afterwards still found: " + ", ".join(result.leftovers),
@@ -158,96 +157,119 @@ def _by_status(counts: dict[str, int]) -> str:
     return ", ".join(f"{status} {n:,}" for status, n in sorted(counts.items())) or "-"
 
 
-def render_plan(plan: drop_op.DropPlan, console: Console) -> None:
-    """The plan: rows per table, queues, workers and fences, problems and the verdict."""
-    console.print(Text.assemble(("drop-flow plan for flow ", "bold"), render.text(plan.flow_slug, "bold"),
-                                render.text(f"  (queue mode {plan.queue_mode})", "dim")))
-    rows = Table(show_header=True, pad_edge=False, box=None)
-    rows.add_column("table")
-    rows.add_column("rows deleted", justify="right")
-    rows.add_column("by status")
-    for name in ("flows", "steps", "deps", "runs", "step_states", "step_tasks", "workers"):
-        note = _by_status(plan.by_status.get(name, {})) if name in plan.by_status else (
-            "stale and stopped rows only" if name == "workers" else "")
-        rows.add_row(render.text(f"pgflow.{name}"), render.text(_count(plan.rows.get(name))), render.text(note, "dim"))
-    console.print(rows)
+PLAN_COLUMNS = (
+    render.Column("table", "table"),
+    render.Column("rows", "rows deleted", justify="right"),
+    render.Column("by_status", "by status", drop=1, wrap=True),
+)
+QUEUE_COLUMNS = (
+    render.Column("queue", "queue", wrap=True),
+    render.Column("meta", "pgmq.meta", drop=4, wrap=True),
+    render.Column("tables", "tables"),
+    render.Column("messages", "queued msgs", justify="right"),
+    render.Column("archived", "archived msgs", drop=3, justify="right"),
+    render.Column("size", "size", drop=5, justify="right"),
+    render.Column("used_by", "used by", drop=2, wrap=True),
+)
+"""The plan's queues; too narrow a terminal leaves out size, pgmq.meta, archived msgs, used by (in that order)."""
+RESULT_COLUMNS = (
+    render.Column("table", "table", wrap=True),
+    render.Column("rows", "rows", wrap=True, justify="right"),
+)
 
-    queues = Table(show_header=True, pad_edge=False, box=None)
-    for column, justify in (("queue", "left"), ("pgmq.meta", "left"), ("tables", "left"), ("queued msgs", "right"),
-                            ("archived msgs", "right"), ("size", "right"), ("used by", "left")):
-        queues.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for q in plan.queues:
-        tables = "missing" if q.state == "missing" else "present"
-        queues.add_row(render.text(q.queue_name, "red" if q.problems else None), render.text(q.listed_as or "-"),
-                       render.text(tables, "yellow" if q.state == "missing" else None), render.text(_count(q.messages)),
-                       render.text(_count(q.archived)), render.text(_bytes(q.bytes)), render.text(", ".join(q.origins)))
-    console.print(queues)
+
+def _plan_style(key: str, row: Mapping[str, Any]) -> str | None:
+    if key == "by_status":
+        return "dim"
+    if key == "queue" and row.get("problems"):
+        return "red"
+    if key == "tables" and row.get("tables") == "missing":
+        return "yellow"
+    return None
+
+
+def render_plan(plan: drop_op.DropPlan, page: render.Page) -> None:
+    """The plan: rows per table, queues, workers and fences, problems and the verdict.
+
+    Args:
+        plan: what :func:`pgflow_cli.operations.drop_flow.plan` found.
+        page: where to write it (``table``, ``plain`` or ``markdown``).
+    """
+    page.line(f"drop-flow plan for flow {plan.flow_slug} (queue mode {plan.queue_mode})", "bold")
+    page.table(PLAN_COLUMNS, [
+        {"table": f"pgflow.{name}", "rows": _count(plan.rows.get(name)),
+         "by_status": _by_status(plan.by_status.get(name, {})) if name in plan.by_status
+         else "stale and stopped rows only" if name == "workers" else ""}
+        for name in ("flows", "steps", "deps", "runs", "step_states", "step_tasks", "workers")], style=_plan_style)
+    page.table(QUEUE_COLUMNS, [
+        {"queue": q.queue_name, "problems": bool(q.problems), "meta": q.listed_as or "-",
+         "tables": "missing" if q.state == "missing" else "present", "messages": _count(q.messages),
+         "archived": _count(q.archived), "size": _bytes(q.bytes), "used_by": ", ".join(q.origins)}
+        for q in plan.queues], style=_plan_style)
     for q in plan.queues:
         if q.state == "missing":
-            console.print(render.text(f"  queue {q.queue_name}: its table is already gone (dropped outside pgflow?); "
-                                      "the deletion reports it and removes what is left of it", "yellow"))
+            page.line(f"  queue {q.queue_name}: its table is already gone (dropped outside pgflow?); "
+                      "the deletion reports it and removes what is left of it", "yellow")
 
-    _render_workers(plan, console)
+    _render_workers(plan, page)
     for problem in plan.problems:
-        console.print(render.text(f"  problem: {problem}", "red"))
+        page.line(f"  problem: {problem}", "red")
     verdict = {"ready": ("ready: nothing works on this flow any more", "green"),
                "needs_force": ("blocked: " + "; ".join(plan.blockers), "yellow"),
                "refused": ("refused: the flow's queues are not its own alone (see the problems)", "bold red")}
     message, style = verdict.get(plan.verdict, (plan.verdict, None))
-    console.print(render.text(message, style))
+    page.line(message, style)
 
 
-def _render_workers(plan: drop_op.DropPlan, console: Console) -> None:
+def _render_workers(plan: drop_op.DropPlan, page: render.Page) -> None:
     activity = plan.activity
     functions = activity.get("functions") or []
     fence = "fenced" if activity.get("fenced") else "not fenced"
     drained = "drained" if activity.get("drained") else f"{activity.get('in_flight_tasks', 0)} task(s) in flight"
-    console.print(render.text(
-        f"workers: {activity.get('live_workers', 0)} live, {activity.get('draining_workers', 0)} draining, "
-        f"{activity.get('stale_workers', 0)} stale or stopped · {fence} · {drained}"))
+    page.line(f"workers: {activity.get('live_workers', 0)} live, {activity.get('draining_workers', 0)} draining, "
+              f"{activity.get('stale_workers', 0)} stale or stopped · {fence} · {drained}")
     if functions:
-        console.print(render.text("  functions: " + ", ".join(
-            f"{f['function_name']} ({'enabled' if f['enabled'] else 'disabled'})" for f in functions), "dim"))
+        page.line("  functions: " + ", ".join(
+            f"{f['function_name']} ({'enabled' if f['enabled'] else 'disabled'})" for f in functions), "dim")
     for w in plan.workers:
         if w["state"] in ("live", "draining"):
-            console.print(render.text(
-                f"  {w['state']} worker {w['worker_id']} of {w['function_name']} on queue {w['queue_name']}"
-                + (f" step {w['step_slug']}" if w.get("step_slug") else "")
-                + f", heartbeat {w['seconds_since_heartbeat']} s ago", "yellow" if w["state"] == "live" else None))
+            page.line(f"  {w['state']} worker {w['worker_id']} of {w['function_name']} on queue {w['queue_name']}"
+                      + (f" step {w['step_slug']}" if w.get("step_slug") else "")
+                      + f", heartbeat {w['seconds_since_heartbeat']} s ago", "yellow" if w["state"] == "live" else None)
 
 
-def render_result(flow_slug: str, result: drop_op.DropResult, console: Console) -> None:
-    """Per-table counts, the queues, the workers and the verification."""
-    table = Table(title=Text.assemble(("deleted flow ", "bold"), render.text(flow_slug, "bold")),
-                  show_header=True, pad_edge=False, box=None, title_justify="left")
-    table.add_column("table")
-    table.add_column("rows", justify="right")
-    for name in drop_op.TABLES:
-        table.add_row(render.text(f"pgflow.{name}"), render.text(_count(result.deleted[name])))
+def render_result(flow_slug: str, result: drop_op.DropResult, page: render.Page) -> None:
+    """Per-table counts, the queues, the workers and the verification.
+
+    Args:
+        flow_slug: the flow deleted.
+        result: what :func:`pgflow_cli.operations.drop_flow.drop` did.
+        page: where to write it (``table``, ``plain`` or ``markdown``).
+    """
+    rows: list[dict[str, str]] = [{"table": f"pgflow.{name}", "rows": _count(result.deleted[name])}
+                                  for name in drop_op.TABLES]
     for q in result.queues:
         what = "dropped" if q["outcome"] == "dropped" else "already gone"
-        table.add_row(render.text(f"queue {q['queue_name']} ({what})"),
-                      render.text(f"{_count(q['messages'])} queued, {_count(q['archived'])} archived"))
-    console.print(table)
+        rows.append({"table": f"queue {q['queue_name']} ({what})",
+                     "rows": f"{_count(q['messages'])} queued, {_count(q['archived'])} archived"})
+    page.table(RESULT_COLUMNS, rows, title=f"deleted flow {flow_slug}")
     for q in result.queues:
         if q["outcome"] == "already_gone":
-            console.print(render.text(f"warning: queue {q['queue_name']} was already gone before the deletion", "yellow"))
+            page.line(f"warning: queue {q['queue_name']} was already gone before the deletion", "yellow")
         for note in q.get("leftovers") or []:
-            console.print(render.text(f"  queue {q['queue_name']}: {note}", "dim"))
+            page.line(f"  queue {q['queue_name']}: {note}", "dim")
     if result.workers_told_to_stop:
-        console.print(render.text(
-            f"{result.workers_told_to_stop} worker row(s) of the flow were marked deprecated: those workers stop at "
-            "their next heartbeat; stop their processes too", "yellow"))
+        page.line(f"{result.workers_told_to_stop} worker row(s) of the flow were marked deprecated: those workers "
+                  "stop at their next heartbeat; stop their processes too", "yellow")
     functions = sorted({f["function_name"] for f in result.activity.get("functions") or []})
     if functions:
-        console.print(render.text(
-            "worker functions left in place (yours to remove once nothing else uses them): " + ", ".join(functions), "dim"))
+        page.line("worker functions left in place (yours to remove once nothing else uses them): "
+                  + ", ".join(functions), "dim")
     if result.export:
-        console.print(render.text(f"exported to {result.export['directory']}: " + ", ".join(
-            f"{k} {v:,}" for k, v in result.export["rows"].items()), "dim"))
+        page.line(f"exported to {result.export['directory']}: " + ", ".join(
+            f"{k} {v:,}" for k, v in result.export["rows"].items()), "dim")
     if result.leftovers:
-        console.print(render.text("check afterwards FAILED: " + ", ".join(result.leftovers), "bold red"))
+        page.line("check afterwards FAILED: " + ", ".join(result.leftovers), "bold red")
     else:
-        console.print(render.text(f"checked: nothing of flow {flow_slug!r} is left (rows, queue tables, pgmq.meta) · "
-                                  f"{result.seconds:.2f} s", "green"))
-
+        page.line(f"checked: nothing of flow {flow_slug!r} is left (rows, queue tables, pgmq.meta) · "
+                  f"{result.seconds:.2f} s", "green")

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import enum
 import getpass
-import json
 import socket
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Annotated, Any, Optional
 
 import psycopg
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
@@ -34,7 +32,9 @@ from pgflow_cli.cli.common import (
     mapped_errors,
     resolve,
     versioned,
+    with_target,
 )
+from pgflow_cli.cli.common import _default_format as default_format
 from pgflow_cli.errors import DeadlineReached, ExitCode, PgflowError
 from pgflow_cli.operations import fence as fence_op
 
@@ -49,16 +49,19 @@ app = typer.Typer(
 
 
 class FenceFormat(str, enum.Enum):
-    """Output formats of the fence commands."""
+    """Output formats of the fence commands (docs/commands/README.md "Output formats")."""
 
     table = "table"
+    plain = "plain"
+    markdown = "markdown"
     json = "json"
 
 
 FormatOption = Annotated[
     FenceFormat,
-    typer.Option("--format", "-f", help="Output format: table (people) or json (versioned document).",
-                 case_sensitive=False),
+    typer.Option("--format", "-f", help="Output format: table (terminal default), plain (default when piped), "
+                 "markdown (for tickets) or json (versioned document).", case_sensitive=False,
+                 callback=default_format),
 ]
 FunctionOption = Annotated[
     Optional[list[str]],
@@ -176,15 +179,15 @@ def disable(
         selection = fence_op.select(conn, function or [], flow or [], every=every)
         result = fence_op.disable(conn, selection, reason, dry_run=dry_run, lock_timeout=lock_timeout,
                                   attempts=retries)
+        page = render.Page(output_format.value)
         if not as_json:
-            _print_disable(result, render.stdout_console())
+            _print_disable(result, page)
         if dry_run or detach:
             result.outcome = "dry_run" if dry_run else "detached"
             if as_json:
                 render.write_json(versioned(result.to_document(), STATE.target))
             elif detach:
-                render.stdout_console().print(render.text(
-                    "detached: watch the drain with `pgflow fence status --watch`", "dim"))
+                page.line(with_target("detached: watch the drain with `pgflow fence status --watch`"), "dim")
             return
         last: list[fence_op.DrainProgress] = []
         try:
@@ -198,90 +201,96 @@ def disable(
             result.outcome = "drained"
         except DeadlineReached:
             result.outcome, result.drain = "timeout", (last[0] if last else None)
-            _finish_disable(result, as_json)
+            _finish_disable(result, page, as_json)
             raise
         except KeyboardInterrupt:
             result.outcome, result.drain = "interrupted", (last[0] if last else None)
-            _finish_disable(result, as_json)
+            _finish_disable(result, page, as_json)
             raise _interrupted(
                 f"stopped watching: the fence stays in place ({len(selection.functions)} function(s) disabled, their "
                 "workers deprecated); nothing was undone",
                 hint=f"watch again: `pgflow fence status --watch`; undo: `{_restore_command(selection.functions)}`",
             ) from None
-        _finish_disable(result, as_json)
+        _finish_disable(result, page, as_json)
 
 
-def _finish_disable(result: fence_op.DisableResult, as_json: bool) -> None:
+def _finish_disable(result: fence_op.DisableResult, page: render.Page, as_json: bool) -> None:
     if as_json:
         render.write_json(versioned(result.to_document(), STATE.target))
         return
-    console = render.stdout_console()
     drain = result.drain
     if drain is not None and result.outcome == "drained":
-        console.print(render.text(
-            f"drained after {drain.elapsed:.1f} s: no worker of {', '.join(drain.functions)} heartbeats within "
-            f"{drain.window:g} s and none of their tasks is in flight", "bold green"))
+        page.line(f"drained after {drain.elapsed:.1f} s: no worker of {', '.join(drain.functions)} heartbeats within "
+                  f"{drain.window:g} s and none of their tasks is in flight", "bold green")
         if drain.queued:
-            console.print(render.text(f"{drain.queued} queued task(s) wait for the new workers (kept durably)"))
+            page.line(f"{drain.queued} queued task(s) wait for the new workers (kept durably)")
     if drain is not None and drain.stranded:
-        _print_stranded(drain, console)
+        _print_stranded(drain, page)
     if result.outcome == "drained":
-        console.print(render.text(
-            "next: deploy the new code, then `" + _restore_command(result.selection.functions) + " --wait-heartbeat`",
-            "bold"))
+        page.line(with_target("next: deploy the new code, then `" + _restore_command(result.selection.functions)
+                              + " --wait-heartbeat`"), "bold")
 
 
-def _print_stranded(drain: fence_op.DrainProgress, console: Console) -> None:
-    console.print(render.text(
-        f"{drain.stranded} started task(s) are stranded (their worker stopped heartbeating); stalled recovery "
-        "requeues each at its recovery time, and the new workers run it:", "yellow"))
+def _print_stranded(drain: fence_op.DrainProgress, page: render.Page) -> None:
+    page.line(f"{drain.stranded} started task(s) are stranded (their worker stopped heartbeating); stalled recovery "
+              "requeues each at its recovery time, and the new workers run it:", "yellow")
     for task in drain.tasks:
         if not task.in_flight:
-            console.print(render.text(f"  {task.label()}", "yellow"))
+            page.line(f"  {task.label()}", "yellow")
     listed = sum(1 for t in drain.tasks if not t.in_flight)
     if drain.stranded > listed:
-        console.print(render.text(f"  ... and {drain.stranded - listed} more", "yellow"))
+        page.line(f"  ... and {drain.stranded - listed} more", "yellow")
 
 
 def _yes_no(value: bool | None) -> str:
     return "" if value is None else ("enabled" if value else "disabled")
 
 
-def _print_disable(result: fence_op.DisableResult, console: Console) -> None:
+DISABLE_COLUMNS = (
+    render.Column("function", "function", wrap=True),
+    render.Column("action", "action"),
+    render.Column("before", "before", drop=2),
+    render.Column("now", "now"),
+    render.Column("fence", "fence", drop=3),
+    render.Column("deprecated", "workers deprecated", drop=1, justify="right"),
+    render.Column("flows", "flows served", drop=4, wrap=True),
+)
+"""What a disable did; too narrow a terminal leaves out flows served, fence, before, workers deprecated."""
+
+
+def _print_disable(result: fence_op.DisableResult, page: render.Page) -> None:
     title = "dry run: would fence" if result.dry_run else "fenced"
-    table = Table(title=render.text(f"{title} {len(result.changes)} worker function(s)"), title_justify="left")
-    for column in ("function", "action", "before", "now", "fence", "workers deprecated", "flows served"):
-        table.add_column(column, overflow="fold", no_wrap=column == "function")
-    for change in result.changes:
-        action = change.action if not result.dry_run else ("would fence" if change.action == "fenced" else change.action)
-        now = "disabled" if result.dry_run else _yes_no(change.enabled)
-        table.add_row(
-            render.text(change.function_name, "bold"), render.text(action),
-            render.text(_yes_no(change.previous_enabled)), render.text(now),
-            render.text("" if result.dry_run or change.fence_id is None else f"#{change.fence_id}"),
-            render.text(change.workers_deprecated), render.text(", ".join(result.selection.flows_of(change.function_name))),
-        )
-    console.print(table)
+    page.table(DISABLE_COLUMNS, [
+        {"function": change.function_name,
+         "action": change.action if not result.dry_run else ("would fence" if change.action == "fenced" else change.action),
+         "before": _yes_no(change.previous_enabled), "now": "disabled" if result.dry_run else _yes_no(change.enabled),
+         "fence": "" if result.dry_run or change.fence_id is None else f"#{change.fence_id}",
+         "deprecated": change.workers_deprecated, "flows": ", ".join(result.selection.flows_of(change.function_name))}
+        for change in result.changes], title=f"{title} {len(result.changes)} worker function(s)", style=_bold_function)
     reasons = {c.fence_reason for c in result.changes if c.fence_reason}
     if reasons and not result.dry_run:
-        console.print(render.text("reason: " + " | ".join(sorted(reasons))))
+        page.line("reason: " + " | ".join(sorted(reasons)))
     if result.deprecated:
         verb = "would deprecate" if result.dry_run else "deprecated"
-        console.print(render.text(f"{verb} {len(result.deprecated)} worker(s):"))
+        page.line(f"{verb} {len(result.deprecated)} worker(s):")
         for worker in result.deprecated:
-            console.print(render.text(f"  {worker.label()}"))
+            page.line(f"  {worker.label()}")
     for change in result.changes:
         if change.paused_reason:
-            console.print(render.text(f"note: {change.function_name} is paused by a fatal claim: {change.paused_reason} "
-                                      "(a restore keeps it disabled)", "yellow"))
+            page.line(f"note: {change.function_name} is paused by a fatal claim: {change.paused_reason} "
+                      "(a restore keeps it disabled)", "yellow")
         if change.action == "already_fenced":
-            console.print(render.text(f"note: {change.function_name} was already fenced (fence #{change.fence_id}); "
-                                      "its record is unchanged", "dim"))
+            page.line(f"note: {change.function_name} was already fenced (fence #{change.fence_id}); "
+                      "its record is unchanged", "dim")
     shared = [(c.function_name, result.selection.flows_of(c.function_name)) for c in result.changes]
     for name, flows in shared:
         extra = sorted(set(flows) - set(result.selection.requested_flows)) if result.selection.requested_flows else []
         if extra:
-            console.print(render.text(f"note: {name} also serves {', '.join(extra)}; those flows pause too", "yellow"))
+            page.line(f"note: {name} also serves {', '.join(extra)}; those flows pause too", "yellow")
+
+
+def _bold_function(key: str, row: Mapping[str, Any]) -> str | None:
+    return "bold" if key == "function" else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -315,34 +324,58 @@ def _summary(progress: fence_op.DrainProgress) -> str:
             f"{progress.in_flight} task(s) in flight, {progress.stranded} stranded, {progress.queued} queued")
 
 
+WORKER_COLUMNS = (
+    render.Column("worker", "worker"), render.Column("function", "function", wrap=True),
+    render.Column("flow", "flow", drop=2, wrap=True), render.Column("step", "step", drop=1, wrap=True),
+    render.Column("heartbeat", "heartbeat age", justify="right"), render.Column("deprecated", "deprecated", drop=3),
+)
+STEP_COLUMNS = (
+    render.Column("function", "function", wrap=True), render.Column("flow", "flow", wrap=True),
+    render.Column("step", "step", wrap=True), render.Column("in_flight", "in flight", justify="right"),
+    render.Column("stranded", "stranded", justify="right"), render.Column("oldest", "oldest", drop=1, justify="right"),
+)
+BACKLOG_COLUMNS = (
+    render.Column("flow", "flow", wrap=True), render.Column("step", "step", wrap=True),
+    render.Column("queue", "queue", drop=1, wrap=True), render.Column("queued", "queued", justify="right"),
+    render.Column("oldest", "oldest", drop=2, justify="right"),
+)
+
+
+def _drain_tables(progress: fence_op.DrainProgress) -> list[tuple[str, Sequence[render.Column], list[dict[str, Any]]]]:
+    """The drain's tables (title, columns, rows), those with rows only: workers left, started tasks
+    per step, queued backlog."""
+    tables: list[tuple[str, Sequence[render.Column], list[dict[str, Any]]]] = [
+        ("workers left", WORKER_COLUMNS, [
+            {"worker": w.worker_id, "function": w.function_name, "flow": w.flow_slug, "step": w.step_slug or "-",
+             "heartbeat": f"{w.heartbeat_age:.1f} s", "deprecated": "yes" if w.deprecated else "no"}
+            for w in progress.workers]),
+        ("started tasks per step", STEP_COLUMNS, [
+            {"function": st.function_name, "flow": st.flow_slug, "step": st.step_slug, "in_flight": st.in_flight,
+             "stranded": st.stranded, "oldest": f"{st.oldest_seconds:.0f} s"} for st in progress.steps]),
+        ("queued backlog", BACKLOG_COLUMNS, [
+            {"flow": b.flow_slug, "step": b.step_slug, "queue": b.queue_name, "queued": b.queued,
+             "oldest": f"{b.oldest_seconds:.0f} s"} for b in progress.backlog]),
+    ]
+    return [table for table in tables if table[2]]
+
+
 def _drain_view(progress: fence_op.DrainProgress) -> Group:
+    """The live drain view on a terminal's stderr (the same tables as :func:`_print_drain`)."""
     parts: list[Any] = [render.text(_summary(progress), "bold")]
-    if progress.workers:
-        workers = Table(title=render.text("workers left"), title_justify="left")
-        for column in ("worker", "function", "flow", "step", "heartbeat age", "deprecated"):
-            workers.add_column(column)
-        for w in progress.workers:
-            workers.add_row(render.text(w.worker_id), render.text(w.function_name), render.text(w.flow_slug),
-                            render.text(w.step_slug or "-"), render.text(f"{w.heartbeat_age:.1f} s"),
-                            render.text("yes" if w.deprecated else "no"))
-        parts.append(workers)
-    if progress.steps:
-        steps = Table(title=render.text("started tasks per step"), title_justify="left")
-        for column in ("function", "flow", "step", "in flight", "stranded", "oldest"):
-            steps.add_column(column)
-        for s in progress.steps:
-            steps.add_row(render.text(s.function_name), render.text(s.flow_slug), render.text(s.step_slug),
-                          render.text(s.in_flight), render.text(s.stranded), render.text(f"{s.oldest_seconds:.0f} s"))
-        parts.append(steps)
-    if progress.backlog:
-        backlog = Table(title=render.text("queued backlog"), title_justify="left")
-        for column in ("flow", "step", "queue", "queued", "oldest"):
-            backlog.add_column(column)
-        for b in progress.backlog:
-            backlog.add_row(render.text(b.flow_slug), render.text(b.step_slug), render.text(b.queue_name),
-                            render.text(b.queued), render.text(f"{b.oldest_seconds:.0f} s"))
-        parts.append(backlog)
+    for title, columns, rows in _drain_tables(progress):
+        table = Table(title=render.text(title), title_justify="left")
+        for column in columns:
+            table.add_column(column.header, justify=column.justify)  # type: ignore[arg-type]
+        for row in rows:
+            table.add_row(*(render.text(row[c.key]) for c in columns))
+        parts.append(table)
     return Group(*parts)
+
+
+def _print_drain(progress: fence_op.DrainProgress, page: render.Page) -> None:
+    page.line(_summary(progress), "bold")
+    for title, columns, rows in _drain_tables(progress):
+        page.table(columns, rows, title=title)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,8 +419,9 @@ def restore(
     with _connection(dsn, sandbox, connect_timeout) as conn:
         selection = fence_op.restore_selection(conn, function or [], flow or [], every)
         result = fence_op.restore(conn, selection, dry_run=dry_run, lock_timeout=lock_timeout, attempts=retries)
+        page = render.Page(output_format.value)
         if not as_json:
-            _print_restore(result, render.stdout_console())
+            _print_restore(result, page)
         conflict = result.conflict_error()
         waiting = result.enabled_again
         if not wait_heartbeat or dry_run or not waiting:
@@ -414,43 +448,48 @@ def restore(
             result.outcome = "conflict" if conflict else "confirmed"
         except DeadlineReached:
             result.outcome = "timeout"
-            _finish_restore(result, as_json)
+            _finish_restore(result, page, as_json)
             raise
         except KeyboardInterrupt:
             result.outcome = "interrupted"
-            _finish_restore(result, as_json)
+            _finish_restore(result, page, as_json)
             raise _interrupted("stopped waiting for heartbeats: the restore is done and stays",
                                hint="see the workers with `pgflow fence status` or SELECT * FROM pgflow.workers") from None
-        _finish_restore(result, as_json)
+        _finish_restore(result, page, as_json)
         if conflict:
             raise conflict
 
 
-def _finish_restore(result: fence_op.RestoreResult, as_json: bool) -> None:
+def _finish_restore(result: fence_op.RestoreResult, page: render.Page, as_json: bool) -> None:
     if as_json:
         render.write_json(versioned(result.to_document(), STATE.target))
         return
-    console = render.stdout_console()
     for worker in result.new_workers:
-        console.print(render.text(f"new {worker.label()}", "green"))
+        page.line(f"new {worker.label()}", "green")
 
 
-def _print_restore(result: fence_op.RestoreResult, console: Console) -> None:
+RESTORE_COLUMNS = (
+    render.Column("function", "function", wrap=True), render.Column("outcome", "outcome"),
+    render.Column("recorded", "recorded", drop=2), render.Column("now", "now"),
+    render.Column("fence", "fence", drop=3), render.Column("fenced", "fenced", drop=1, wrap=True),
+    render.Column("detail", "detail", wrap=True),
+)
+"""What a restore did; too narrow a terminal leaves out fence, recorded, fenced (when, who, why)."""
+_RESTORE_STYLES = {"restored": "green", "kept_disabled": None, "conflict": "bold red"}
+
+
+def _restore_style(key: str, row: Mapping[str, Any]) -> str | None:
+    return _RESTORE_STYLES.get(row["outcome"]) if key == "outcome" else _bold_function(key, row)
+
+
+def _print_restore(result: fence_op.RestoreResult, page: render.Page) -> None:
     title = "dry run: restore" if result.dry_run else "restore"
-    table = Table(title=render.text(f"{title} of {len(result.changes)} fence(s)"), title_justify="left")
-    for column in ("function", "outcome", "recorded", "now", "fence", "fenced", "detail"):
-        table.add_column(column, overflow="fold", no_wrap=column == "function")
-    styles = {"restored": "green", "kept_disabled": None, "conflict": "bold red"}
-    for change in result.changes:
-        table.add_row(
-            render.text(change.function_name, "bold"), render.text(change.action, styles.get(change.action)),
-            render.text(_yes_no(change.previous_enabled)), render.text(_yes_no(change.enabled)),
-            render.text(f"#{change.fence_id}"),
-            render.text(f"{change.fenced_at:%Y-%m-%d %H:%M:%S} by {change.fenced_by}: {change.fence_reason}"
-                        if change.fenced_at else ""),
-            render.text(change.detail),
-        )
-    console.print(table)
+    page.table(RESTORE_COLUMNS, [
+        {"function": change.function_name, "outcome": change.action, "recorded": _yes_no(change.previous_enabled),
+         "now": _yes_no(change.enabled), "fence": f"#{change.fence_id}",
+         "fenced": f"{change.fenced_at:%Y-%m-%d %H:%M:%S} by {change.fenced_by}: {change.fence_reason}"
+         if change.fenced_at else "", "detail": change.detail}
+        for change in result.changes], title=f"{title} of {len(result.changes)} fence(s)", style=_restore_style)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -483,23 +522,20 @@ def status(
             if as_json:
                 render.write_json(versioned(report.to_document(), STATE.target))
             else:
-                render.stdout_console().print(_status_view(report))
+                _print_status(report, render.Page(output_format.value))
             return
         try:
             if as_json:
                 while True:
-                    sys.stdout.write(json.dumps(json.loads(render.to_json(versioned(look().to_document(), STATE.target)))) + "\n")
-                    sys.stdout.flush()
+                    render.write_json(versioned(look().to_document(), STATE.target), compact=True)
                     time.sleep(interval)
-            console = render.stdout_console()
-            if not console.is_terminal:
-                while True:
-                    console.print(_status_view(look()))
-                    time.sleep(interval)
-            with Live(_status_view(look()), console=console, refresh_per_second=4) as live:
-                while True:
-                    time.sleep(interval)
-                    live.update(_status_view(look()))
+            page = render.Page(output_format.value)
+            while True:  # a terminal is redrawn; elsewhere one view after the other
+                report = look()
+                if page.console is not None and render.stdout_is_terminal():
+                    page.console.clear()
+                _print_status(report, page)
+                time.sleep(interval)
         except KeyboardInterrupt:
             raise _interrupted("stopped watching; nothing was changed", hint="") from None
 
@@ -513,26 +549,43 @@ def _age(seconds: float) -> str:
     return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
-def _status_view(report: fence_op.StatusReport) -> Group:
+STATUS_COLUMNS = (
+    render.Column("function", "function", wrap=True),
+    render.Column("age", "age", drop=5),
+    render.Column("by", "by", drop=3, wrap=True),
+    render.Column("reason", "reason", drop=2, wrap=True),
+    render.Column("recorded", "recorded", drop=4),
+    render.Column("now", "now"),
+    render.Column("live", "live workers", drop=1, justify="right"),
+    render.Column("in_flight", "in flight", justify="right"),
+    render.Column("stranded", "stranded", justify="right"),
+    render.Column("outlook", "restore would", wrap=True),
+)
+"""The active fences; too narrow a terminal leaves out age, recorded, by, reason, live workers (in that order)."""
+
+
+def _status_style(key: str, row: Mapping[str, Any]) -> str | None:
+    if key == "outlook":
+        return None if row["holds"] else "bold red"
+    return _bold_function(key, row)
+
+
+def _print_status(report: fence_op.StatusReport, page: render.Page) -> None:
     if not report.fences:
-        return Group(render.text("no active fence", "green"))
-    table = Table(title=render.text(f"{len(report.fences)} active fence(s)"), title_justify="left")
-    for column in ("function", "age", "by", "reason", "recorded", "now", "live workers", "in flight", "stranded",
-                   "restore would"):
-        table.add_column(column, overflow="fold", no_wrap=column == "function")
+        page.line("no active fence", "green")
+        return
     drain = report.drain
+    rows = []
     for fence in report.fences:
-        live = sum(1 for w in drain.workers if w.function_name == fence.function_name) if drain else 0
-        flying = sum(s.in_flight for s in drain.steps if s.function_name == fence.function_name) if drain else 0
-        stranded = sum(s.stranded for s in drain.steps if s.function_name == fence.function_name) if drain else 0
-        table.add_row(
-            render.text(fence.function_name, "bold"), render.text(_age(fence.age_seconds)),
-            render.text(fence.fenced_by + (f" via {fence.fenced_application}" if fence.fenced_application else "")),
-            render.text(fence.reason), render.text(_yes_no(fence.previous_enabled)), render.text(_yes_no(fence.enabled)),
-            render.text(live), render.text(flying), render.text(stranded),
-            render.text(fence.restore_outlook(), None if fence.holds else "bold red"),
-        )
-    parts: list[Any] = [table]
+        steps = [st for st in drain.steps if st.function_name == fence.function_name] if drain else []
+        rows.append({
+            "function": fence.function_name, "age": _age(fence.age_seconds),
+            "by": fence.fenced_by + (f" via {fence.fenced_application}" if fence.fenced_application else ""),
+            "reason": fence.reason, "recorded": _yes_no(fence.previous_enabled), "now": _yes_no(fence.enabled),
+            "live": sum(1 for w in drain.workers if w.function_name == fence.function_name) if drain else 0,
+            "in_flight": sum(st.in_flight for st in steps), "stranded": sum(st.stranded for st in steps),
+            "outlook": fence.restore_outlook(), "holds": fence.holds,
+        })
+    page.table(STATUS_COLUMNS, rows, title=f"{len(report.fences)} active fence(s)", style=_status_style)
     if drain is not None:
-        parts.append(_drain_view(drain))
-    return Group(*parts)
+        _print_drain(drain, page)

@@ -8,17 +8,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from pgflow_cli import render
 from pgflow_cli.cli import common
-from pgflow_cli.cli.report_formats import (
-    ReportFormat,
-    ReportFormatOption,
-    chosen,
-    database,
-    target_args,
-    write_document,
-    write_lines,
-    write_table,
-)
+from pgflow_cli.cli.common import OutputFormat
+from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import runs as runs_op
 from pgflow_cli.operations.status import RUN_STATES
 
@@ -46,7 +39,7 @@ def list_(
     before: Annotated[Optional[str], typer.Option("--before", metavar="RUN_ID", show_default=False,
                                                   help="The next page: runs started before this run (the id "
                                                   "the previous page's `next:` line gives).")] = None,
-    output_format: ReportFormatOption = None,
+    output_format: common.FormatOption = OutputFormat.table,
     dsn: common.DsnOption = None,
     sandbox: common.SandboxOption = False,
     connect_timeout: common.ConnectTimeoutOption = 10,
@@ -56,30 +49,44 @@ def list_(
     Exit 0: listed (also when none matched). Exit 2: a bad --status, --limit or --before. Exit 3: cannot
     connect or no pgflow schema. Exit 6: --flow or --before names nothing.
     """
-    fmt = chosen(output_format)
-    if fmt == ReportFormat.json:
-        common.STATE.output_format = common.OutputFormat.json
+    _no_csv(output_format)
     conn, target = common.open_connection(dsn, sandbox, connect_timeout)
     with common.mapped_errors(target), conn:
         page = runs_op.list_runs(conn, flow=flow, status=status, limit=limit, before=before)
-        if fmt == ReportFormat.json:
-            write_document({**page.to_document(), "database": database(conn, target)})
+        if output_format == OutputFormat.json:
+            render.write_json(common.versioned(page.to_document(), target))
             return
-    show_page(page, fmt, target_args(dsn, sandbox))
+    show_page(page, render.Page(output_format.value))
 
 
-def show_page(page: runs_op.RunPage, fmt: ReportFormat, target: str) -> None:
-    """Render a page of runs (not json): one of the functions that switch to the shared renderer."""
-    write_table(fmt, "runs, newest first", ["run id", "flow", "status", "started (UTC)", "ended (UTC)", "failed steps"],
-                [[r.run_id, r.flow_slug, r.status, _when(r.started_at), _when(r.completed_at or r.failed_at),
-                  f"{r.failed_steps} of {r.steps}"] for r in page.runs],
-                drop_order=("ended (UTC)", "failed steps", "flow"))
-    lines = [f"{len(page.runs)} run(s)" + ("" if page.next_before else "; no more")]
+RUN_COLUMNS = (
+    render.Column("run_id", "run id"),
+    render.Column("flow", "flow", drop=1, wrap=True),
+    render.Column("status", "status"),
+    render.Column("started", "started (UTC)"),
+    render.Column("ended", "ended (UTC)", drop=3),
+    render.Column("failed_steps", "failed steps", drop=2),
+)
+"""A page of runs; too narrow a terminal leaves out ended, failed steps, flow (in that order)."""
+
+
+def show_page(page: runs_op.RunPage, out: render.Page) -> None:
+    """Render a page of runs in ``out``'s format; the ``next:`` line repeats the target option given
+    (:func:`common.with_target`).
+
+    Args:
+        page: the runs (:func:`pgflow_cli.operations.runs.list_runs`).
+        out: the page to write (``table``, ``plain`` or ``markdown``).
+    """
+    out.table(RUN_COLUMNS, [
+        {"run_id": r.run_id, "flow": r.flow_slug, "status": r.status, "started": _when(r.started_at),
+         "ended": _when(r.completed_at or r.failed_at), "failed_steps": f"{r.failed_steps} of {r.steps}"}
+        for r in page.runs], title="runs, newest first")
+    out.line(f"{len(page.runs)} run(s)" + ("" if page.next_before else "; no more"), "dim")
     if page.next_before:
         options = "".join(f" --{k} {v}" for k, v in (("flow", page.flow), ("status", page.status)) if v)
         limit = f" --limit {page.limit}" if page.limit != 20 else ""
-        lines.append(f"next: pgflow runs list{options}{limit} --before {page.next_before}{target}")
-    write_lines(lines, "dim", fmt)
+        out.line(common.with_target(f"next: pgflow runs list{options}{limit} --before {page.next_before}"), "dim")
 
 
 @app.command("show")
@@ -89,7 +96,7 @@ def show(
                                               help="Also show the outputs of the run, its steps and tasks.")] = False,
     max_tasks: Annotated[int, typer.Option("--max-tasks", min=1, metavar="N",
                                            help="Show at most N tasks (a map step may have thousands).")] = 200,
-    output_format: ReportFormatOption = None,
+    output_format: common.FormatOption = OutputFormat.table,
     dsn: common.DsnOption = None,
     sandbox: common.SandboxOption = False,
     connect_timeout: common.ConnectTimeoutOption = 10,
@@ -98,44 +105,72 @@ def show(
 
     Exit 0: shown. Exit 2: RUN_ID is not a UUID. Exit 3: cannot connect or no pgflow schema. Exit 6: no such run.
     """
-    fmt = chosen(output_format)
-    if fmt == ReportFormat.json:
-        common.STATE.output_format = common.OutputFormat.json
+    _no_csv(output_format)
+    _no_csv(output_format)
     runs_op.parse_run_id(run_id)  # a bad id is a usage error before any connection
     conn, target = common.open_connection(dsn, sandbox, connect_timeout)
     with common.mapped_errors(target), conn:
         detail = runs_op.show_run(conn, run_id, show_output=show_output, max_tasks=max_tasks)
-        if fmt == ReportFormat.json:
-            write_document({**detail.to_document(), "database": database(conn, target)})
+        if output_format == OutputFormat.json:
+            render.write_json(common.versioned(detail.to_document(), target))
             return
-    show_detail(detail, fmt)
+    show_detail(detail, render.Page(output_format.value))
 
 
-def show_detail(detail: runs_op.RunDetail, fmt: ReportFormat) -> None:
-    """Render one run (not json): one of the functions that switch to the shared renderer."""
+def _step_columns(show_output: bool) -> list[render.Column]:
+    return [render.Column("step", "step", wrap=True), render.Column("type", "type", drop=1),
+            render.Column("status", "status"), render.Column("tasks", "tasks"),
+            render.Column("max_attempts", "max attempts", drop=2, justify="right"),
+            render.Column("error", "error", wrap=True)] + (
+        [render.Column("output", "output", drop=3, wrap=True)] if show_output else [])
+
+
+def _task_columns(show_output: bool) -> list[render.Column]:
+    return [render.Column("step", "step", wrap=True), render.Column("task", "task", justify="right"),
+            render.Column("status", "status"), render.Column("attempts", "attempts", justify="right"),
+            render.Column("requeued", "requeued", drop=1, justify="right"),
+            render.Column("message", "message", drop=2, justify="right"),
+            render.Column("error", "error", wrap=True)] + (
+        [render.Column("output", "output", drop=3, wrap=True)] if show_output else [])
+
+
+def show_detail(detail: runs_op.RunDetail, out: render.Page) -> None:
+    """Render one run in ``out``'s format: a run line, then its steps and its tasks.
+
+    Args:
+        detail: the run (:func:`pgflow_cli.operations.runs.show_run`); outputs only when it holds them.
+        out: the page to write (``table``, ``plain`` or ``markdown``).
+    """
     run = detail.run
     ended = run["completed_at"] or run["failed_at"]
-    lines = [f"run {run['run_id']} of flow {run['flow_slug']}: {run['status']}",
-             f"started {_when(run['started_at'])} UTC" + (f", ended {_when(ended)} UTC" if ended else "")
-             + f"; {run['remaining_steps']} step(s) remaining"]
+    out.line(f"run {run['run_id']} of flow {run['flow_slug']}: {run['status']}", "bold")
+    out.line(f"started {_when(run['started_at'])} UTC" + (f", ended {_when(ended)} UTC" if ended else "")
+             + f"; {run['remaining_steps']} step(s) remaining", "bold")
     if detail.show_output:
-        lines.append(f"output: {_json_text(run.get('output'))}")
-    write_lines(lines, "bold", fmt)
-    step_headers = ["step", "type", "status", "tasks", "max attempts", "error"] + (["output"] if detail.show_output else [])
-    write_table(fmt, "steps", step_headers, [
-        [s["step_slug"], s["step_type"], s["status"] + (f" ({s['skip_reason']})" if s["skip_reason"] else ""),
-         "-" if s["remaining_tasks"] is None else f"{s['initial_tasks'] - s['remaining_tasks']}/{s['initial_tasks']} done",
-         s["max_attempts"], s["error_message"] or "-"] + ([_json_text(s.get("output"))] if detail.show_output else [])
-        for s in detail.steps], drop_order=("max attempts", "type"))
-    task_headers = ["step", "task", "status", "attempts", "requeued", "message", "error"] + (
-        ["output"] if detail.show_output else [])
-    write_table(fmt, "tasks", task_headers, [
-        [t["step_slug"], t["task_index"], _task_state(t), t["attempts_count"], t["requeued_count"],
-         t["message_id"] if t["message_id"] is not None else "-", t["error_message"] or "-"]
-        + ([_json_text(t.get("output"))] if detail.show_output else [])
-        for t in detail.tasks], drop_order=("message", "requeued"))
+        out.line(f"output: {_json_text(run.get('output'))}", "bold")
+
+    def outputs(row: dict[str, Any]) -> dict[str, str]:
+        return {"output": _json_text(row.get("output"))} if detail.show_output else {}
+
+    out.table(_step_columns(detail.show_output), [
+        {"step": s["step_slug"], "type": s["step_type"],
+         "status": s["status"] + (f" ({s['skip_reason']})" if s["skip_reason"] else ""),
+         "tasks": "-" if s["remaining_tasks"] is None
+         else f"{s['initial_tasks'] - s['remaining_tasks']}/{s['initial_tasks']} done",
+         "max_attempts": s["max_attempts"], "error": s["error_message"] or "-", **outputs(s)}
+        for s in detail.steps], title="steps")
+    out.table(_task_columns(detail.show_output), [
+        {"step": t["step_slug"], "task": t["task_index"], "status": _task_state(t), "attempts": t["attempts_count"],
+         "requeued": t["requeued_count"], "message": t["message_id"] if t["message_id"] is not None else "-",
+         "error": t["error_message"] or "-", **outputs(t)}
+        for t in detail.tasks], title="tasks")
     if detail.tasks_total > len(detail.tasks):
-        write_lines([f"{detail.tasks_total - len(detail.tasks)} more task(s) not shown (--max-tasks)"], "dim", fmt)
+        out.line(f"{detail.tasks_total - len(detail.tasks)} more task(s) not shown (--max-tasks)", "dim")
+
+
+def _no_csv(output_format: OutputFormat) -> None:
+    if output_format == OutputFormat.csv:
+        raise UsageError("pgflow runs has no csv format: use table, plain, markdown or json")
 
 
 def _task_state(task: dict[str, Any]) -> str:

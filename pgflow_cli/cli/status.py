@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Annotated, Optional
 
-import psycopg
 import typer
 
 from pgflow_cli import db, render
 from pgflow_cli.cli import common
-from pgflow_cli.cli.report_formats import (
-    ReportFormat,
-    ReportFormatOption,
-    age,
-    chosen,
-    database,
-    write_document,
-    write_lines,
-    write_table,
-)
-from pgflow_cli.errors import ExitCode
+from pgflow_cli.cli.common import OutputFormat
+from pgflow_cli.errors import ExitCode, UsageError
 from pgflow_cli.operations import status as status_op
 from pgflow_cli.operations.coverage import DEFAULT_HEARTBEAT_WINDOW
 
@@ -50,7 +39,7 @@ def status(
     watch: Annotated[Optional[float], typer.Option(
         "--watch", metavar="[SECONDS]", is_flag=False, flag_value=WATCH_DEFAULT, min=0.2, show_default=False,
         help=f"Redraw every SECONDS (default {WATCH_DEFAULT:g}) until Ctrl-C.")] = None,
-    output_format: ReportFormatOption = None,
+    output_format: common.FormatOption = OutputFormat.table,
     heartbeat_window: Annotated[float, typer.Option(
         "--heartbeat-window", min=0.1, metavar="SECONDS",
         help="A worker is live when its last heartbeat is at most this old (as `pgflow coverage`).")]
@@ -59,16 +48,15 @@ def status(
     sandbox: common.SandboxOption = False,
     connect_timeout: common.ConnectTimeoutOption = 10,
 ) -> None:
-    fmt = chosen(output_format)
-    if fmt == ReportFormat.json:
-        common.STATE.output_format = common.OutputFormat.json
+    if output_format == OutputFormat.csv:
+        raise UsageError("pgflow status has no csv format: use table, plain, markdown or json")
     conn, target = common.open_connection(dsn, sandbox, connect_timeout)
     stop = threading.Event()
     with common.mapped_errors(target), conn:
         try:
             while True:
                 report = status_op.collect(conn, flow, heartbeat_window=heartbeat_window)
-                show(report, fmt, conn, target, redraw=watch is not None)
+                show(report, output_format, target, redraw=watch is not None)
                 if watch is None or stop.wait(watch):
                     return
         except KeyboardInterrupt:
@@ -78,39 +66,78 @@ def status(
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
 
-def show(report: status_op.StatusReport, fmt: ReportFormat, conn: psycopg.Connection, target: db.Target,
+FLOW_COLUMNS = (
+    render.Column("flow", "flow", wrap=True),
+    render.Column("in_flight", "in flight", justify="right"),
+    render.Column("done", "done", drop=4, justify="right"),
+    render.Column("failed", "failed", drop=3, justify="right"),
+    render.Column("queued", "queued", justify="right"),
+    render.Column("running", "running", drop=2, justify="right"),
+    render.Column("stalled", "stalled", wrap=True),
+    render.Column("waited", "waited", drop=1, justify="right"),
+    render.Column("backlog", "backlog", justify="right"),
+    render.Column("workers", "workers", wrap=True),
+)
+"""The per-flow table; too narrow a terminal leaves out done, failed, running, waited (in that order)."""
+
+QUEUE_COLUMNS = (
+    render.Column("queue", "queue", wrap=True),
+    render.Column("flow", "flow", wrap=True),
+    render.Column("kind", "kind", drop=3),
+    render.Column("messages", "messages", justify="right"),
+    render.Column("visible", "visible", drop=2, justify="right"),
+    render.Column("oldest", "oldest", drop=1, justify="right"),
+)
+
+
+def show(report: status_op.StatusReport, output_format: OutputFormat, target: db.Target,
          redraw: bool = False) -> None:
-    """Render one snapshot in ``fmt`` (the function that switches to the shared renderer)."""
-    if fmt == ReportFormat.json:
-        document = report.to_document()
-        document["database"] = database(conn, target)
-        write_document(document, compact=redraw)
+    """Render one snapshot: a versioned JSON document (one compact line per snapshot when ``redraw``,
+    i.e. ``--watch``) or a :class:`render.Page` in ``table``/``plain``/``markdown``.
+
+    Args:
+        report: the snapshot (:func:`pgflow_cli.operations.status.collect`).
+        output_format: any :class:`OutputFormat` but ``csv``.
+        target: the connected target (the JSON ``database`` object).
+        redraw: ``--watch``: clear a terminal before a ``table`` snapshot, compact JSON lines.
+    """
+    if output_format == OutputFormat.json:
+        render.write_json(common.versioned(report.to_document(), target), compact=redraw)
         return
-    if redraw and fmt == ReportFormat.table and sys.stdout.isatty():
-        render.stdout_console().clear()
-    write_table(fmt, "pgflow status" + (f" --flow {report.flow_filter}" if report.flow_filter else ""),
-                ["flow", "in flight", "done", "failed", "queued", "running", "stalled", "waited", "backlog", "workers"],
-                [_flow_row(f) for f in report.flows], drop_order=("done", "failed", "running", "waited"))
+    page = render.Page(output_format.value)
+    if redraw and page.console is not None and render.stdout_is_terminal():
+        page.console.clear()
+    page.table(FLOW_COLUMNS, [_flow_row(f) for f in report.flows],
+               title="pgflow status" + (f" --flow {report.flow_filter}" if report.flow_filter else ""))
     queues = [q for f in report.flows for q in f.queues] + report.other_queues
     if queues:
-        write_table(fmt, "queues (PGMQ metrics)", ["queue", "flow", "kind", "messages", "visible", "oldest"],
-                    [[q.queue_name + (f" (also {', '.join(q.aliases)})" if q.aliases else ""),
-                      q.flow_slug or "(no flow)", q.origin,
-                      "unknown (no table)" if q.messages is None else q.messages,
-                      "-" if q.visible is None else q.visible, age(q.oldest_message_age_seconds)]
-                     for q in queues], drop_order=("kind", "visible", "oldest"))
-    write_lines([summary(report)], "bold green" if not report.runs_in_flight else "bold", fmt)
+        page.table(QUEUE_COLUMNS, [
+            {"queue": q.queue_name + (f" (also {', '.join(q.aliases)})" if q.aliases else ""),
+             "flow": q.flow_slug or "(no flow)", "kind": q.origin,
+             "messages": "unknown (no table)" if q.messages is None else q.messages,
+             "visible": "-" if q.visible is None else q.visible, "oldest": age(q.oldest_message_age_seconds)}
+            for q in queues], title="queues (PGMQ metrics)")
+    page.line(summary(report), "bold green" if not report.runs_in_flight else "bold")
 
 
-def _flow_row(flow: status_op.FlowStatus) -> list[object]:
+def _flow_row(flow: status_op.FlowStatus) -> dict[str, object]:
     oldest = flow.oldest_queued
-    stalled = ("unknown (not analysed)" if flow.stalled is None else str(flow.stalled)
+    stalled = (render.UNKNOWN if flow.stalled is None else str(flow.stalled)
                + (f" (+{flow.permanently_stalled} given up)" if flow.permanently_stalled else ""))
-    workers = ("unknown (not analysed)" if flow.workers is None
+    workers = (render.UNKNOWN if flow.workers is None
                else ", ".join(f"{n} {kind}" for kind, n in flow.workers.items() if n) or "none")
-    return [flow.flow_slug, flow.runs_in_flight, flow.runs.get("completed", 0), flow.runs.get("failed", 0),
-            flow.tasks.get("queued", 0), flow.tasks.get("started", 0), stalled,
-            age(oldest.age_seconds) if oldest else "-", flow.backlog, workers]
+    return {"flow": flow.flow_slug, "in_flight": flow.runs_in_flight, "done": flow.runs.get("completed", 0),
+            "failed": flow.runs.get("failed", 0), "queued": flow.tasks.get("queued", 0),
+            "running": flow.tasks.get("started", 0), "stalled": stalled,
+            "waited": age(oldest.age_seconds) if oldest else "-", "backlog": flow.backlog, "workers": workers}
+
+
+def age(seconds: float | None) -> str:
+    """A duration for people: ``42 s``, ``7 min``, ``3 h``; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    return f"{whole} s" if whole < 120 else f"{whole // 60} min" if whole < 7200 else f"{whole // 3600} h"
 
 
 def summary(report: status_op.StatusReport) -> str:

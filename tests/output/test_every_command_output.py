@@ -17,7 +17,11 @@ COMMANDS = {
     "fence disable": ["fence", "disable", "--function", "review-worker", "-m", "check", "--dry-run"],
     "drop-flow": ["drop-flow", "review", "--dry-run", "--force"],
     "task list": ["task", "list"],
+    "status": ["status"],
+    "runs list": ["runs", "list"],
+    "runs show": ["runs", "show", "{run_id}"],
 }
+"""Every report command; ``{run_id}`` is the seeded run of flow ``review``."""
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +36,16 @@ def seeded(harness):
     harness.drop(database)
 
 
+def _args(seeded, name):
+    with seeded.connect() as conn:
+        run_id = str(conn.execute("SELECT run_id FROM pgflow.runs WHERE flow_slug = 'review'").fetchone()[0])
+    return [arg.replace("{run_id}", run_id) for arg in COMMANDS[name]]
+
+
 @pytest.mark.parametrize("width", [60, 80, 200])
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_reports_fit_the_width_without_escapes_or_padding(seeded, name, width):
-    args = COMMANDS[name]
+    args = _args(seeded, name)
     fmt = ["--format", "table"]
     result = run_cli(*args, "--dsn", seeded.conninfo, *fmt, env={"COLUMNS": str(width), "NO_COLOR": "1"})
     assert result.code in (0, 1), result.output
@@ -49,7 +59,7 @@ def test_reports_fit_the_width_without_escapes_or_padding(seeded, name, width):
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_reports_piped_and_on_an_ascii_stdout(seeded, name):
-    args = COMMANDS[name]
+    args = _args(seeded, name)
     plain = run_cli(*args, "--dsn", seeded.conninfo)
     assert plain.code in (0, 1), plain.output
     assert "\x1b" not in plain.output and all(line == line.rstrip() for line in plain.stdout.splitlines())
@@ -57,3 +67,19 @@ def test_reports_piped_and_on_an_ascii_stdout(seeded, name):
     assert ascii_run.code == plain.code, ascii_run.output
     assert ascii_run.stdout.isascii() and ascii_run.stderr.isascii()
     assert "Traceback" not in ascii_run.output
+
+
+@pytest.mark.parametrize("fmt", ["plain", "markdown"])
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_reports_as_plain_text_and_markdown(seeded, name, fmt):
+    """Every report command has the two tabulate formats: no escape codes, no trailing spaces, every
+    column (nothing is left out for width, even at 60 columns)."""
+    result = run_cli(*_args(seeded, name), "--dsn", seeded.conninfo, "--format", fmt,
+                     env={"COLUMNS": "60", "TERM": "xterm-256color"})
+    assert result.code in (0, 1), result.output
+    assert "\x1b" not in result.output and "left out at" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines and all(line == line.rstrip() for line in lines)
+    if fmt == "markdown":
+        has_table = {"status", "runs list", "runs show", "coverage", "drop-flow", "fence disable"}
+        assert any(line.startswith("| ") for line in lines) or name not in has_table, result.stdout

@@ -26,7 +26,11 @@ COMMANDS = {
     "fence-restore": (["fence", "restore", "--function", "review-worker", "--dry-run"], {0, 6}),
     "drop-flow": (["drop-flow", "review", "--dry-run", "--force"], {0}),
     "manual-tasks": (["task", "list"], {0}),
+    "status": (["status"], {0}),
+    "runs-list": (["runs", "list"], {0}),
+    "runs-show": (["runs", "show", "{run_id}"], {0}),
 }
+"""``{run_id}``: the seeded run of flow ``review``."""
 
 
 @pytest.fixture
@@ -38,7 +42,8 @@ def seeded(db):
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_json_document_validates_against_its_schema(seeded, name):
     args, codes = COMMANDS[name]
-    result = run_cli(*args, "--dsn", seeded.conninfo, "--format", "json")
+    run_id = str(seeded.connect().execute("SELECT run_id FROM pgflow.runs WHERE flow_slug = 'review'").fetchone()[0])
+    result = run_cli(*(arg.replace("{run_id}", run_id) for arg in args), "--dsn", seeded.conninfo, "--format", "json")
     assert result.code in codes, result.output
     if result.code == ExitCode.CONFLICT:  # restore without a fence: the error document on stderr
         validate(json.loads(result.stderr), "error")

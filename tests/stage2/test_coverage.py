@@ -68,7 +68,7 @@ def test_covered_then_uncovered_with_work_waiting(db, workers):
 
     table = run_cli("coverage", "--dsn", db.conninfo, "--flow", "cliPlain")
     assert table.code == 1
-    assert "uncovered  work waiting" in table.stdout and "cliplain" in table.stdout
+    assert "uncovered (work waiting)" in table.stdout and "cliplain" in table.stdout
 
 
 def test_step_routes_each_need_their_own_worker(db, workers):

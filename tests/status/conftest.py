@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import jsonschema
 import psycopg
 
 from pgflow_cli.sandbox.demo import database_protocol
 from pgflow_cli.worker.protocol import for_version
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 STALLED_WORKER = "00000000-0000-4000-8000-0000000057a1"
 
 
 def validate(document_text: str, schema: str) -> dict:
-    """Parse a --format json document and validate it against docs/schemas/<schema>.schema.json."""
+    """Parse a --format json document and validate it against docs/schemas/<schema>.schema.json
+    (with the shared definitions of common.schema.json, tests/support/schemas.py)."""
+    from tests.support import schemas
+
     document = json.loads(document_text)
-    checker = jsonschema.Draft202012Validator(json.loads((SCHEMAS / f"{schema}.schema.json").read_text()),
-                                              format_checker=jsonschema.FormatChecker())
-    checker.validate(document)
+    schemas.validate(document, schema)
     return document
 
 

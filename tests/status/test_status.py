@@ -160,7 +160,7 @@ def test_table_fits_the_width_and_keeps_words_whole(baseline_db, columns):
             result.stdout
         if args == ["status"]:
             assert "processOrder" in result.stdout or "processOr" in result.stdout
-            assert ("columns left out" in result.stdout) == (columns < 100)  # narrow: fewer columns, said so
+            assert (f"(left out at {columns} columns:" in result.stdout) == (columns < 100)  # narrow: fewer columns, said so
             assert "run(s) in flight" in result.stdout
 
 
