@@ -106,8 +106,11 @@ def test_the_phased_path_ends_where_one_transaction_does(baseline_db, db):
     assert manual.online
     assert [d["phase"] for e, d in events if e == "phase" and d["migration"].startswith("0009")] == [
         "prepare", "validate", "index", "main"]
+    upgraded = _catalog(conn)
     with db.connect() as fresh:  # every migration, each in one transaction
-        assert _catalog(conn) == _catalog(fresh)
+        assert upgraded == _catalog(fresh)
+    assert not [name for name, text in upgraded.items() if text.endswith((" NOT VALIDATED", " INVALID"))]
+    assert upgraded["index idx_step_tasks_manual_waiting"].endswith(" valid")
     assert conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE execution_mode <> 'queue'").fetchone()[0] == 0
 
 
