@@ -17,6 +17,9 @@ any transaction holding the row or a conflicting table lock, without writing), f
 end of the heap (a bulk update locks the first early and the last late). The longest single probe
 is the longest time a lock blocked workers' reads or claims. Goals (issue "pgflow migrate and
 Stage 1"): longest blocking wait under 1 s, total within 2x of the bare update.
+The apply runs every migration after the baseline; the same probes are also kept for the time
+0009 (manual tasks) runs alone ("during 0009"), whose exclusive locks must cover metadata only
+(issues 8 and 14).
 
 This benchmark is heavy: it takes at most 2 samples per quantity whatever ``--repeat`` says.
 """
@@ -81,6 +84,8 @@ class Prober:
         self.keys = keys
         self.interval = interval
         self.longest = {"read": 0.0, "claim": 0.0}
+        self.window = {"read": 0.0, "claim": 0.0}
+        """Like ``longest``, since the last :meth:`reset_window` (one migration's share)."""
         self.count = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -96,9 +101,14 @@ class Prober:
                     ):
                         started = time.perf_counter()
                         conn.execute(query, key)
-                        self.longest[kind] = max(self.longest[kind], time.perf_counter() - started)
+                        waited = time.perf_counter() - started
+                        self.longest[kind] = max(self.longest[kind], waited)
+                        self.window[kind] = max(self.window[kind], waited)
                 self.count += 1
                 self._stop.wait(self.interval)
+
+    def reset_window(self) -> None:
+        self.window = {"read": 0.0, "claim": 0.0}
 
     @contextmanager
     def running(self) -> Iterator["Prober"]:
@@ -121,6 +131,9 @@ def run(ctx: Context) -> list[Result]:
         "claim": Result("longest claim wait, migration 0003", "s", [], work=runs * STEPS,
                         baseline="longest claim wait, bare UPDATE"),
         "read": Result("longest read wait, migration 0003", "s", [], work=runs * STEPS),
+        # the same probes, only while 0009 (manual tasks) runs: its share of the chain's waits
+        "claim_0009": Result("longest claim wait, during 0009", "s", [], work=runs * STEPS),
+        "read_0009": Result("longest read wait, during 0009", "s", [], work=runs * STEPS),
     }
     with ctx.database("mig_data", schema=installer.BASELINE_VERSION) as loaded:
         ctx.log(f"loading {runs} runs / {runs * STEPS} task rows into a baseline database")
@@ -147,7 +160,18 @@ def run(ctx: Context) -> list[Result]:
                                 conn.execute("UPDATE pgflow.step_tasks SET error_message = lower(flow_slug)")
                                 path = "one statement"
                             else:
-                                applied = installer.apply(conn, online="auto")
+                                during_0009: dict[str, float] = {}
+
+                                def window(event: str, data: dict, prober: Prober = prober,
+                                           during: dict[str, float] = during_0009) -> None:
+                                    if not data.get("migration", "").startswith("0009_"):
+                                        return
+                                    if event == "start":
+                                        prober.reset_window()
+                                    elif event == "done":
+                                        during.update(prober.window)
+
+                                applied = installer.apply(conn, online="auto", progress=window)
                                 path = "phased" if applied and applied[-1].online else "one transaction"
                             seconds = time.perf_counter() - started
                             time.sleep(0.2)
@@ -159,6 +183,8 @@ def run(ctx: Context) -> list[Result]:
                             results["migration"].details["path"] = path
                             results["claim"].samples.append(prober.longest["claim"])
                             results["read"].samples.append(prober.longest["read"])
+                            results["claim_0009"].samples.append(during_0009["claim"])
+                            results["read_0009"].samples.append(during_0009["read"])
                         ctx.log(f"sample {sample + 1}/{samples} {kind}: {seconds:.1f}s total, longest claim wait "
                                 f"{prober.longest['claim']:.3f}s, read {prober.longest['read']:.3f}s ({prober.count} probes)")
                     finally:

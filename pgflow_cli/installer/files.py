@@ -30,6 +30,16 @@ RELEASED_CHECKSUMS: dict[str, str] = {
 A release adds its migrations here; from then on their text (for migrations that ``--@apply``
 function files: their own text, the files by name) may never change."""
 
+PREVIOUS_CHECKSUMS: dict[str, tuple[str, ...]] = {
+    # the one-transaction text of 0009 (main up to its phased rewrite, issue 14): identical end state
+    "migrations/0009_manual_tasks.sql": ("e318a42e45730e104f6c217d6e31ada17ce95d62724afe3f7ea6fff2b7462dde",),
+}
+"""Earlier shipped texts of a migration whose text was rewritten without changing what it leaves
+behind (path below ``sql/`` -> SHA-256 hex of each earlier text, computed like
+:attr:`Migration.checksum`). A ledger row holding one of them counts as that migration applied:
+nothing new is recorded for it, and any other checksum is still a mismatch (exit 6).
+docs/architecture.md "Rewriting a shipped migration" says when an entry may be added."""
+
 BASELINE_VERSION = 2
 """Last migration of the released baseline (schema + runtime): the state an upgrade starts from."""
 
@@ -266,6 +276,12 @@ class Migration:
     def checksum(self) -> str:
         """SHA-256 of :attr:`text`: what the ledger records for this migration."""
         return sqlfiles.checksum(self.text)
+
+    @property
+    def accepted_checksums(self) -> tuple[str, ...]:
+        """Every checksum a ledger row of this migration may hold: :attr:`checksum` and the
+        earlier texts of :data:`PREVIOUS_CHECKSUMS`."""
+        return (self.checksum, *PREVIOUS_CHECKSUMS.get(self.path, ()))
 
     @property
     def applies(self) -> tuple[FileApply, ...]:

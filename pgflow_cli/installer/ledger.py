@@ -95,7 +95,8 @@ class MigrationStatus:
 
     ``state`` is one of ``applied``, ``pending``, ``in_progress`` (a phased migration that
     committed some phases; applying resumes it), ``changed`` (file differs from the recorded
-    checksum) or ``unknown`` (recorded, but this tool has no such file).
+    checksum, and that is none of its earlier texts, ``PREVIOUS_CHECKSUMS``) or ``unknown``
+    (recorded, but this tool has no such file).
     """
 
     version: int
@@ -215,7 +216,7 @@ def make_plan(conn: psycopg.Connection) -> Plan:
         row = recorded.pop(migration.version, None)
         if row is None:
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "pending", migration.checksum))
-        elif row.checksum != migration.checksum:
+        elif row.checksum not in migration.accepted_checksums:
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "changed", migration.checksum, row))
         elif row.state == "in_progress":
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "in_progress", migration.checksum, row))

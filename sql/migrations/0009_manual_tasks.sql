@@ -10,17 +10,36 @@
 --     queue_name). queue_name becomes nullable, and a check keeps the old rule for queue-backed
 --     tasks: 'queue' tasks have a queue_name; 'manual' tasks have no queue_name, no message_id,
 --     no worker, no requeue or stall marks, and are never 'queued'.
--- Existing rows are all queue-backed: both columns get the constant default (no rewrite); the
--- checks scan step_tasks once under the lock below.
--- Locks: steps then step_tasks, ACCESS EXCLUSIVE, in the order the runtime reaches definitions and
--- tasks (runs and step states are not touched).
+-- Existing rows are all queue-backed: both columns get the constant default (no rewrite).
+--
+-- Phases (pgflow_cli.installer.PhasedMigration, the convention of 0003). Below the
+-- --@online-threshold task rows everything runs in one transaction (the notx phase skipped; main
+-- builds the index itself): all or nothing. Above it, each phase commits on its own, and the only
+-- locks that block workers are held for metadata-only changes (issue 14):
+--   prepare   steps then step_tasks ACCESS EXCLUSIVE, no scan of step_tasks: the two columns
+--             (constant default), DROP NOT NULL, both task checks NOT VALID (they hold for every
+--             new or changed row from here on), the immutability trigger;
+--   validate  VALIDATE both checks (SHARE UPDATE EXCLUSIVE: reads, claims and reports go on);
+--   index     the manual-waiting partial index, built CONCURRENTLY (an invalid leftover of a
+--             failed build is dropped first; the phase is recorded only with a valid index);
+--   main      the functions and grants, ledger row; no table lock.
+-- Until main commits the level-8 runtime keeps working (it only creates queue tasks, which the
+-- defaults and checks accept). `pgflow migrate apply` resumes an interrupted run;
+-- `pgflow migrate abort 9` undoes the committed phases.
+-- The end state is the same on both paths (validated checks, valid index, same functions).
+--
+-- This text replaced the one-transaction text first shipped as 0009; a ledger holding that
+-- text's checksum is accepted (installer.PREVIOUS_CHECKSUMS, docs/architecture.md).
+--@online-threshold pgflow.step_tasks 100000
 
--- The installer takes these locks first, all or none (docs/architecture.md "Locks a migration takes").
+--@phase prepare
+-- The installer takes these locks first, all or none (docs/architecture.md "Locks a migration
+-- takes"), in the order the runtime reaches definitions and tasks.
 --@lock pgflow.steps ACCESS EXCLUSIVE
 --@lock pgflow.step_tasks ACCESS EXCLUSIVE
-
 LOCK TABLE pgflow.steps, pgflow.step_tasks IN ACCESS EXCLUSIVE MODE;
 
+-- steps holds definitions only (small): its check is validated right away
 ALTER TABLE pgflow.steps ADD COLUMN execution_mode text NOT NULL DEFAULT 'queue';
 ALTER TABLE pgflow.steps ADD CONSTRAINT execution_mode_is_valid CHECK (execution_mode IN ('queue', 'manual'));
 COMMENT ON COLUMN pgflow.steps.execution_mode IS
@@ -28,20 +47,46 @@ COMMENT ON COLUMN pgflow.steps.execution_mode IS
 
 ALTER TABLE pgflow.step_tasks ADD COLUMN execution_mode text NOT NULL DEFAULT 'queue';
 ALTER TABLE pgflow.step_tasks ALTER COLUMN queue_name DROP NOT NULL;
-ALTER TABLE pgflow.step_tasks ADD CONSTRAINT step_tasks_execution_mode_is_valid CHECK (execution_mode IN ('queue', 'manual'));
+ALTER TABLE pgflow.step_tasks ADD CONSTRAINT step_tasks_execution_mode_is_valid
+  CHECK (execution_mode IN ('queue', 'manual')) NOT VALID;
 ALTER TABLE pgflow.step_tasks ADD CONSTRAINT queue_identity_matches_execution_mode CHECK (
   CASE execution_mode
     WHEN 'queue' THEN queue_name IS NOT NULL
     ELSE queue_name IS NULL AND message_id IS NULL AND last_worker_id IS NULL AND status <> 'queued'
          AND requeued_count = 0 AND last_requeued_at IS NULL AND permanently_stalled_at IS NULL
-  END);
+  END) NOT VALID;
 COMMENT ON COLUMN pgflow.step_tasks.execution_mode IS
   'immutable snapshot of the step''s execution mode when the task was created; manual tasks have no queue_name and no message';
 COMMENT ON COLUMN pgflow.step_tasks.queue_name IS
   'immutable snapshot of the PGMQ queue holding this task''s message; with message_id it is the message identity (NULL only for manual tasks)';
+-- the snapshot is immutable from the moment the column exists (its trigger takes a table lock)
+--@apply functions/runtime/_forbid_execution_mode_change.sql sha256=f93273a50373d15aed3a2d3f29e1ad93be5dd07171f754b1fdd382545acf915f
+
+--@phase validate
+--@lock pgflow.step_tasks SHARE UPDATE EXCLUSIVE
+-- SHARE UPDATE EXCLUSIVE: workers keep reading, claiming and reporting while the table is scanned.
+ALTER TABLE pgflow.step_tasks VALIDATE CONSTRAINT step_tasks_execution_mode_is_valid;
+ALTER TABLE pgflow.step_tasks VALIDATE CONSTRAINT queue_identity_matches_execution_mode;
+
 -- waiting manual tasks, oldest first (pgflow task list --older-than)
-CREATE INDEX idx_step_tasks_manual_waiting ON pgflow.step_tasks (started_at)
-  WHERE execution_mode = 'manual' AND status = 'started';
+--@phase index notx
+CREATE INDEX CONCURRENTLY IF NOT EXISTS idx_step_tasks_manual_waiting ON pgflow.step_tasks (started_at)
+  WHERE execution_mode = 'manual' AND status = 'started'
+
+--@phase main
+-- One transaction: the index phase did not run, so the index is built here, under prepare's
+-- locks. Phased: the index phase left a valid index, and nothing here locks a table.
+DO $index$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i
+                 WHERE i.indexrelid = pg_catalog.to_regclass('pgflow.idx_step_tasks_manual_waiting')
+                   AND i.indisvalid) THEN
+    DROP INDEX IF EXISTS pgflow.idx_step_tasks_manual_waiting;
+    CREATE INDEX idx_step_tasks_manual_waiting ON pgflow.step_tasks (started_at)
+      WHERE execution_mode = 'manual' AND status = 'started';
+  END IF;
+END
+$index$;
 
 -- the progression cores shared by worker and manual completion/failure, and the worker paths'
 -- refusal of manual tasks
@@ -54,7 +99,6 @@ CREATE INDEX idx_step_tasks_manual_waiting ON pgflow.step_tasks (started_at)
 --@apply functions/runtime/_start_manual_tasks.sql sha256=42a74beb3f355ba177fce97b83866c8f934ace17da8d4109ae83f483a8bc4623
 --@apply functions/runtime/start_ready_steps.sql sha256=20e2a3ef1947dd5cc54aa39b684c610179e99583adc70426392fd36c215fbadd
 --@apply functions/maintenance/requeue_stalled_tasks.sql sha256=f541b04f6d87435c105e080050fc4d8a640ee54344a995920da1db93240d3e62
---@apply functions/runtime/_forbid_execution_mode_change.sql sha256=f93273a50373d15aed3a2d3f29e1ad93be5dd07171f754b1fdd382545acf915f
 -- the shape carries executionMode; startup compilation validates, compares and persists it (a
 -- manual step of a step-queued flow gets no private queue and routes nowhere)
 --@apply functions/definitions/_set_step_manual.sql sha256=167c61e88a4505f1c5c57c5731df2c1f751835009bf28c76bac557d4ca85980c
@@ -118,3 +162,21 @@ BEGIN
   END LOOP;
 END
 $revoke$;
+
+--@phase abort
+-- `pgflow migrate abort 9`, before main committed: back to level 8 (no manual step or task can
+-- exist yet: the functions that create them come with main). SET NOT NULL scans the task table
+-- under the lock; an abort is rare and short next to a failed upgrade.
+--@lock pgflow.steps ACCESS EXCLUSIVE
+--@lock pgflow.step_tasks ACCESS EXCLUSIVE
+LOCK TABLE pgflow.steps, pgflow.step_tasks IN ACCESS EXCLUSIVE MODE;
+DROP INDEX IF EXISTS pgflow.idx_step_tasks_manual_waiting;
+DROP TRIGGER IF EXISTS step_tasks_execution_mode_immutable ON pgflow.step_tasks;
+DROP FUNCTION IF EXISTS pgflow._forbid_execution_mode_change();
+ALTER TABLE pgflow.step_tasks DROP CONSTRAINT queue_identity_matches_execution_mode;
+ALTER TABLE pgflow.step_tasks DROP CONSTRAINT step_tasks_execution_mode_is_valid;
+ALTER TABLE pgflow.step_tasks ALTER COLUMN queue_name SET NOT NULL;
+ALTER TABLE pgflow.step_tasks DROP COLUMN execution_mode;
+ALTER TABLE pgflow.steps DROP COLUMN execution_mode;
+COMMENT ON COLUMN pgflow.step_tasks.queue_name IS
+  'immutable snapshot of the PGMQ queue holding this task''s message; with message_id it is the message identity';

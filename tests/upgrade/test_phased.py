@@ -25,7 +25,7 @@ def test_online_path_gives_the_same_result_in_small_batches(pre_upgrade):
     bulk_finished_runs(conn, 2000)  # 6,000 more tasks: the heap spans many pages
     events = []
     installer.apply(conn, online="always", batch_pages=10, progress=lambda e, d: events.append((e, d)))
-    phases = [d["phase"] for e, d in events if e == "phase"]
+    phases = [d["phase"] for e, d in events if e == "phase" and d["migration"].startswith("0003")]
     assert phases == ["prepare", "backfill", "validate", "index", "main"]
     batches = [d for e, d in events if e == "batch"]
     assert len(batches) >= 2 and sum(b["rows"] for b in batches) == conn.execute(
