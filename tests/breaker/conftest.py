@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 
 import pytest
 
+from tests.support.cli import sigint_as_at_a_terminal
 from tests.upgrade.conftest import build_pre_upgrade
 
 
@@ -50,4 +50,4 @@ def popen_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
     """Start ``pgflow ARGS`` so that SIGINT reaches Python's handler (not ignored like a shell background job)."""
     return subprocess.Popen([sys.executable, "-m", "pgflow_cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=clean_env(env),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_as_at_a_terminal)

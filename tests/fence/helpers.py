@@ -24,7 +24,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgflow_cli.worker import Flow, TaskContext
-from tests.support.cli import CliResult
+from tests.support.cli import CliResult, dump_stacks_and_kill, sigint_as_at_a_terminal, with_stack_dumps
 from tests.worker.helpers import DEADLINE, WorkerProcess, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,10 +105,21 @@ class Cli:
             sink.append(line)
 
     def finish(self, timeout: float = DEADLINE) -> CliResult:
-        code = self.popen.wait(timeout=timeout)
+        """Wait for the exit; on a timeout fail with the command's Python stacks (it runs with faulthandler)."""
+        try:
+            code = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stacks = dump_stacks_and_kill(self.popen, self._collected_err)
+            raise AssertionError(f"{self.popen.args!r} did not exit within {timeout} s; its stderr and stacks:\n"
+                                 f"{stacks}") from None
         for thread in self._threads:
             thread.join(timeout=10)
         return CliResult(code, "".join(self.out), "".join(self.err))
+
+    def _collected_err(self) -> str:
+        for thread in self._threads:
+            thread.join(timeout=10)
+        return "".join(self.err)
 
     def interrupt(self) -> None:
         self.popen.send_signal(signal.SIGINT)
@@ -118,7 +129,7 @@ def _cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not (k.startswith("PG") or k == "DATABASE_URL")}
     env["COLUMNS"] = "200"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
+    return with_stack_dumps(env)
 
 
 class FenceEnv:
@@ -201,7 +212,7 @@ class FenceEnv:
     def cli_background(self, *args: str) -> Cli:
         """Start ``pgflow fence ARGS --dsn ...`` and return at once."""
         popen = subprocess.Popen(self.fence_args(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=_cli_env(), cwd=str(REPO))
+                                 env=_cli_env(), cwd=str(REPO), preexec_fn=sigint_as_at_a_terminal)
         cli = Cli(popen)
         self.clis.append(cli)
         return cli

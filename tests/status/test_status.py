@@ -17,7 +17,7 @@ from pgflow_cli import sqlfiles
 from pgflow_cli.errors import ExitCode
 from pgflow_cli.sandbox import demo
 from tests.status.conftest import age_claims, claim_one, validate
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli, sigint_as_at_a_terminal
 
 
 def _status(conninfo: str, *args: str) -> dict:
@@ -121,7 +121,8 @@ def test_piped_default_is_plain(db):
 def test_watch_redraws_until_ctrl_c_and_exits_130(db):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     proc = subprocess.Popen([sys.executable, "-m", "pgflow_cli", "status", "--dsn", db.conninfo, "--watch", "0.2",
-                             "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=sigint_as_at_a_terminal)
     try:
         first, second = proc.stdout.readline(), proc.stdout.readline()  # two snapshots: it redraws
         validate(first, "status")

@@ -45,6 +45,65 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+def sigint_as_at_a_terminal() -> None:
+    """``preexec_fn`` for a child a test will Ctrl-C: SIGINT back to its default disposition.
+
+    A process inherits an *ignored* SIGINT (a background job of a non-interactive shell, e.g.
+    ``pytest ... &`` in a script or CI step), and Python then never installs the handler that
+    turns SIGINT into KeyboardInterrupt: the command would never see the test's Ctrl-C. A
+    command an operator starts at a terminal has the default disposition; this gives it that.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _signal_dispositions(pid: int) -> str:
+    """The SigBlk/SigIgn/SigCgt masks of ``pid`` (Linux /proc; bit 2 = SIGINT), or "" elsewhere."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            return " ".join(line.strip() for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+        return ""
+
+
+def with_stack_dumps(env: dict[str, str]) -> dict[str, str]:
+    """``env`` plus PYTHONFAULTHANDLER=1, so that :func:`dump_stacks_and_kill` can show where a child hangs."""
+    return {**env, "PYTHONFAULTHANDLER": "1"}
+
+
+def dump_stacks_and_kill(popen: subprocess.Popen, read_stderr: Callable[[], str] | None = None) -> str:
+    """End a child started with :func:`with_stack_dumps` that did not exit in time, and return the tail
+    of its stderr holding every thread's Python stack.
+
+    The child's signal masks come first (SIGINT ignored or blocked shows there), then
+    SIGABRT makes faulthandler write the stacks to the child's stderr before it dies (SIGKILL
+    after 30 s if it still lives). ``read_stderr`` returns what a reader thread collected; without it
+    the remaining output is read with ``communicate``.
+    """
+    masks = _signal_dispositions(popen.pid)
+    popen.send_signal(signal.SIGABRT)
+    err: str | None = None
+    try:
+        if read_stderr is None:
+            err = popen.communicate(timeout=30)[1]
+        else:
+            popen.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        err = popen.communicate()[1] if read_stderr is None else None
+    text = read_stderr() if read_stderr is not None else (err or "")
+    return f"signal masks before SIGABRT: {masks}\n{text[-6000:]}"
+
+
+def communicate_or_dump(popen: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """``popen.communicate(timeout=...)``; on a timeout, fail with the child's stacks (see
+    :func:`dump_stacks_and_kill`) instead of a bare TimeoutExpired."""
+    try:
+        return popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stacks = dump_stacks_and_kill(popen)
+    raise AssertionError(f"{popen.args!r} did not exit within {timeout} s; its stderr and stacks:\n{stacks}")
+
+
 def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not (k.startswith("PG") or k in ("DATABASE_URL",))}
 

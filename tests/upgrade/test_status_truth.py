@@ -16,7 +16,7 @@ import pytest
 from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode
 from tests.layout.test_apply_directive import FILE, tree  # noqa: F401  (the fixture of a tree with --@apply)
-from tests.support.cli import run_cli
+from tests.support.cli import communicate_or_dump, run_cli, sigint_as_at_a_terminal, with_stack_dumps
 from tests.support.levels import versions_after
 from tests.upgrade.conftest import build_pre_upgrade
 
@@ -97,11 +97,11 @@ def test_ctrl_c_during_a_concurrent_build_says_what_it_left(baseline_db):
     blocker = psycopg.connect(baseline_db.conninfo, application_name="old-reader")
     blocker.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     blocker.execute("SELECT 1")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env = with_stack_dumps({k: v for k, v in os.environ.items() if not k.startswith("PG")})
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgflow_cli", "migrate", "apply", "--dsn", baseline_db.conninfo, "--online", "always",
          "--lock-timeout", "600"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, preexec_fn=sigint_as_at_a_terminal)
     try:
         deadline = time.monotonic() + 120
         while not conn.execute(
@@ -110,7 +110,7 @@ def test_ctrl_c_during_a_concurrent_build_says_what_it_left(baseline_db):
             assert proc.poll() is None and time.monotonic() < deadline, "the build never waited for the old writer"
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
+        _out, err = communicate_or_dump(proc, timeout=60)
         err = " ".join(err.split())
     finally:
         if proc.poll() is None:
