@@ -86,7 +86,7 @@ class ServerInfo:
     service: str | None = None
 
     @classmethod
-    def from_connection(cls, conn: psycopg.Connection, conninfo: str = "") -> "ServerInfo":
+    def from_connection(cls, conn: psycopg.Connection, conninfo: str = "") -> ServerInfo:
         """Read the facts of an open connection (no query is sent).
 
         Args:
@@ -139,7 +139,7 @@ class Target:
     source: str
     server: ServerInfo | None = None
 
-    def connected(self, conn: psycopg.Connection) -> "Target":
+    def connected(self, conn: psycopg.Connection) -> Target:
         """This target with the facts of ``conn`` (what it really reached) attached."""
         return dataclasses.replace(self, server=ServerInfo.from_connection(conn, self.conninfo))
 

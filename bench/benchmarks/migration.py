@@ -111,7 +111,7 @@ class Prober:
         self.window = {"read": 0.0, "claim": 0.0}
 
     @contextmanager
-    def running(self) -> Iterator["Prober"]:
+    def running(self) -> Iterator[Prober]:
         self._thread.start()
         try:
             yield self

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -45,7 +45,7 @@ def _version(value: bool) -> None:
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for internal errors.")] = False,
     version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool | None, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = None,
 ) -> None:
     STATE.debug = STATE.debug or debug

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.padding import Padding
@@ -71,7 +71,7 @@ def audit(
     connect_timeout: ConnectTimeoutOption = 10,
     output_format: FormatOption = OutputFormat.table,
     flow: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--flow",
             help="Report only on this flow (exact slug; repeat for several). Findings that touch it are kept "
@@ -276,7 +276,7 @@ def _bytes(value: int) -> str:
     return f"{value} B"  # pragma: no cover
 
 
-def _installed(schema: "audit_op.SchemaInfo") -> str:
+def _installed(schema: audit_op.SchemaInfo) -> str:
     """Who installed the schema: ``pgflow schema installed by pgflow 0.8.0/0.8.1/0.9.0/0.9.1 (...)``
     when recognised from the catalog, else ``pgflow installed by pgflow-cli``."""
     recognition = schema.recognition or {}

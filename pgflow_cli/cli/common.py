@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import psycopg
 import typer
@@ -51,7 +51,7 @@ def _default_format(ctx: typer.Context, param: typer.CallbackParam, value: Any) 
 
 
 DsnOption = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--dsn",
         help="Connection string (key=value or postgresql:// URL). Default: $PGFLOW_DATABASE_URL, "

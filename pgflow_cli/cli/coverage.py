@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
 
 
 def coverage(
-    flow: Annotated[Optional[list[str]], typer.Option(
+    flow: Annotated[list[str] | None, typer.Option(
         "--flow", metavar="SLUG", show_default=False,
         help="Check only this flow (exact slug; repeat for several).")] = None,
     output_format: common.FormatOption = OutputFormat.table,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -53,9 +53,9 @@ def drop_flow(
         "--force", help="Delete even while live workers serve the flow or runs are started (they are abandoned). "
         "Never overrides queue problems.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask; needs --confirm SLUG too.")] = False,
-    confirm: Annotated[Optional[str], typer.Option(
+    confirm: Annotated[str | None, typer.Option(
         "--confirm", metavar="SLUG", help="The slug again, for --yes (must match exactly).", show_default=False)] = None,
-    export: Annotated[Optional[Path], typer.Option(
+    export: Annotated[Path | None, typer.Option(
         "--export", metavar="DIR", help="First write the definition and run history (inputs and outputs "
         "included, message bodies not) as JSON into this new or empty directory.", show_default=False)] = None,
     lock_timeout: Annotated[float, typer.Option(

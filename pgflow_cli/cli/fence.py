@@ -14,7 +14,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import psycopg
 import typer
@@ -64,12 +64,12 @@ FormatOption = Annotated[
                  callback=default_format),
 ]
 FunctionOption = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--function", help="A worker function (pgflow.worker_functions.function_name); repeat for several.",
                  metavar="NAME", show_default=False),
 ]
 FlowOption = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--flow", help="Every worker function whose workers serve this flow's routes (its steps' queues); "
                  "repeatable.", metavar="SLUG", show_default=False),
 ]

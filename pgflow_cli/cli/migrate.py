@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -50,7 +50,7 @@ def register(root: typer.Typer) -> None:
 
 
 AssumeReleaseOption = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--assume-release", metavar="X.Y.Z",
                  help="Treat an unrecognised pgflow schema as this published release and adopt it anyway; the "
                  "assertion and every difference are recorded (docs/upgrade.md).")
@@ -224,7 +224,7 @@ def apply(
     connect_timeout: ConnectTimeoutOption = 10,
     output_format: FormatOption = OutputFormat.table,
     target_version: Annotated[
-        Optional[int], typer.Option("--target", min=1, metavar="N", help="Apply up to and including this migration number.")
+        int | None, typer.Option("--target", min=1, metavar="N", help="Apply up to and including this migration number.")
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Run the next pending migration and roll it back: rows touched, locks held, time.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -29,14 +29,14 @@ def register(root: typer.Typer) -> None:
 
 @app.command("list")
 def list_(
-    flow: Annotated[Optional[str], typer.Option("--flow", metavar="SLUG", show_default=False,
+    flow: Annotated[str | None, typer.Option("--flow", metavar="SLUG", show_default=False,
                                                 help="Only runs of this flow (exact slug).")] = None,
-    status: Annotated[Optional[str], typer.Option("--status", metavar="STATE", show_default=False,
+    status: Annotated[str | None, typer.Option("--status", metavar="STATE", show_default=False,
                                                   help="Only runs in this state: " + ", ".join(RUN_STATES) + ".")]
     = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=runs_op.MAX_LIMIT, metavar="N",
                                        help="Runs per page, newest first.")] = 20,
-    before: Annotated[Optional[str], typer.Option("--before", metavar="RUN_ID", show_default=False,
+    before: Annotated[str | None, typer.Option("--before", metavar="RUN_ID", show_default=False,
                                                   help="The next page: runs started before this run (the id "
                                                   "the previous page's `next:` line gives).")] = None,
     output_format: common.FormatOption = OutputFormat.table,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -21,7 +21,7 @@ app = typer.Typer(
 )
 
 SeedOption = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--seed",
         help="Load sample data. 'demo': the pre-upgrade baseline schema with flows (some with names the "
@@ -90,13 +90,13 @@ def up(
 @app.command()
 def worker(
     flow: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option("--flow", metavar="SLUG", help="Demo flow to serve (repeatable); default: every runnable demo flow "
                      "(greetUser, processOrder; billing too after the upgrade)."),
     ] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=64, metavar="N", help="Handlers in flight per flow.")] = 4,
     seconds: Annotated[
-        Optional[float],
+        float | None,
         typer.Option("--seconds", min=0.5, metavar="SECONDS", help="Stop after this many seconds (default: run until Ctrl-C)."),
     ] = None,
     until_idle: Annotated[bool, typer.Option(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -16,8 +16,8 @@ from pgflow_cli.operations.coverage import DEFAULT_HEARTBEAT_WINDOW
 
 HELP = """What runs, per flow, in one read-only snapshot: runs by state, tasks by state, the oldest
 queued task and how long it has waited, stalled tasks (what the next pgflow.requeue_stalled_tasks()
-call would take back, and tasks it gave up on), each queue's backlog from PGMQ's metrics (plain flow
-queues and private step queues) and the workers (live, deprecated, stale).
+call would take back, and tasks it gave up on), each queue's backlog (what pgmq.metrics() reports, counted
+from the queue's own table; plain flow queues and private step queues) and the workers (live, deprecated, stale).
 
 --watch redraws every SECONDS (default 2) until Ctrl-C; with --format json it writes one document per
 line. Read-only: SELECT on the pgflow and pgmq tables suffices.
@@ -34,9 +34,9 @@ def register(app: typer.Typer) -> None:
 
 
 def status(
-    flow: Annotated[Optional[str], typer.Option("--flow", metavar="SLUG", show_default=False,
+    flow: Annotated[str | None, typer.Option("--flow", metavar="SLUG", show_default=False,
                                                 help="Only this flow (exact slug).")] = None,
-    watch: Annotated[Optional[float], typer.Option(
+    watch: Annotated[float | None, typer.Option(
         "--watch", metavar="[SECONDS]", is_flag=False, flag_value=WATCH_DEFAULT, min=0.2, show_default=False,
         help=f"Redraw every SECONDS (default {WATCH_DEFAULT:g}) until Ctrl-C.")] = None,
     output_format: common.FormatOption = OutputFormat.table,

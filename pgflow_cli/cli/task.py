@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import psycopg
 import typer
@@ -130,9 +130,9 @@ def list_tasks(
     sandbox: SandboxOption = False,
     connect_timeout: ConnectTimeoutOption = 10,
     output_format: FormatOption = OutputFormat.table,
-    flow: Annotated[Optional[str], typer.Option("--flow", help="Only this flow (exact slug).", metavar="SLUG")] = None,
+    flow: Annotated[str | None, typer.Option("--flow", help="Only this flow (exact slug).", metavar="SLUG")] = None,
     older_than: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--older-than", help="Only tasks waiting longer than this (90, 15m, 2h, 1d).", metavar="DURATION"),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10000, help="At most this many tasks.")] = 100,
@@ -179,9 +179,9 @@ def complete_task(
     run_id: RunArg,
     step: StepArg,
     index: IndexOption = 0,
-    output: Annotated[Optional[str], typer.Option("--output", help="The task output, JSON text.", metavar="JSON")] = None,
+    output: Annotated[str | None, typer.Option("--output", help="The task output, JSON text.", metavar="JSON")] = None,
     output_file: Annotated[
-        Optional[Path], typer.Option("--output-file", help="Read the JSON output from this file.", metavar="PATH")
+        Path | None, typer.Option("--output-file", help="Read the JSON output from this file.", metavar="PATH")
     ] = None,
     dsn: DsnOption = None,
     sandbox: SandboxOption = False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -51,12 +51,12 @@ def register(app: typer.Typer) -> None:
 def worker(
     target: Annotated[str, typer.Argument(metavar="MODULE:FLOW", help="Where the flow is defined, e.g. myapp.flows:scrape.",
                                           show_default=False)],
-    step: Annotated[Optional[str], typer.Option(
+    step: Annotated[str | None, typer.Option(
         "--step", metavar="SLUG", show_default=False,
         help="The step to serve (step-queued flows only, where it is required).")] = None,
     concurrency: Annotated[int, typer.Option(
         "--concurrency", "-c", min=1, metavar="N", help="Handlers running at once (tasks in flight).")] = 10,
-    function: Annotated[Optional[str], typer.Option(
+    function: Annotated[str | None, typer.Option(
         "--function", metavar="NAME", show_default=False,
         help="Worker function to register under (the fence acts on it). Default: <flow>-worker, "
         "or <flow>-<step>-worker for a step worker.")] = None,

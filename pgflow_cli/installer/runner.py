@@ -435,7 +435,7 @@ class _Runner:
                 self.conn.execute(sqlfiles.statement(QUERIES, "ledger_file_record"), {
                     "version": self.migration.version, "path": applied.path, "checksum": applied.checksum})
 
-    def _backfill(self, phase: "Phase", *, own_transactions: bool) -> None:
+    def _backfill(self, phase: Phase, *, own_transactions: bool) -> None:
         """Run a ``batch`` phase over the whole heap, one range of pages per statement.
 
         Each range is sized so that its statement takes about ``batch_seconds`` (the rows it
@@ -484,7 +484,7 @@ class _Runner:
             pages = int(max(pages / 4, min(pages * 2, wanted)))
             pages = max(1, min(MAX_BATCH_PAGES, pages))
 
-    def _bounded_batch(self, phase: "Phase", params: dict[str, int], bound: float) -> Any:
+    def _bounded_batch(self, phase: Phase, params: dict[str, int], bound: float) -> Any:
         """One backfill range in its own transaction, every lock wait and the statement itself
         limited to ``bound`` seconds (``0.75 * deadlock_timeout``).
 
@@ -540,7 +540,7 @@ class _Runner:
         return Applied(self.migration, duration, self.tries, False, list(self.notices))
 
     # phase by phase ---------------------------------------------------------------------
-    def run_online(self, resume: "LedgerRow | None") -> Applied:
+    def run_online(self, resume: LedgerRow | None) -> Applied:
         """Each phase in its own transaction(s); the ledger tracks progress so a rerun resumes."""
         label = self.migration.label
         phased = parse_phases(self.migration.executed(self.skip))
@@ -584,7 +584,7 @@ class _Runner:
                            "online": True})
         return Applied(self.migration, duration, self.tries, True, list(self.notices))
 
-    def _notx(self, phase: "Phase") -> None:
+    def _notx(self, phase: Phase) -> None:
         """Run a statement outside a transaction (``CREATE INDEX CONCURRENTLY``), under a session
         ``lock_timeout``. A concurrent build that failed (a lock timeout while it waits for older
         transactions, a cancel, a duplicate) leaves an INVALID index that ``IF NOT EXISTS`` would

@@ -71,7 +71,7 @@ class QueuePlan:
     problems: list[str]
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "QueuePlan":
+    def from_json(cls, doc: dict[str, Any]) -> QueuePlan:
         return cls(doc["queue_name"], list(doc["origins"]), doc["listed_as"], doc["state"], doc["messages"],
                    doc["archived"], int(doc["bytes"]), doc["table_owner"], list(doc["problems"]))
 
@@ -101,7 +101,7 @@ class DropPlan:
     verdict: str
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "DropPlan":
+    def from_json(cls, doc: dict[str, Any]) -> DropPlan:
         return cls(doc["flow_slug"], doc["queue_mode"], {k: int(v) for k, v in doc["rows"].items()},
                    doc["by_status"], [QueuePlan.from_json(q) for q in doc["queues"]], doc["activity"],
                    list(doc["problems"]), doc["verdict"])

@@ -270,7 +270,7 @@ class LockWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pgflow-lock-watcher", daemon=True)
 
-    def __enter__(self) -> "LockWatcher":
+    def __enter__(self) -> LockWatcher:
         self._thread.start()
         return self
 

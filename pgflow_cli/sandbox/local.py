@@ -79,7 +79,7 @@ class Sandbox:
         self.server = LocalServer(self.directory)
 
     @classmethod
-    def default(cls) -> "Sandbox":
+    def default(cls) -> Sandbox:
         return cls(default_dir())
 
     def conninfo(self) -> str:

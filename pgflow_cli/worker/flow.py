@@ -174,7 +174,7 @@ class Flow(Generic[StepSlug]):
         if_not: Mapping[str, Any] | None = None,
         when_unmet: str = "skip",
         when_exhausted: str = "fail",
-    ) -> "Flow[StepSlug]":
+    ) -> Flow[StepSlug]:
         """Add a single step (one task per run). Returns the flow for chaining.
 
         ``manual=True`` declares a manual step: no handler (``handler`` must be omitted), no queue,
@@ -212,7 +212,7 @@ class Flow(Generic[StepSlug]):
         start_delay: int | None = None,
         when_unmet: str = "skip",
         when_exhausted: str = "fail",
-    ) -> "Flow[StepSlug]":
+    ) -> Flow[StepSlug]:
         """Add a map step: one task per element of ``array`` (a dependency slug) or of the run input.
 
         ``manual=True``: no handler; one manual task per element (task_index = element index), the
@@ -234,7 +234,7 @@ class Flow(Generic[StepSlug]):
             )
         )
 
-    def _add(self, step: StepDefinition) -> "Flow[StepSlug]":
+    def _add(self, step: StepDefinition) -> Flow[StepSlug]:
         self._check_slug(step.slug, "step slug")
         if step.manual and step.handler is not None:
             raise UsageError(f"flow {self.slug!r}: manual step {step.slug!r} has no handler (trusted code completes it)",

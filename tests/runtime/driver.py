@@ -301,7 +301,7 @@ class _SqlstateRaises:
         self.match = match
         self.error: psycopg.Error | None = None
 
-    def __enter__(self) -> "_SqlstateRaises":
+    def __enter__(self) -> _SqlstateRaises:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -26,7 +26,7 @@ class CliWorker(WorkerProcess):
     """`pgflow worker ...` in its own process; ``worker_id`` is read from its startup log line."""
 
     @classmethod
-    def start(cls, conninfo: str, target: str, *args: str, env: dict | None = None) -> "CliWorker":
+    def start(cls, conninfo: str, target: str, *args: str, env: dict | None = None) -> CliWorker:
         popen = subprocess.Popen(
             [sys.executable, "-m", "pgflow_cli", "worker", target, "--dsn", conninfo, "--heartbeat-interval", "0.3",
              "--drain-timeout", "30", *args],

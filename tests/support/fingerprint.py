@@ -22,7 +22,7 @@ class Fingerprint:
     data: str
     attributes: tuple
 
-    def differences(self, other: "Fingerprint") -> list[str]:
+    def differences(self, other: Fingerprint) -> list[str]:
         return [name for name in ("schema", "data", "attributes") if getattr(self, name) != getattr(other, name)]
 
 

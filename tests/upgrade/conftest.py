@@ -158,7 +158,7 @@ def pre_upgrade(baseline_db) -> tuple:
     return baseline_db, build_pre_upgrade(baseline_db.conninfo)
 
 
-def start_runs_in_every_state(d: "BaselineDriver", state: "PreUpgrade") -> None:
+def start_runs_in_every_state(d: BaselineDriver, state: PreUpgrade) -> None:
     """Through a protocol-1 driver, leave runs of orderFlow/fanOut in every in-flight and finished
     state (completed, failed, queued, started by a vanished worker, retry pending, map half done),
     recorded in ``state.runs``. Shared by the upgrade and the upstream-adoption fixtures."""

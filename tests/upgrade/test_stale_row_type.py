@@ -37,7 +37,7 @@ def _claimed_tasks(conn: psycopg.Connection, count: int) -> list[ClaimedTask]:
     return tasks
 
 
-def _reshape_while(database, report: "threading.Thread", pid: int) -> None:
+def _reshape_while(database, report: threading.Thread, pid: int) -> None:
     """What a migration that adds a step_tasks column does to a call in flight: the column is
     added under ACCESS EXCLUSIVE, then ``report`` starts and waits for that lock inside
     complete_task, then the change commits. (0003's ``queue_name`` and 0009's ``execution_mode``

@@ -173,7 +173,7 @@ class WorkerEnv(RowQueries):
     def stop_workers(self, workers: Iterable[Worker] | None = None) -> None:
         stop_and_join(list(workers) if workers is not None else list(self.workers))
 
-    def spawn(self, *, function_name: str, worker_id: str, release_file: Path, extra_env: dict | None = None) -> "WorkerProcess":
+    def spawn(self, *, function_name: str, worker_id: str, release_file: Path, extra_env: dict | None = None) -> WorkerProcess:
         proc = WorkerProcess.spawn(self.conninfo, function_name=function_name, worker_id=worker_id,
                                    release_file=release_file, extra_env=extra_env)
         self.procs.append(proc)
@@ -285,7 +285,7 @@ class WorkerProcess:
 
     @classmethod
     def spawn(cls, conninfo: str, *, function_name: str, worker_id: str, release_file: Path,
-              extra_env: dict | None = None) -> "WorkerProcess":
+              extra_env: dict | None = None) -> WorkerProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
