@@ -3,7 +3,8 @@
 Per flow: runs by state, tasks by state, the oldest queued task and its age, stalled tasks (the
 candidates of the next ``pgflow.requeue_stalled_tasks()`` call, by that function's own rule, and
 those it gave up on), the backlog of every queue the flow uses (its queue or its steps' private
-queues: pgmq.metrics()'s numbers, counted from each queue table) and its workers (live, deprecated, stale, by the liveness rule of ``pgflow coverage``).
+queues: pgmq.metrics()'s numbers, counted from each queue table) and its workers (live,
+deprecated, stale, by the liveness rule of ``pgflow coverage``).
 
 The SQL is ``sql/queries/status.sql``; it runs on every schema level from the protocol-1 baseline
 on and needs only SELECT on the pgflow and pgmq tables.
