@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import uuid
 
 import pytest
 
 from pgflow_cli.worker import Flow, Worker, WorkerFenced
 from tests.claim.helpers import assert_no_body
-from tests.worker.helpers import stop_and_join
+from tests.worker.helpers import stop_and_join, wait_until
 
 DEADLINE = 90.0  # hang guard only
 SECRET = "body-secret-" + uuid.uuid4().hex
@@ -38,14 +37,6 @@ class Calls:
 
 def _flow(calls: Calls) -> Flow:
     return Flow("guardedFlow", max_attempts=2, base_delay=0).step("a", calls.handler)
-
-
-def _wait(predicate, what: str):
-    deadline = time.monotonic() + DEADLINE
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 @pytest.fixture
@@ -121,7 +112,7 @@ def test_fatal_work_stops_the_worker_after_one_error_and_keeps_everything(cl, en
     cl.conn.execute("UPDATE pgflow.worker_functions SET enabled = true WHERE function_name = 'guarded-fn'")
     resumed = env(calls)
     resumed.start()
-    _wait(lambda: cl.one("SELECT status FROM pgflow.runs WHERE run_id = %s", (run,))["status"] == "completed",
+    wait_until(lambda: cl.one("SELECT status FROM pgflow.runs WHERE run_id = %s", (run,))["status"] == "completed",
           "the run to complete after the resume")
     record_claims(cl, run)
     assert calls.items == [(str(run), "a", 0)]
@@ -133,9 +124,9 @@ def test_a_foreign_message_is_archived_with_a_warning_and_work_goes_on(cl, env, 
     worker = env(calls)
     worker.start()
     foreign = cl.send("guardedflow", {"hello": "world", "note": SECRET})
-    _wait(lambda: cl.archived("guardedflow") == [foreign], "the foreign message to be archived")
+    wait_until(lambda: cl.archived("guardedflow") == [foreign], "the foreign message to be archived")
     runs = [cl.start("guardedFlow", {"n": n}) for n in range(3)]
-    _wait(lambda: cl.val("SELECT count(*) FROM pgflow.runs WHERE run_id = ANY(%s) AND status = 'completed'",
+    wait_until(lambda: cl.val("SELECT count(*) FROM pgflow.runs WHERE run_id = ANY(%s) AND status = 'completed'",
                          (runs,)) == 3, "the runs to complete")
 
     assert worker.state == "running" and worker.fatal is None

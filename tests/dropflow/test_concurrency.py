@@ -3,6 +3,7 @@ several connections, a second deletion of the same flow. No deadlock; a clean re
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -13,8 +14,10 @@ from psycopg.types.json import Jsonb
 
 from tests.dropflow.helpers import assert_gone, drop
 from tests.runtime.driver import wait_until_blocked
+from tests.worker.helpers import wait_until
 
 DEADLINE = 60.0
+_wait_for = functools.partial(wait_until, timeout=DEADLINE, interval=0.01)
 """Seconds before a wait fails the test (a hang guard, never a speed claim)."""
 
 
@@ -61,14 +64,6 @@ class WorkerThread(threading.Thread):
             except psycopg.Error as exc:
                 self.errors.append((exc.sqlstate, str(exc).splitlines()[0]))
                 return
-
-
-def _wait_for(predicate, what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_deletion_while_workers_claim_and_complete(rt, db):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import psycopg
 import pytest
@@ -25,6 +24,7 @@ from pgflow_cli.installer.files import PREVIOUS_CHECKSUMS
 from tests.layout.catalog import definitions
 from tests.runtime.driver import Runtime
 from tests.support.cli import run_cli
+from tests.worker.helpers import wait_until
 
 BEFORE = 3
 """Where the upgrade starts: levels 4-8 cannot be installed on their own by this tool (0010 changed
@@ -91,11 +91,7 @@ def _states(conn: psycopg.Connection) -> dict[int, tuple[str, list[str] | None]]
 
 
 def _wait_for(conn: psycopg.Connection, query: str, params: tuple, *, deadline: float = 30.0) -> None:
-    end = time.monotonic() + deadline
-    while not conn.execute(query, params).fetchone()[0]:
-        if time.monotonic() > end:
-            raise AssertionError(f"never true: {query} {params}")
-        time.sleep(0.01)
+    wait_until(lambda: conn.execute(query, params).fetchone()[0], f"{query} {params}", timeout=deadline, interval=0.01)
 
 
 def test_the_phased_path_ends_where_one_transaction_does(baseline_db, db):

@@ -11,7 +11,6 @@ succeeded. It sends the same report again; the task completes with its output.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import psycopg
@@ -20,6 +19,7 @@ from psycopg_pool import ConnectionPool
 
 from pgflow_cli.worker import Flow, ProtocolV1, Worker
 from pgflow_cli.worker.protocol import ClaimedTask
+from tests.runtime.driver import wait_until_blocked
 
 FLOW = "reshaped"
 
@@ -48,11 +48,7 @@ def _reshape_while(database, report: threading.Thread, pid: int) -> None:
     migration.execute("ALTER TABLE pgflow.step_tasks ADD COLUMN reshaped integer")
     report.start()
     observer = database.connect()
-    deadline = time.monotonic() + 60
-    while not observer.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted)",
-                               (pid,)).fetchone()[0]:
-        assert time.monotonic() < deadline, "the report never waited for the migration's lock"
-        time.sleep(0.01)
+    wait_until_blocked(observer, pid, deadline=60)  # the report waits for the migration's lock
     migration.commit()
     report.join(60)
 
