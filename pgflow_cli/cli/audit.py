@@ -91,8 +91,7 @@ def audit(
         return
     err = render.stderr_console()
     verbose = output_format.human
-    conn, target = where.open()
-    with common.mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         if verbose:
             err.print(render.text(f"auditing {target.describe()} (read-only)", "dim"))
         report = audit_op.run_audit(conn, flow, statement_timeout=statement_timeout or None)

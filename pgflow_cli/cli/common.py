@@ -101,6 +101,14 @@ class TargetOptions:
         """The target without connecting: :func:`resolve`."""
         return resolve(self.dsn, self.sandbox)
 
+    @contextmanager
+    def connected(self) -> Iterator[tuple[psycopg.Connection, db.Target]]:
+        """Connect (:meth:`open`); in the block, database errors are mapped with the target
+        (:func:`mapped_errors`); the connection is closed at the end (``with conn``)."""
+        conn, target = self.open()
+        with mapped_errors(target), conn:
+            yield conn, target
+
 
 ANY_TARGET = TargetOptions()
 """The default of a command's :class:`TargetOptions` parameter (typer fills in the options given)."""

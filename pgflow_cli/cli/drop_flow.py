@@ -81,8 +81,7 @@ def drop_flow(
 
     err = render.stderr_console()
     table = output_format.human
-    conn, target = where.open()
-    with common.mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         if table:
             err.print(render.text(f"planning the deletion of flow {flow_slug!r} on {target.describe()}", "dim"))
         plan = drop_op.plan(conn, flow_slug)

@@ -49,8 +49,7 @@ def list_(
     connect or no pgflow schema. Exit 6: --flow or --before names nothing.
     """
     _no_csv(output_format)
-    conn, target = where.open()
-    with common.mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         page = runs_op.list_runs(conn, flow=flow, status=status, limit=limit, before=before)
         if output_format == OutputFormat.json:
             render.write_json(common.versioned(page.to_document(), target))
@@ -106,8 +105,7 @@ def show(
     _no_csv(output_format)
     _no_csv(output_format)
     runs_op.parse_run_id(run_id)  # a bad id is a usage error before any connection
-    conn, target = where.open()
-    with common.mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         detail = runs_op.show_run(conn, run_id, show_output=show_output, max_tasks=max_tasks)
         if output_format == OutputFormat.json:
             render.write_json(common.versioned(detail.to_document(), target))

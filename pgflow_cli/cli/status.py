@@ -48,9 +48,8 @@ def status(
 ) -> None:
     if output_format == OutputFormat.csv:
         raise UsageError("pgflow status has no csv format: use table, plain, markdown or json")
-    conn, target = where.open()
     stop = threading.Event()
-    with common.mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         try:
             while True:
                 report = status_op.collect(conn, flow, heartbeat_window=heartbeat_window)

@@ -72,12 +72,8 @@ def parse_duration(text: str) -> float:
 
 
 def _run(where: TargetOptions, action: Callable[[psycopg.Connection], list[op.ManualTask]]) -> list[op.ManualTask]:
-    conn, target = where.open()
-    try:
-        with common.mapped_errors(target):
-            return action(conn)
-    finally:
-        conn.close()
+    with where.connected() as (conn, _target):
+        return action(conn)
 
 
 def _emit(tasks: list[op.ManualTask], output_format: OutputFormat, title: str) -> None:
