@@ -72,6 +72,43 @@ def display(value: Any) -> str:
     return shown.translate(_ASCII_FALLBACK) if ascii_only() else shown
 
 
+def age(seconds: float | None, *, minutes_in_hours: bool = False) -> str:
+    """A rough duration for a table cell: ``42 s`` below two minutes, ``7 min`` below two hours, then
+    ``3 h`` (``3 h 12 min`` with ``minutes_in_hours``); ``-`` for None. Whole units, rounded down.
+
+    Args:
+        seconds: the duration in seconds, or None when there is none.
+        minutes_in_hours: also show the minutes past the hour.
+    """
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole} s"
+    if whole < 7200:
+        return f"{whole // 60} min"
+    return f"{whole // 3600} h {whole % 3600 // 60} min" if minutes_in_hours else f"{whole // 3600} h"
+
+
+def span(seconds: float | None, *, compact: bool = False) -> str:
+    """A duration as its largest whole unit and the next: ``3 d 4 h``, ``2 h 5 min``, ``7 min 30 s``,
+    ``12 s``; ``compact``: ``3d 4h``, ``2h 5m``, ``7m 30s``, ``12s``. Rounded down to the second; ``""``
+    for None.
+
+    Args:
+        seconds: the duration in seconds (0 or more), or None when there is none.
+        compact: the short spelling, for narrow columns.
+    """
+    if seconds is None:
+        return ""
+    whole = int(seconds)
+    values = (whole // 86400, whole % 86400 // 3600, whole % 3600 // 60, whole % 60)
+    units = ("d", "h", "m", "s") if compact else ("d", "h", "min", "s")
+    first = next((index for index, value in enumerate(values) if value), len(values) - 1)
+    return " ".join(f"{values[index]}{'' if compact else ' '}{units[index]}"
+                    for index in range(first, min(first + 2, len(values))))
+
+
 def ascii_only(stream: Any = None) -> bool:
     """True when ``stream`` (default stdout) cannot encode Unicode: ASCII borders and punctuation then,
     and ``\\xNN`` escapes for other characters (the CLI sets ``errors="backslashreplace"``)."""

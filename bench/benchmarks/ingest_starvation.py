@@ -18,13 +18,11 @@ p99 in ms (**lower is better**; ratio = saturated / idle, idle = enrichment retu
 from __future__ import annotations
 
 import os
-import statistics
-import time
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from bench.benchmarks.starvation import WORKER_SETTINGS, _percentile
+from bench.benchmarks._starvation import WORKER_SETTINGS, compare, feed, percentile, queue_waits, running
 from bench.core import Context, Result
 from examples.ingest import domain
 from examples.ingest.stepqueues.flow import build
@@ -57,60 +55,24 @@ def sample(ctx: Context, mode: str, loaded: bool) -> tuple[float, float, int]:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             domain.create_schema(conn)
             workers = _workers(mode, conninfo)
-            for worker in workers:
-                worker.start()
-            try:
+
+            def start(n: int) -> str:
+                with conn.transaction():
+                    domain.insert_documents(conn, [(n + 1, f"doc://{n + 1}")])
+                    return str(conn.execute("SELECT run_id::text FROM pgflow.start_flow(%s, %s)",
+                                            (workers[0].flow.slug, Jsonb({"doc_id": n + 1}))).fetchone()[0])
+
+            with running(workers):
                 conn.execute("ANALYZE")
-                started = time.monotonic()
-                run_ids: list[tuple[float, str]] = []
-                n = 0
-                while (due := started + n / RATE) - started < DURATION:
-                    if due > time.monotonic():
-                        time.sleep(due - time.monotonic())
-                    n += 1
-                    with conn.transaction():
-                        domain.insert_documents(conn, [(n, f"doc://{n}")])
-                        run_ids.append((time.monotonic() - started, conn.execute(
-                            "SELECT run_id::text FROM pgflow.start_flow(%s, %s)",
-                            (workers[0].flow.slug, Jsonb({"doc_id": n}))).fetchone()[0]))
-                measured = [r for t, r in run_ids if t >= WARMUP]
-                waits = [float(w) for (w,) in conn.execute(
-                    "SELECT extract(epoch FROM coalesce(started_at, clock_timestamp()) - queued_at) * 1000 "
-                    "FROM pgflow.step_tasks WHERE step_slug = ANY(%s) AND run_id = ANY(%s::uuid[])",
-                    (list(FAST), measured)).fetchall()]
+                run_ids = feed(RATE, DURATION, start)
+                waits = queue_waits(conn, FAST, [r for t, r in run_ids if t >= WARMUP])
                 if conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE status = 'failed'").fetchone()[0]:
                     raise RuntimeError(f"{mode}: a task failed")
-            finally:
-                for worker in workers:
-                    worker.stop("benchmark window over")
-                for worker in workers:
-                    worker.join(60)
-    return _percentile(waits, 0.5), _percentile(waits, 0.99), len(waits)
+    return percentile(waits, 0.5), percentile(waits, 0.99), len(waits)
 
 
 def run(ctx: Context) -> list[Result]:
-    repeat = max(1, min(ctx.repeat, 3))
-    samples: dict[tuple[str, bool, str], list[float]] = {}
-    counts: dict[tuple[str, bool], list[int]] = {}
-    for i in range(repeat):
-        for loaded in (False, True):
-            for mode in ("shared", "step"):
-                p50, p99, n = sample(ctx, mode, loaded)
-                samples.setdefault((mode, loaded, "p50"), []).append(p50)
-                samples.setdefault((mode, loaded, "p99"), []).append(p99)
-                counts.setdefault((mode, loaded), []).append(n)
-                ctx.log(f"ingest starvation {i + 1}/{repeat} {mode:6} {'saturated' if loaded else 'idle':9} "
-                        f"fast-stage wait p50 {p50:7.0f} ms  p99 {p99:7.0f} ms  ({n} tasks)")
-    label = {"shared": "one shared queue", "step": "private step queues"}
     details = {"rate_docs_per_s": RATE, "enrich_seconds": ENRICH_SECONDS, "duration_s": DURATION,
                "warmup_s": WARMUP, "slots": 8, "step_slots": STEP_SLOTS, "lower_is_better": True}
-    results: list[Result] = []
-    for mode in ("shared", "step"):
-        for stat in ("p50", "p99"):
-            idle = f"ingest fast stages wait {stat}, {label[mode]}, enrich idle"
-            results.append(Result(idle, "ms", samples[(mode, False, stat)],
-                                  work=int(statistics.median(counts[(mode, False)])), details=details))
-            results.append(Result(f"ingest fast stages wait {stat}, {label[mode]}, enrich saturated", "ms",
-                                  samples[(mode, True, stat)], work=int(statistics.median(counts[(mode, True)])),
-                                  baseline=idle, details=details))
-    return results
+    return compare(ctx, sample, title="ingest starvation", measured="ingest fast stages wait", busy="enrich",
+                   details=details)

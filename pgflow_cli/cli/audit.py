@@ -12,18 +12,8 @@ from rich.padding import Padding
 from rich.text import Text
 
 from pgflow_cli import render
-from pgflow_cli.cli.common import (
-    STATE,
-    ConnectTimeoutOption,
-    DsnOption,
-    FormatOption,
-    OutputFormat,
-    SandboxOption,
-    mapped_errors,
-    open_connection,
-    versioned,
-    with_target,
-)
+from pgflow_cli.cli import common
+from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
 from pgflow_cli.operations import audit as audit_op
 
 
@@ -62,14 +52,12 @@ connect, or no pgflow schema / PGMQ. Exit 6: a --flow that names no flow. Detail
 
 def register(app: typer.Typer) -> None:
     """Attach ``audit`` to the root command."""
-    app.command("audit", help=HELP)(audit)
+    app.command("audit", help=HELP)(common.option_groups(audit))
 
 
 def audit(
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
-    output_format: FormatOption = OutputFormat.table,
+    where: TargetOptions = ANY_TARGET,
+    output_format: common.FormatOption = OutputFormat.table,
     flow: Annotated[
         list[str] | None,
         typer.Option(
@@ -96,15 +84,14 @@ def audit(
                      "no database is contacted."),
     ] = False,
 ) -> None:
-    STATE.output_format = output_format
+    common.STATE.output_format = output_format
     if print_sql:
         sys.stdout.write(audit_op.psql_script())
         sys.stdout.flush()
         return
     err = render.stderr_console()
     verbose = output_format.human
-    conn, target = open_connection(dsn, sandbox, connect_timeout)
-    with mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         if verbose:
             err.print(render.text(f"auditing {target.describe()} (read-only)", "dim"))
         report = audit_op.run_audit(conn, flow, statement_timeout=statement_timeout or None)
@@ -114,7 +101,7 @@ def audit(
             "dim"))
 
     if output_format == OutputFormat.json:
-        render.write_json(versioned(report.to_document(fail_on.value), target))
+        render.write_json(common.versioned(report.to_document(fail_on.value), target))
     elif output_format == OutputFormat.csv:
         render.write_csv(CSV_COLUMNS, [_csv_row(f) for f in report.findings])
     else:
@@ -222,7 +209,7 @@ def _impact_line(impact: audit_op.FlowImpact) -> str:
         approx = "" if impact.backlog_exact else "~"
         backlog = f"backlog {approx}{impact.queue_backlog} message(s)"
         if impact.oldest_message_age_seconds is not None:
-            backlog += f", oldest {_duration(impact.oldest_message_age_seconds)}"
+            backlog += f", oldest {render.span(impact.oldest_message_age_seconds)}"
     parts.append(f"queue {queues}: {backlog}")
     if impact.queues_missing:
         parts.append(f"{impact.queues_missing} queue table(s) missing")
@@ -253,18 +240,9 @@ def _render_summary(report: audit_op.AuditReport, fail_on: str, page: render.Pag
     if failing:
         page.print(render.text(f"exit 1: {len(failing)} finding(s) at or above --fail-on {fail_on}", "bold"))
     style = "bold red" if s.blocking else ("yellow" if (s.errors or s.warnings) else "bold green")
-    page.line(with_target("next: " + report.next_step()), style)
+    page.line(common.with_target("next: " + report.next_step()), style)
 
 
-def _duration(seconds: float) -> str:
-    whole = int(seconds)
-    if whole < 60:
-        return f"{seconds:.0f} s"
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60} s"
-    if whole < 86400:
-        return f"{whole // 3600} h {whole % 3600 // 60} min"
-    return f"{whole // 86400} d {whole % 86400 // 3600} h"
 
 
 def _bytes(value: int) -> str:

@@ -1,17 +1,22 @@
 """Options shared by every command, and the per-invocation context.
 
 Every command that touches a database accepts ``--dsn``, ``--sandbox`` and
-``--connect-timeout``; every command that reports accepts ``--format``.
+``--connect-timeout`` (one :class:`TargetOptions` parameter, shown to typer by
+:func:`option_groups`); every command that reports accepts ``--format``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
+import inspect
 import re
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import psycopg
 import typer
@@ -74,6 +79,82 @@ FormatOption = Annotated[
                  "tabulate text for grep), markdown (for tickets), json (versioned document, docs/schemas/), "
                  "csv (rows).", case_sensitive=False, callback=_default_format),
 ]
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """``--dsn``, ``--sandbox`` and ``--connect-timeout``: the database a command talks to.
+
+    A command declares ``where: TargetOptions = ANY_TARGET`` and is decorated with
+    :func:`option_groups`, which shows typer the three options in its place.
+    """
+
+    dsn: DsnOption = None
+    sandbox: SandboxOption = False
+    connect_timeout: ConnectTimeoutOption = 10
+
+    def open(self) -> tuple[psycopg.Connection, db.Target]:
+        """Connect to the target: :func:`open_connection`."""
+        return open_connection(self.dsn, self.sandbox, self.connect_timeout)
+
+    def resolve(self) -> db.Target:
+        """The target without connecting: :func:`resolve`."""
+        return resolve(self.dsn, self.sandbox)
+
+    @contextmanager
+    def connected(self) -> Iterator[tuple[psycopg.Connection, db.Target]]:
+        """Connect (:meth:`open`); in the block, database errors are mapped with the target
+        (:func:`mapped_errors`); the connection is closed at the end (``with conn``)."""
+        conn, target = self.open()
+        with mapped_errors(target), conn:
+            yield conn, target
+
+
+ANY_TARGET = TargetOptions()
+"""The default of a command's :class:`TargetOptions` parameter (typer fills in the options given)."""
+
+R = TypeVar("R")
+
+
+def option_groups(command: Callable[..., R]) -> Callable[..., R]:
+    """Let a typer command take a group of options as one dataclass parameter.
+
+    typer reads a command's options from its signature and has no option groups. In the
+    signature typer sees, every parameter of ``command`` annotated with a dataclass (e.g.
+    :class:`TargetOptions`) stands replaced by the dataclass's fields, at its place, with the
+    fields' names, ``Annotated[..., typer.Option(...)]`` types and defaults; ``command`` is
+    called with the dataclass built from those options. Apply it below ``@app.command()``.
+
+    Args:
+        command: the command function (its parameters typer options and arguments).
+
+    Returns:
+        The function to register with typer.
+    """
+    hints = typing.get_type_hints(command, include_extras=True)
+    parameters: list[inspect.Parameter] = []
+    groups: dict[str, tuple[type[Any], tuple[str, ...]]] = {}
+    for parameter in inspect.signature(command).parameters.values():
+        annotation = hints.get(parameter.name, parameter.annotation)
+        if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+            fields = typing.get_type_hints(annotation, include_extras=True)
+            members = dataclasses.fields(annotation)
+            parameters += [inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, annotation=fields[field.name],
+                                             default=inspect.Parameter.empty if field.default is dataclasses.MISSING
+                                             else field.default) for field in members]
+            groups[parameter.name] = (annotation, tuple(field.name for field in members))
+        else:
+            parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=annotation))
+
+    @functools.wraps(command)
+    def grouped(**options: Any) -> R:
+        for name, (group, names) in groups.items():
+            options[name] = group(**{field: options.pop(field) for field in names})
+        return command(**options)
+
+    grouped.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    grouped.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
+    return grouped
 
 
 @dataclass

@@ -44,7 +44,7 @@ names no flow (without --wait)."""
 
 def register(app: typer.Typer) -> None:
     """Attach ``coverage`` to the root command."""
-    app.command("coverage", help=HELP)(coverage)
+    app.command("coverage", help=HELP)(common.option_groups(coverage))
 
 
 def coverage(
@@ -66,9 +66,7 @@ def coverage(
     print_sql: Annotated[bool, typer.Option(
         "--sql", help="Print the coverage query as a read-only psql script and exit; no database is contacted.")]
     = False,
-    dsn: common.DsnOption = None,
-    sandbox: common.SandboxOption = False,
-    connect_timeout: common.ConnectTimeoutOption = 10,
+    where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
     common.STATE.output_format = output_format
     if print_sql:
@@ -76,7 +74,7 @@ def coverage(
         sys.stdout.flush()
         return
     err = render.stderr_console()
-    conn, target = common.open_connection(dsn, sandbox, connect_timeout)
+    conn, target = where.open()
 
     def progress(report: coverage_op.CoverageReport, left: float) -> None:
         missing = report.describe_missing()
@@ -131,15 +129,6 @@ def _backlog(route: coverage_op.Route) -> str:
     return text
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    whole = int(seconds)
-    if whole < 120:
-        return f"{seconds:.0f} s"
-    if whole < 7200:
-        return f"{whole // 60} min"
-    return f"{whole // 3600} h"
 
 
 def _style(key: str, row: Mapping[str, Any]) -> str | None:
@@ -160,7 +149,7 @@ def _render_table(report: coverage_op.CoverageReport, page: render.Page) -> None
         "live": _versions(route.live_workers, route.live_versions),
         "draining": _versions(route.draining_workers, route.draining_versions), "stale": route.stale_workers,
         "fenced": ", ".join(route.fenced_functions) or "-", "backlog": _backlog(route),
-        "oldest": _age(route.oldest_message_age_seconds),
+        "oldest": render.age(route.oldest_message_age_seconds),
     } for route in report.routes]
     page.table(COLUMNS, rows, title=f"pgflow coverage (heartbeat window {report.heartbeat_window:g} s)", style=_style)
     if report.unowned_workers:

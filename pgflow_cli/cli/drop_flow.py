@@ -39,14 +39,12 @@ unless the exit code is 0 and it was not a dry run."""
 
 def register(app: typer.Typer) -> None:
     """Attach ``drop-flow`` to the root command."""
-    app.command("drop-flow", help=HELP)(drop_flow)
+    app.command("drop-flow", help=HELP)(common.option_groups(drop_flow))
 
 
 def drop_flow(
     flow_slug: Annotated[str, typer.Argument(metavar="SLUG", help="The exact flow slug (letter case matters).")],
-    dsn: common.DsnOption = None,
-    sandbox: common.SandboxOption = False,
-    connect_timeout: common.ConnectTimeoutOption = 10,
+    where: common.TargetOptions = common.ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the verdict; delete nothing.")] = False,
     force: Annotated[bool, typer.Option(
@@ -83,8 +81,7 @@ def drop_flow(
 
     err = render.stderr_console()
     table = output_format.human
-    conn, target = common.open_connection(dsn, sandbox, connect_timeout)
-    with common.mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         if table:
             err.print(render.text(f"planning the deletion of flow {flow_slug!r} on {target.describe()}", "dim"))
         plan = drop_op.plan(conn, flow_slug)

@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import psycopg
@@ -23,17 +24,8 @@ from rich.live import Live
 from rich.table import Table
 
 from pgflow_cli import db, render
-from pgflow_cli.cli.common import (
-    STATE,
-    ConnectTimeoutOption,
-    DsnOption,
-    OutputFormat,
-    SandboxOption,
-    mapped_errors,
-    resolve,
-    versioned,
-    with_target,
-)
+from pgflow_cli.cli import common
+from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
 from pgflow_cli.cli.common import _default_format as default_format
 from pgflow_cli.errors import DeadlineReached, ExitCode, PgflowError
 from pgflow_cli.operations import fence as fence_op
@@ -94,6 +86,22 @@ RetriesOption = Annotated[
 ]
 
 
+@dataclass(frozen=True)
+class ChangeOptions:
+    """The options ``fence disable`` and ``fence restore`` share: a dry run, the row lock's timeout and
+    retries, and how they then wait (a worker's heartbeat window, seconds between looks)."""
+
+    dry_run: DryRunOption = False
+    heartbeat_window: WindowOption = fence_op.DEFAULT_WINDOW
+    interval: IntervalOption = 1.0
+    lock_timeout: LockTimeoutOption = 5.0
+    retries: RetriesOption = 5
+
+
+ANY_CHANGE = ChangeOptions()
+"""The default of the commands' :class:`ChangeOptions` parameter (typer fills in the options given)."""
+
+
 def register(root: typer.Typer) -> None:
     """Attach ``fence`` to the root command."""
     root.add_typer(app, name="fence")
@@ -110,14 +118,14 @@ def application_name() -> str:
 
 
 @contextmanager
-def _connection(dsn: str | None, sandbox: bool, connect_timeout: int) -> Iterator[psycopg.Connection]:
+def _connection(where: TargetOptions) -> Iterator[psycopg.Connection]:
     """Connect as ``pgflow fence (user@host)``, check the fence record exists, map database errors."""
-    target = resolve(dsn, sandbox)
-    STATE.target = target
-    conn = db.connect(target, application_name=application_name(), connect_timeout=connect_timeout)
-    STATE.target = target = target.connected(conn)
+    target = where.resolve()
+    common.STATE.target = target
+    conn = db.connect(target, application_name=application_name(), connect_timeout=where.connect_timeout)
+    common.STATE.target = target = target.connected(conn)
     try:
-        with mapped_errors(target):
+        with common.mapped_errors(target):
             fence_op.require_installed(conn)
             yield conn
     finally:
@@ -136,6 +144,7 @@ def _restore_command(functions: list[str]) -> str:
 # disable
 # ----------------------------------------------------------------------------------------------
 @app.command()
+@common.option_groups
 def disable(
     function: FunctionOption = None,
     flow: FlowOption = None,
@@ -150,14 +159,8 @@ def disable(
                             help="Give up waiting for the drain after this long (exit 5; the fence stays).")
     ] = fence_op.DEFAULT_DRAIN_TIMEOUT,
     detach: Annotated[bool, typer.Option("--detach", help="Return once disabled and deprecated; do not wait.")] = False,
-    dry_run: DryRunOption = False,
-    heartbeat_window: WindowOption = fence_op.DEFAULT_WINDOW,
-    interval: IntervalOption = 1.0,
-    lock_timeout: LockTimeoutOption = 5.0,
-    retries: RetriesOption = 5,
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
+    options: ChangeOptions = ANY_CHANGE,
+    where: TargetOptions = ANY_TARGET,
     output_format: FormatOption = FenceFormat.table,
 ) -> None:
     """Fence worker functions: record their `enabled`, disable them, deprecate their workers, wait for the drain.
@@ -173,21 +176,21 @@ def disable(
     --timeout reached with work in flight (named); 6 an unknown function or flow, or a fence that no
     longer matches its row; 130 Ctrl-C (the fence stays).
     """
-    STATE.output_format = OutputFormat(output_format.value)
+    common.STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == FenceFormat.json
-    with _connection(dsn, sandbox, connect_timeout) as conn:
+    with _connection(where) as conn:
         selection = fence_op.select(conn, function or [], flow or [], every=every)
-        result = fence_op.disable(conn, selection, reason, dry_run=dry_run, lock_timeout=lock_timeout,
-                                  attempts=retries)
+        result = fence_op.disable(conn, selection, reason, dry_run=options.dry_run, lock_timeout=options.lock_timeout,
+                                  attempts=options.retries)
         page = render.Page(output_format.value)
         if not as_json:
             _print_disable(result, page)
-        if dry_run or detach:
-            result.outcome = "dry_run" if dry_run else "detached"
+        if options.dry_run or detach:
+            result.outcome = "dry_run" if options.dry_run else "detached"
             if as_json:
-                render.write_json(versioned(result.to_document(), STATE.target))
+                render.write_json(common.versioned(result.to_document(), common.STATE.target))
             elif detach:
-                page.line(with_target("detached: watch the drain with `pgflow fence status --watch`"), "dim")
+                page.line(common.with_target("detached: watch the drain with `pgflow fence status --watch`"), "dim")
             return
         last: list[fence_op.DrainProgress] = []
         try:
@@ -196,8 +199,8 @@ def disable(
                     last[:] = [progress]
                     show(progress)
 
-                result.drain = fence_op.wait_for_drain(conn, selection.functions, window=heartbeat_window,
-                                                       timeout=timeout, interval=interval, on_progress=on_progress)
+                result.drain = fence_op.wait_for_drain(conn, selection.functions, window=options.heartbeat_window,
+                                                       timeout=timeout, interval=options.interval, on_progress=on_progress)
             result.outcome = "drained"
         except DeadlineReached:
             result.outcome, result.drain = "timeout", (last[0] if last else None)
@@ -216,7 +219,7 @@ def disable(
 
 def _finish_disable(result: fence_op.DisableResult, page: render.Page, as_json: bool) -> None:
     if as_json:
-        render.write_json(versioned(result.to_document(), STATE.target))
+        render.write_json(common.versioned(result.to_document(), common.STATE.target))
         return
     drain = result.drain
     if drain is not None and result.outcome == "drained":
@@ -227,7 +230,7 @@ def _finish_disable(result: fence_op.DisableResult, page: render.Page, as_json: 
     if drain is not None and drain.stranded:
         _print_stranded(drain, page)
     if result.outcome == "drained":
-        page.line(with_target("next: deploy the new code, then `" + _restore_command(result.selection.functions)
+        page.line(common.with_target("next: deploy the new code, then `" + _restore_command(result.selection.functions)
                               + " --wait-heartbeat`"), "bold")
 
 
@@ -382,6 +385,7 @@ def _print_drain(progress: fence_op.DrainProgress, page: render.Page) -> None:
 # restore
 # ----------------------------------------------------------------------------------------------
 @app.command()
+@common.option_groups
 def restore(
     function: FunctionOption = None,
     flow: FlowOption = None,
@@ -394,14 +398,8 @@ def restore(
         float, typer.Option("--timeout", min=0, max=86400, metavar="SECONDS",
                             help="With --wait-heartbeat: give up after this long (exit 5; the restore is kept).")
     ] = fence_op.DEFAULT_HEARTBEAT_TIMEOUT,
-    dry_run: DryRunOption = False,
-    heartbeat_window: WindowOption = fence_op.DEFAULT_WINDOW,
-    interval: IntervalOption = 1.0,
-    lock_timeout: LockTimeoutOption = 5.0,
-    retries: RetriesOption = 5,
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
+    options: ChangeOptions = ANY_CHANGE,
+    where: TargetOptions = ANY_TARGET,
     output_format: FormatOption = FenceFormat.table,
 ) -> None:
     """Lift fences: write back exactly the recorded `enabled` values where nobody changed the row since.
@@ -414,19 +412,20 @@ def restore(
     Exit 0 restored (and, with --wait-heartbeat, each enabled function has a new worker); 5 no new
     heartbeat by --timeout; 6 a conflict, or no recorded fence for what you named; 130 Ctrl-C.
     """
-    STATE.output_format = OutputFormat(output_format.value)
+    common.STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == FenceFormat.json
-    with _connection(dsn, sandbox, connect_timeout) as conn:
+    with _connection(where) as conn:
         selection = fence_op.restore_selection(conn, function or [], flow or [], every)
-        result = fence_op.restore(conn, selection, dry_run=dry_run, lock_timeout=lock_timeout, attempts=retries)
+        result = fence_op.restore(conn, selection, dry_run=options.dry_run, lock_timeout=options.lock_timeout,
+                                  attempts=options.retries)
         page = render.Page(output_format.value)
         if not as_json:
             _print_restore(result, page)
         conflict = result.conflict_error()
         waiting = result.enabled_again
-        if not wait_heartbeat or dry_run or not waiting:
+        if not wait_heartbeat or options.dry_run or not waiting:
             if as_json:
-                render.write_json(versioned(result.to_document(), STATE.target))
+                render.write_json(common.versioned(result.to_document(), common.STATE.target))
             if conflict:
                 raise conflict
             return
@@ -443,8 +442,8 @@ def restore(
                                       else "every restored function has a new worker"))
 
         try:
-            fence_op.wait_for_heartbeats(conn, waiting, since, window=heartbeat_window, timeout=timeout,
-                                         interval=interval, on_progress=on_progress)
+            fence_op.wait_for_heartbeats(conn, waiting, since, window=options.heartbeat_window, timeout=timeout,
+                                         interval=options.interval, on_progress=on_progress)
             result.outcome = "conflict" if conflict else "confirmed"
         except DeadlineReached:
             result.outcome = "timeout"
@@ -462,7 +461,7 @@ def restore(
 
 def _finish_restore(result: fence_op.RestoreResult, page: render.Page, as_json: bool) -> None:
     if as_json:
-        render.write_json(versioned(result.to_document(), STATE.target))
+        render.write_json(common.versioned(result.to_document(), common.STATE.target))
         return
     for worker in result.new_workers:
         page.line(f"new {worker.label()}", "green")
@@ -496,14 +495,13 @@ def _print_restore(result: fence_op.RestoreResult, page: render.Page) -> None:
 # status
 # ----------------------------------------------------------------------------------------------
 @app.command()
+@common.option_groups
 def status(
     function: FunctionOption = None,
     watch: Annotated[bool, typer.Option("--watch", help="Keep refreshing until Ctrl-C.")] = False,
     heartbeat_window: WindowOption = fence_op.DEFAULT_WINDOW,
     interval: IntervalOption = 2.0,
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
+    where: TargetOptions = ANY_TARGET,
     output_format: FormatOption = FenceFormat.table,
 ) -> None:
     """Show the active fences (age, reason, who, what a restore would do) and the drain of their functions.
@@ -511,23 +509,23 @@ def status(
     Read-only. With --watch the view refreshes every --interval seconds until Ctrl-C (exit 130;
     nothing changes); with --format json --watch, one JSON document per line.
     """
-    STATE.output_format = OutputFormat(output_format.value)
+    common.STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == FenceFormat.json
-    with _connection(dsn, sandbox, connect_timeout) as conn:
+    with _connection(where) as conn:
         def look() -> fence_op.StatusReport:
             return fence_op.status(conn, function or None, window=heartbeat_window)
 
         if not watch:
             report = look()
             if as_json:
-                render.write_json(versioned(report.to_document(), STATE.target))
+                render.write_json(common.versioned(report.to_document(), common.STATE.target))
             else:
                 _print_status(report, render.Page(output_format.value))
             return
         try:
             if as_json:
                 while True:
-                    render.write_json(versioned(look().to_document(), STATE.target), compact=True)
+                    render.write_json(common.versioned(look().to_document(), common.STATE.target), compact=True)
                     time.sleep(interval)
             page = render.Page(output_format.value)
             while True:  # a terminal is redrawn; elsewhere one view after the other
@@ -540,13 +538,6 @@ def status(
             raise _interrupted("stopped watching; nothing was changed", hint="") from None
 
 
-def _age(seconds: float) -> str:
-    whole = int(seconds)
-    if whole < 120:
-        return f"{whole} s"
-    if whole < 7200:
-        return f"{whole // 60} min"
-    return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
 STATUS_COLUMNS = (
@@ -579,7 +570,7 @@ def _print_status(report: fence_op.StatusReport, page: render.Page) -> None:
     for fence in report.fences:
         steps = [st for st in drain.steps if st.function_name == fence.function_name] if drain else []
         rows.append({
-            "function": fence.function_name, "age": _age(fence.age_seconds),
+            "function": fence.function_name, "age": render.age(fence.age_seconds, minutes_in_hours=True),
             "by": fence.fenced_by + (f" via {fence.fenced_application}" if fence.fenced_application else ""),
             "reason": fence.reason, "recorded": _yes_no(fence.previous_enabled), "now": _yes_no(fence.enabled),
             "live": sum(1 for w in drain.workers if w.function_name == fence.function_name) if drain else 0,

@@ -8,17 +8,8 @@ from typing import Annotated, Any
 import typer
 
 from pgflow_cli import render
-from pgflow_cli.cli.common import (
-    STATE,
-    ConnectTimeoutOption,
-    DsnOption,
-    FormatOption,
-    OutputFormat,
-    SandboxOption,
-    open_connection,
-    versioned,
-    with_target,
-)
+from pgflow_cli.cli import common
+from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
 from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import migrate as migrate_op
 from pgflow_cli.operations import upstream
@@ -75,18 +66,17 @@ def _print_upstream(page: render.Page, found: upstream.UpstreamPlan) -> None:
 
 
 def _document(kind: str, target: Any, body: dict[str, Any]) -> dict[str, Any]:
-    return versioned({"kind": f"pgflow-cli/{kind}", "version": DOCUMENT_VERSION, **body}, target)
+    return common.versioned({"kind": f"pgflow-cli/{kind}", "version": DOCUMENT_VERSION, **body}, target)
 
 
 STATUS_COLUMNS = ["version", "name", "state", "applied_at", "applied_by", "tool_version", "duration_ms", "summary"]
 
 
 @app.command()
+@common.option_groups
 def status(
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
-    output_format: FormatOption = OutputFormat.table,
+    where: TargetOptions = ANY_TARGET,
+    output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
     """Show applied, pending, in-progress, changed (checksum mismatch) and unknown migrations, function-file
     drift, invalid indexes, and which pgflow release installed a schema pgflow-cli did not (or adopted). Read-only.
@@ -95,8 +85,8 @@ def status(
     installed text differs, or an invalid index; 6 when this tool cannot migrate the database (changed files,
     a newer database, a pgflow schema that matches no published release).
     """
-    STATE.output_format = output_format
-    conn, target = open_connection(dsn, sandbox, connect_timeout)
+    common.STATE.output_format = output_format
+    conn, target = where.open()
     with conn:
         report = migrate_op.status(conn)
     plan = report.plan
@@ -160,15 +150,14 @@ def _print_status(page: render.Page, rows: list[dict[str, Any]], where: str, rep
     page.line(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}")
     style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")
     for line in report.lines():
-        page.line(with_target(line), style)
+        page.line(common.with_target(line), style)
 
 
 @app.command()
+@common.option_groups
 def plan(
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
-    output_format: FormatOption = OutputFormat.table,
+    where: TargetOptions = ANY_TARGET,
+    output_format: common.FormatOption = OutputFormat.table,
     assume_release: AssumeReleaseOption = None,
 ) -> None:
     """List what `migrate apply` would do, in order, and which path each migration takes here. Read-only.
@@ -179,13 +168,13 @@ def plan(
     apply may proceed, 1 when the preflight audit would refuse it (blocking findings), 6 for a state conflict
     (changed files, newer database, a pgflow schema that matches no release).
     """
-    STATE.output_format = output_format
-    conn, target = open_connection(dsn, sandbox, connect_timeout)
+    common.STATE.output_format = output_format
+    conn, target = where.open()
     with conn:
         report = migrate_op.make_plan(conn, assume_release=assume_release)
     if output_format == OutputFormat.json:
         body = report.to_dict()
-        body["next"] = [with_target(command) for command in report.next]
+        body["next"] = [common.with_target(command) for command in report.next]
         render.write_json(_document("migrate-plan", target, body))
     elif output_format == OutputFormat.csv:
         render.write_csv(["version", "name", "state", "path", "preflight_audit", "worker_protocol", "summary",
@@ -206,10 +195,10 @@ def plan(
                 notes.append(f"switches workers to protocol {item['worker_protocol']}: fence and drain them first")
             page.line(f"{item['version']:04d}_{item['name']}: {item['summary']} [{'; '.join(notes)}]")
         for note in report.notes:
-            page.line(with_target(note), "yellow")
+            page.line(common.with_target(note), "yellow")
         if report.next:
             joiner = " or " if report.choice else ", then "
-            page.line("next: " + joiner.join(with_target(command) for command in report.next), "dim")
+            page.line("next: " + joiner.join(common.with_target(command) for command in report.next), "dim")
     if report.problem:
         from pgflow_cli.cli import report_error
 
@@ -218,11 +207,10 @@ def plan(
 
 
 @app.command()
+@common.option_groups
 def apply(
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
-    output_format: FormatOption = OutputFormat.table,
+    where: TargetOptions = ANY_TARGET,
+    output_format: common.FormatOption = OutputFormat.table,
     target_version: Annotated[
         int | None, typer.Option("--target", min=1, metavar="N", help="Apply up to and including this migration number.")
     ] = None,
@@ -271,11 +259,11 @@ def apply(
     adopted first, in one transaction (with --dry-run: only the adoption runs, rolled back).
     Read docs/upgrade.md first: workers must be fenced and drained for an upgrade that changes their protocol.
     """
-    STATE.output_format = output_format
+    common.STATE.output_format = output_format
     if dry_run and install_pgmq:
         raise UsageError("--dry-run cannot be combined with --install-pgmq: installing PGMQ is not rolled back",
                          hint="install PGMQ first (migrate apply --install-pgmq --target 1), or drop --install-pgmq")
-    conn, target = open_connection(dsn, sandbox, connect_timeout)
+    conn, target = where.open()
     err = render.stderr_console()
     with conn:
         if show_sql:
@@ -284,7 +272,7 @@ def apply(
             if script.text:
                 typer.echo(script.text.rstrip("\n"))
             for note in script.notes:
-                err.print(render.text(with_target(note), "yellow"))
+                err.print(render.text(common.with_target(note), "yellow"))
             return
 
         def progress(event: str, data: dict[str, Any]) -> None:
@@ -360,9 +348,9 @@ def apply(
         if result.adoption:
             page.line("the migrations after the baseline run once the adoption is applied (dry-run them then)", "dim")
         else:
-            page.line(with_target("next: pgflow migrate apply"), "dim")
+            page.line(common.with_target("next: pgflow migrate apply"), "dim")
     elif result.applied and result.protocol_change:
-        page.line(with_target(
+        page.line(common.with_target(
             f"next: deploy workers speaking protocol {result.protocol_change['protocol']}, check that every route has "
             "a live worker (pgflow coverage), then lift the fence (docs/upgrade.md steps 6-7)"), "dim")
 
@@ -387,11 +375,10 @@ def _print_measured(page: render.Page, detail: dict[str, Any], full: bool) -> No
 
 
 @app.command()
+@common.option_groups
 def abort(
     version: Annotated[int, typer.Argument(help="Number of the in-progress migration to undo, e.g. 3.")],
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
+    where: TargetOptions = ANY_TARGET,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Undo the committed phases of a phased migration that did not finish (state in_progress).
@@ -409,7 +396,7 @@ def abort(
         if not typer.confirm(f"Undo the prepared phases of migration {version:04d}?", err=True):
             render.stderr_console().print("cancelled; nothing changed")
             raise typer.Exit(int(ExitCode.INTERRUPTED))
-    conn, _target = open_connection(dsn, sandbox, connect_timeout)
+    conn, _target = where.open()
     with conn:
         label = migrate_op.abort(conn, version)
     render.stderr_console().print(render.text(f"aborted {label}: its prepared phases were undone", "green"))

@@ -28,6 +28,7 @@ def register(root: typer.Typer) -> None:
 
 
 @app.command("list")
+@common.option_groups
 def list_(
     flow: Annotated[str | None, typer.Option("--flow", metavar="SLUG", show_default=False,
                                                 help="Only runs of this flow (exact slug).")] = None,
@@ -40,9 +41,7 @@ def list_(
                                                   help="The next page: runs started before this run (the id "
                                                   "the previous page's `next:` line gives).")] = None,
     output_format: common.FormatOption = OutputFormat.table,
-    dsn: common.DsnOption = None,
-    sandbox: common.SandboxOption = False,
-    connect_timeout: common.ConnectTimeoutOption = 10,
+    where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
     """List runs, newest first.
 
@@ -50,8 +49,7 @@ def list_(
     connect or no pgflow schema. Exit 6: --flow or --before names nothing.
     """
     _no_csv(output_format)
-    conn, target = common.open_connection(dsn, sandbox, connect_timeout)
-    with common.mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         page = runs_op.list_runs(conn, flow=flow, status=status, limit=limit, before=before)
         if output_format == OutputFormat.json:
             render.write_json(common.versioned(page.to_document(), target))
@@ -90,6 +88,7 @@ def show_page(page: runs_op.RunPage, out: render.Page) -> None:
 
 
 @app.command("show")
+@common.option_groups
 def show(
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run's id (a UUID).", show_default=False)],
     show_output: Annotated[bool, typer.Option("--show-output",
@@ -97,9 +96,7 @@ def show(
     max_tasks: Annotated[int, typer.Option("--max-tasks", min=1, metavar="N",
                                            help="Show at most N tasks (a map step may have thousands).")] = 200,
     output_format: common.FormatOption = OutputFormat.table,
-    dsn: common.DsnOption = None,
-    sandbox: common.SandboxOption = False,
-    connect_timeout: common.ConnectTimeoutOption = 10,
+    where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
     """Show one run: its steps, tasks, attempts and errors (outputs only with --show-output).
 
@@ -108,8 +105,7 @@ def show(
     _no_csv(output_format)
     _no_csv(output_format)
     runs_op.parse_run_id(run_id)  # a bad id is a usage error before any connection
-    conn, target = common.open_connection(dsn, sandbox, connect_timeout)
-    with common.mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         detail = runs_op.show_run(conn, run_id, show_output=show_output, max_tasks=max_tasks)
         if output_format == OutputFormat.json:
             render.write_json(common.versioned(detail.to_document(), target))

@@ -30,7 +30,7 @@ WATCH_DEFAULT = 2.0
 
 def register(app: typer.Typer) -> None:
     """Attach ``status`` to the root command."""
-    app.command("status", help=HELP)(status)
+    app.command("status", help=HELP)(common.option_groups(status))
 
 
 def status(
@@ -44,15 +44,12 @@ def status(
         "--heartbeat-window", min=0.1, metavar="SECONDS",
         help="A worker is live when its last heartbeat is at most this old (as `pgflow coverage`).")]
     = DEFAULT_HEARTBEAT_WINDOW,
-    dsn: common.DsnOption = None,
-    sandbox: common.SandboxOption = False,
-    connect_timeout: common.ConnectTimeoutOption = 10,
+    where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
     if output_format == OutputFormat.csv:
         raise UsageError("pgflow status has no csv format: use table, plain, markdown or json")
-    conn, target = common.open_connection(dsn, sandbox, connect_timeout)
     stop = threading.Event()
-    with common.mapped_errors(target), conn:
+    with where.connected() as (conn, target):
         try:
             while True:
                 report = status_op.collect(conn, flow, heartbeat_window=heartbeat_window)
@@ -115,7 +112,7 @@ def show(report: status_op.StatusReport, output_format: OutputFormat, target: db
             {"queue": q.queue_name + (f" (also {', '.join(q.aliases)})" if q.aliases else ""),
              "flow": q.flow_slug or "(no flow)", "kind": q.origin,
              "messages": "unknown (no table)" if q.messages is None else q.messages,
-             "visible": "-" if q.visible is None else q.visible, "oldest": age(q.oldest_message_age_seconds)}
+             "visible": "-" if q.visible is None else q.visible, "oldest": render.age(q.oldest_message_age_seconds)}
             for q in queues], title="queues (PGMQ metrics)")
     page.line(summary(report), "bold green" if not report.runs_in_flight else "bold")
 
@@ -129,15 +126,9 @@ def _flow_row(flow: status_op.FlowStatus) -> dict[str, object]:
     return {"flow": flow.flow_slug, "in_flight": flow.runs_in_flight, "done": flow.runs.get("completed", 0),
             "failed": flow.runs.get("failed", 0), "queued": flow.tasks.get("queued", 0),
             "running": flow.tasks.get("started", 0), "stalled": stalled,
-            "waited": age(oldest.age_seconds) if oldest else "-", "backlog": flow.backlog, "workers": workers}
+            "waited": render.age(oldest.age_seconds) if oldest else "-", "backlog": flow.backlog, "workers": workers}
 
 
-def age(seconds: float | None) -> str:
-    """A duration for people: ``42 s``, ``7 min``, ``3 h``; ``-`` for none."""
-    if seconds is None:
-        return "-"
-    whole = int(seconds)
-    return f"{whole} s" if whole < 120 else f"{whole // 60} min" if whole < 7200 else f"{whole // 3600} h"
 
 
 def summary(report: status_op.StatusReport) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,17 +13,8 @@ import psycopg
 import typer
 
 from pgflow_cli import render
-from pgflow_cli.cli.common import (
-    STATE,
-    ConnectTimeoutOption,
-    DsnOption,
-    FormatOption,
-    OutputFormat,
-    SandboxOption,
-    mapped_errors,
-    open_connection,
-    versioned,
-)
+from pgflow_cli.cli import common
+from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
 from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import manual_tasks as op
 
@@ -53,6 +45,15 @@ IndexOption = Annotated[
 ]
 
 
+@dataclass(frozen=True)
+class TaskKey:
+    """The task ``show``, ``complete`` and ``fail`` act on: ``RUN_ID STEP [--index N]``."""
+
+    run_id: RunArg
+    step: StepArg
+    index: IndexOption = 0
+
+
 def register(app_root: typer.Typer) -> None:
     """Attach ``task`` to the root command."""
     app_root.add_typer(app, name="task")
@@ -70,19 +71,14 @@ def parse_duration(text: str) -> float:
     return float(match.group("n")) * _UNITS[match.group("unit") or "s"]
 
 
-def _run(dsn: str | None, sandbox: bool, connect_timeout: int,
-         action: Callable[[psycopg.Connection], list[op.ManualTask]]) -> list[op.ManualTask]:
-    conn, target = open_connection(dsn, sandbox, connect_timeout)
-    try:
-        with mapped_errors(target):
-            return action(conn)
-    finally:
-        conn.close()
+def _run(where: TargetOptions, action: Callable[[psycopg.Connection], list[op.ManualTask]]) -> list[op.ManualTask]:
+    with where.connected() as (conn, _target):
+        return action(conn)
 
 
 def _emit(tasks: list[op.ManualTask], output_format: OutputFormat, title: str) -> None:
     if output_format == OutputFormat.json:
-        render.write_json(versioned(op.document(tasks), STATE.target))
+        render.write_json(common.versioned(op.document(tasks), common.STATE.target))
         return
     if output_format == OutputFormat.csv:
         render.write_csv(CSV_COLUMNS, [t.to_dict() for t in tasks])
@@ -92,7 +88,7 @@ def _emit(tasks: list[op.ManualTask], output_format: OutputFormat, title: str) -
         page.line(title + ": none")
         return
     rows = [{"run": t.run_id, "flow": t.flow_slug, "step": t.step_slug, "index": t.task_index, "status": t.status,
-             "waited": _age(t.age_seconds), "run_step": f"{t.run_status}/{t.step_status}", "error": t.error_message}
+             "waited": render.span(t.age_seconds, compact=True), "run_step": f"{t.run_status}/{t.step_status}", "error": t.error_message}
             for t in tasks]
     page.table(TASK_COLUMNS, rows, title=title)
 
@@ -110,26 +106,13 @@ TASK_COLUMNS = [
 """``task list``: run, flow, step, status and age always; run/step state and the error go first when narrow."""
 
 
-def _age(seconds: float | None) -> str:
-    """``3d 4h``, ``2h 5m``, ``7m 30s`` or ``12s``."""
-    if seconds is None:
-        return ""
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
 
 
 @app.command("list")
+@common.option_groups
 def list_tasks(
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
-    output_format: FormatOption = OutputFormat.table,
+    where: TargetOptions = ANY_TARGET,
+    output_format: common.FormatOption = OutputFormat.table,
     flow: Annotated[str | None, typer.Option("--flow", help="Only this flow (exact slug).", metavar="SLUG")] = None,
     older_than: Annotated[
         str | None,
@@ -138,26 +121,23 @@ def list_tasks(
     limit: Annotated[int, typer.Option("--limit", min=1, max=10000, help="At most this many tasks.")] = 100,
 ) -> None:
     """Waiting manual tasks, oldest first, with their age, run and step."""
-    STATE.output_format = output_format
+    common.STATE.output_format = output_format
     seconds = parse_duration(older_than) if older_than is not None else None
-    tasks = _run(dsn, sandbox, connect_timeout,
+    tasks = _run(where,
                  lambda conn: op.list_waiting(conn, flow_slug=flow, older_than=seconds, limit=limit))
     _emit(tasks, output_format, "waiting manual tasks")
 
 
 @app.command("show")
+@common.option_groups
 def show_task(
-    run_id: RunArg,
-    step: StepArg,
-    index: IndexOption = 0,
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
-    output_format: FormatOption = OutputFormat.table,
+    task: TaskKey,
+    where: TargetOptions = ANY_TARGET,
+    output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
     """One manual task by run id, step and index, whatever its state."""
-    STATE.output_format = output_format
-    tasks = _run(dsn, sandbox, connect_timeout, lambda conn: [op.show(conn, run_id, step, index)])
+    common.STATE.output_format = output_format
+    tasks = _run(where, lambda conn: [op.show(conn, task.run_id, task.step, task.index)])
     _emit(tasks, output_format, "manual task")
 
 
@@ -175,39 +155,33 @@ def _output_value(output: str | None, output_file: Path | None) -> Any:
 
 
 @app.command("complete")
+@common.option_groups
 def complete_task(
-    run_id: RunArg,
-    step: StepArg,
-    index: IndexOption = 0,
+    task: TaskKey,
     output: Annotated[str | None, typer.Option("--output", help="The task output, JSON text.", metavar="JSON")] = None,
     output_file: Annotated[
         Path | None, typer.Option("--output-file", help="Read the JSON output from this file.", metavar="PATH")
     ] = None,
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
-    output_format: FormatOption = OutputFormat.table,
+    where: TargetOptions = ANY_TARGET,
+    output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
     """Complete a waiting manual task with a JSON output; the workflow moves on in the same transaction."""
-    STATE.output_format = output_format
+    common.STATE.output_format = output_format
     value = _output_value(output, output_file)
-    tasks = _run(dsn, sandbox, connect_timeout, lambda conn: [op.complete(conn, run_id, step, index, value)])
+    tasks = _run(where, lambda conn: [op.complete(conn, task.run_id, task.step, task.index, value)])
     _emit(tasks, output_format, "completed manual task")
 
 
 @app.command("fail")
+@common.option_groups
 def fail_task(
-    run_id: RunArg,
-    step: StepArg,
-    index: IndexOption = 0,
+    task: TaskKey,
     error: Annotated[str, typer.Option("--error", help="Why the task failed (stored on the task and step).",
                                        metavar="TEXT", show_default=False)] = "",
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
-    output_format: FormatOption = OutputFormat.table,
+    where: TargetOptions = ANY_TARGET,
+    output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
     """Fail a waiting manual task (no retry); the step's when_exhausted decides what follows."""
-    STATE.output_format = output_format
-    tasks = _run(dsn, sandbox, connect_timeout, lambda conn: [op.fail(conn, run_id, step, index, error)])
+    common.STATE.output_format = output_format
+    tasks = _run(where, lambda conn: [op.fail(conn, task.run_id, task.step, task.index, error)])
     _emit(tasks, output_format, "failed manual task")

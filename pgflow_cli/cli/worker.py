@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from pgflow_cli import db, render
-from pgflow_cli.cli.common import ConnectTimeoutOption, DsnOption, SandboxOption, mapped_errors, resolve
+from pgflow_cli.cli.common import ANY_TARGET, TargetOptions, mapped_errors, option_groups
 from pgflow_cli.operations import worker as worker_op
 
 log = logging.getLogger("pgflow.worker")
@@ -45,7 +45,7 @@ class LogLevel(str, enum.Enum):
 
 def register(app: typer.Typer) -> None:
     """Attach ``worker`` to the root command."""
-    app.command("worker", help=HELP)(worker)
+    app.command("worker", help=HELP)(option_groups(worker))
 
 
 def worker(
@@ -60,9 +60,7 @@ def worker(
         "--function", metavar="NAME", show_default=False,
         help="Worker function to register under (the fence acts on it). Default: <flow>-worker, "
         "or <flow>-<step>-worker for a step worker.")] = None,
-    dsn: DsnOption = None,
-    sandbox: SandboxOption = False,
-    connect_timeout: ConnectTimeoutOption = 10,
+    options: TargetOptions = ANY_TARGET,
     heartbeat_interval: Annotated[float, typer.Option(
         "--heartbeat-interval", min=0.1, metavar="SECONDS", help="Seconds between heartbeats.")] = 5.0,
     drain_timeout: Annotated[float, typer.Option(
@@ -78,11 +76,11 @@ def worker(
     logging.basicConfig(level=log_level.value.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     plan = worker_op.plan_worker(target, step_slug=step, function_name=function)
-    where = resolve(dsn, sandbox)
-    db.connect(where, connect_timeout=connect_timeout).close()  # a clear exit 3 before anything starts
+    where = options.resolve()
+    db.connect(where, connect_timeout=options.connect_timeout).close()  # a clear exit 3 before anything starts
     runner = worker_op.build_worker(
         plan, where.conninfo, max_concurrent=concurrency, batch_size=min(concurrency, 10),
-        connect_timeout=connect_timeout,
+        connect_timeout=options.connect_timeout,
         heartbeat_interval=heartbeat_interval, drain_timeout=drain_timeout, worker_version=worker_version,
         application_name=f"pgflow-worker {plan.function_name}"[:63],
     )

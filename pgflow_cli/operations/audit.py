@@ -54,6 +54,19 @@ FAIL_ON = ("error", "warning", "never")
 """Values of ``--fail-on``: the lowest severity that makes the audit exit 1."""
 
 
+def _json_fields(record: Any) -> dict[str, Any]:
+    """A dataclass instance's fields by name, in declaration order, for a JSON document: tuples
+    become lists and dicts are copied (one level); other values are kept as they are.
+
+    Args:
+        record: a dataclass instance (a report row).
+    """
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, dict) else value
+
+    return {item.name: plain(getattr(record, item.name)) for item in dataclasses.fields(record)}
+
+
 @dataclass(frozen=True)
 class CheckInfo:
     """Static description of one check (the SQL decides; this mirrors it for docs and tests).
@@ -233,19 +246,7 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (one element of ``findings``)."""
-        return {
-            "check_id": self.check_id,
-            "severity": self.severity,
-            "blocking": self.blocking,
-            "flow_slug": self.flow_slug,
-            "step_slug": self.step_slug,
-            "object_type": self.object_type,
-            "object_name": self.object_name,
-            "reasons": list(self.reasons),
-            "evidence": self.evidence,
-            "message": self.message,
-            "fix": self.fix,
-        }
+        return _json_fields(self)
 
 
 @dataclass(frozen=True)
@@ -298,25 +299,7 @@ class FlowImpact:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (one element of ``flows``)."""
-        return {
-            "flow_slug": self.flow_slug,
-            "queue_mode": self.queue_mode,
-            "steps": self.steps,
-            "total_runs": self.total_runs,
-            "active_runs": self.active_runs,
-            "queued_tasks": self.queued_tasks,
-            "started_tasks": self.started_tasks,
-            "queue_names": list(self.queue_names),
-            "queues_missing": self.queues_missing,
-            "queues_unreadable": self.queues_unreadable,
-            "queue_backlog": self.queue_backlog,
-            "backlog_exact": self.backlog_exact,
-            "oldest_message_age_seconds": self.oldest_message_age_seconds,
-            "archive_rows_estimate": self.archive_rows_estimate,
-            "archive_bytes": self.archive_bytes,
-            "shares_queue_with": list(self.shares_queue_with),
-            "findings": self.findings,
-        }
+        return _json_fields(self)
 
 
 @dataclass(frozen=True)
@@ -340,15 +323,8 @@ class Summary:
     by_check: dict[str, int]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "errors": self.errors,
-            "warnings": self.warnings,
-            "info": self.info,
-            "blocking": self.blocking,
-            "flows": self.flows,
-            "flows_with_findings": self.flows_with_findings,
-            "by_check": dict(self.by_check),
-        }
+        """JSON form (the ``summary`` object)."""
+        return _json_fields(self)
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,10 @@ class LocalServer:
         port: port to use; ``None`` picks a free one at :meth:`init`.
         tcp: listen on 127.0.0.1 too.
         settings: extra ``postgresql.conf`` settings.
+
+    Attributes:
+        data_dir, socket_dir, log_file, config_file: ``base_dir`` / ``data``, ``run`` (the Unix
+            socket), ``server.log`` and ``server.json``.
     """
 
     def __init__(
@@ -146,6 +150,10 @@ class LocalServer:
         settings: dict[str, str] | None = None,
     ) -> None:
         self.base_dir = Path(base_dir)
+        self.data_dir = self.base_dir / "data"
+        self.socket_dir = self.base_dir / "run"
+        self.log_file = self.base_dir / "server.log"
+        self.config_file = self.base_dir / "server.json"
         saved = self._load_config()
         if saved:
             self.config = saved
@@ -158,29 +166,12 @@ class LocalServer:
                 settings=dict(settings or {}),
             )
 
-    # paths -----------------------------------------------------------------
-    @property
-    def data_dir(self) -> Path:
-        return self.base_dir / "data"
-
-    @property
-    def socket_dir(self) -> Path:
-        return self.base_dir / "run"
-
-    @property
-    def log_file(self) -> Path:
-        return self.base_dir / "server.log"
-
-    @property
-    def config_file(self) -> Path:
-        return self.base_dir / "server.json"
-
     @property
     def port(self) -> int:
         return self.config.port
 
     def _load_config(self) -> ServerConfig | None:
-        path = self.base_dir / "server.json"
+        path = self.config_file
         if not path.is_file():
             return None
         try:

@@ -36,10 +36,7 @@ SET search_path = ''
 AS $$
 #variable_conflict use_column
 DECLARE
-  v_names text[];
-  v_origin record;
-  v_wf pgflow.worker_functions;
-  v_fence pgflow.fences;
+--@include functions/workers/parts/fence_variables.sql
   v_count integer;
 BEGIN
   IF fence_disable.reason IS NULL OR pg_catalog.btrim(fence_disable.reason) = ''
@@ -94,11 +91,7 @@ BEGIN
     END IF;
 
     function_name := v_names[i];
-    enabled := v_wf.enabled;
-    fence_id := v_fence.fence_id;
-    fenced_at := v_fence.fenced_at;
-    fenced_by := v_fence.fenced_by;
-    fence_reason := v_fence.reason;
+    --@include functions/workers/parts/fence_result_row.sql
     paused_reason := v_wf.paused_reason;
     workers_deprecated := v_count;
     RETURN NEXT;

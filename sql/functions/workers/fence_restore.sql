@@ -34,10 +34,7 @@ SET search_path = ''
 AS $$
 #variable_conflict use_column
 DECLARE
-  v_names text[];
-  v_origin record;
-  v_wf pgflow.worker_functions;
-  v_fence pgflow.fences;
+--@include functions/workers/parts/fence_variables.sql
 BEGIN
   IF fence_restore.function_names IS NULL THEN
     SELECT pg_catalog.array_agg(f.function_name ORDER BY f.function_name) INTO v_names
@@ -102,11 +99,7 @@ BEGIN
 
     function_name := v_fence.function_name;
     previous_enabled := v_fence.previous_enabled;
-    enabled := v_wf.enabled;
-    fence_id := v_fence.fence_id;
-    fenced_at := v_fence.fenced_at;
-    fenced_by := v_fence.fenced_by;
-    fence_reason := v_fence.reason;
+    --@include functions/workers/parts/fence_result_row.sql
     RETURN NEXT;
   END LOOP;
 END;
