@@ -116,7 +116,7 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
             "step outputs were not stored by this release: the adoption backfills every completed step as 0.13.0 "
             "did, the runs in flight inside its transaction" + (
                 "; the finished runs' in batches after the migrations (workers may start before it ends; until "
-                "then get_run_with_states shows output null for their steps)" if large else ""))
+                "then step_states.output is null for their steps; get_run_with_states computes them from their tasks)" if large else ""))
     if "worker_functions" in releases.shape(releases.group_of(found.releases[-1]))["table"]:
         disabled = [r[0] for r in conn.execute(sqlfiles.statement(adoption.QUERIES, "disabled_functions")).fetchall()]
         if disabled:
@@ -145,10 +145,10 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
 
 
 HISTORY_STEP_TEXT = "backfill the step outputs of finished runs online"
-HISTORY_NOTE = ("until the history backfill ends, get_run_with_states (and a drop-flow export's step states) shows "
-                "output null for the completed steps of runs that finished before the adoption (their tasks keep their "
-                "outputs); runs in flight and everything the runtime reads are complete. `pgflow migrate apply` "
-                "continues it where it stopped")
+HISTORY_NOTE = ("until the history backfill ends, step_states.output (your queries, `pgflow runs show --output`, a "
+                "drop-flow export's step states) is null for the completed steps of runs that finished before the "
+                "adoption; get_run_with_states computes them from their tasks (migration 0011), and runs in flight and "
+                "everything the runtime reads are complete. `pgflow migrate apply` continues it where it stopped")
 
 
 def _step_names(completion: list[dict[str, Any]]) -> list[str]:

@@ -12,14 +12,18 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import uuid
 
 import psycopg
 
+from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode
 from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
 from tests.support.cli import kill_cli_when, run_cli
 from tests.support.upstream_shapes import LOAD_STEPS, load_finished_runs
+from tests.upgrade.conftest import BaselineDriver
+from tests.upstream.conftest import FLOWS_081
 
 RUNS = 3000
 """30,000 completed steps: several hundred step_states pages, more than the first batch takes."""
@@ -101,7 +105,7 @@ def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_apply(re
     assert (f"step: backfill the step outputs of finished runs online (page {left.next_page} of {left.pages})"
             in text), status.output
     assert "migrations up to date; the adoption is not finished" in text and "next: pgflow migrate apply" in text
-    assert "get_run_with_states (and a drop-flow export's step states) shows output null" in text
+    assert "step_states.output (your queries, `pgflow runs show --output`, a drop-flow export's step states) is null" in text
     report = json.loads(run_cli("migrate", "status", "--dsn", dsn, "--format", "json").stdout)
     assert report["verdict"] == "pending" and report["pending"] == []
     assert report["upstream"]["completion"] == [{"step": "backfill", "next_page": left.next_page}]
@@ -115,3 +119,53 @@ def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_apply(re
     after = run_cli("migrate", "status", "--dsn", dsn)
     assert after.code == ExitCode.OK and "up to date" in after.stdout, after.output
     assert "backfill the step outputs" not in after.stdout
+
+
+def test_get_run_with_states_shows_the_same_outputs_before_and_after_the_history_backfill(release_db):
+    """Migration 0011: a completed step whose output was never stored (a run finished before the
+    adoption) shows the output computed from its tasks, single and map steps alike, exactly what
+    the history backfill then stores; the document does not change when it runs."""
+    with psycopg.connect(release_db.conninfo, autocommit=True) as conn:
+        conn.execute(FLOWS_081)
+        worker = uuid.uuid4()
+        conn.execute("INSERT INTO pgflow.workers (worker_id, queue_name, function_name) VALUES (%s, 'orderFlow', "
+                     "'legacy-worker')", (str(worker),))
+        d = BaselineDriver(conn, worker)
+        single = d.start("orderFlow", {"order": 1})
+        for step, output in (("validate", {"ok": True}), ("charge", {"charged": 10}), ("ship", {"parcel": "p1"})):
+            d.finish("orderFlow", single, step, output)
+        mapped = d.start("fanOut", {})
+        d.finish("fanOut", mapped, "list", [1, 2, 3])
+        for task in d.claim("fanOut", mapped, "process"):
+            d.complete(task, task["input"] * 10)
+        d.finish("fanOut", mapped, "collect", 60)
+        empty = d.start("fanOut", {})  # a map over an empty list completes with no task
+        d.finish("fanOut", empty, "list", [])
+        d.finish("fanOut", empty, "collect", 0)
+        runs = (single, mapped, empty)
+        assert conn.execute("SELECT count(*) FROM pgflow.runs WHERE run_id = ANY(%s) AND status = 'completed'",
+                            (list(runs),)).fetchone()[0] == 3
+
+        adoption.adopt(conn, rec.recognise(conn), online="always")
+        installer.apply(conn)
+        assert _missing_completed(conn) > 0  # nothing stored yet for the finished runs
+
+        def documents() -> dict:
+            return {run: conn.execute("SELECT pgflow.get_run_with_states(%s)", (run,)).fetchone()[0] for run in runs}
+
+        def outputs(document: dict) -> dict:
+            return {s["step_slug"]: s["output"] for s in document["steps"]}
+
+        shown = documents()
+        assert outputs(shown[single]) == {"validate": {"ok": True}, "charge": {"charged": 10}, "ship": {"parcel": "p1"}}
+        assert outputs(shown[mapped]) == {"list": [1, 2, 3], "process": [10, 20, 30], "collect": 60}
+        assert outputs(shown[empty]) == {"list": [], "process": [], "collect": 0}
+
+        adoption.complete(conn, history=True)
+        assert _missing_completed(conn) == 0
+        assert documents() == shown  # the stored outputs are the ones shown before
+
+
+def _missing_completed(conn) -> int:
+    return conn.execute("SELECT count(*) FROM pgflow.step_states WHERE status = 'completed' AND output IS NULL"
+                        ).fetchone()[0]
