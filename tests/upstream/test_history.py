@@ -82,13 +82,13 @@ def _history_batch_committed(watcher: psycopg.Connection) -> bool:
     return bool(row) and any(s["step"] == adoption.HISTORY_STEP and s["next_page"] > 0 for s in row[0])
 
 
-def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_apply(release_db):
+def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_fill_history(release_db):
     load_finished_runs(release_db.conninfo, RUNS)
     dsn = release_db.conninfo
 
     # tiny batches: the history backfill takes many transactions, the kill lands between or inside one
-    killed = kill_cli_when(dsn, "migrate", "apply", "--online", "always", "--batch-seconds", "0.01", "--dsn", dsn,
-                           ready=_history_batch_committed, what="a committed batch of the history backfill")
+    killed = kill_cli_when(dsn, "migrate", "apply", "--fill-history", "--online", "always", "--batch-seconds", "0.01",
+                           "--dsn", dsn, ready=_history_batch_committed, what="a committed batch of the history backfill")
     assert killed.code == -signal.SIGKILL
     assert "applied 0003_queue_identity" in killed.stderr  # the migrations committed before it started
 
@@ -99,18 +99,22 @@ def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_apply(re
         left = adoption.history_pending(conn)
     assert left is not None and left.next_page > 0
 
+    # optional since 0011: status says so, is up to date, and names the option that continues it
     status = run_cli("migrate", "status", "--dsn", dsn)
     assert status.code == ExitCode.OK, status.output
     text = " ".join(status.stdout.split())
-    assert (f"step: backfill the step outputs of finished runs online (page {left.next_page} of {left.pages})"
-            in text), status.output
-    assert "migrations up to date; the adoption is not finished" in text and "next: pgflow migrate apply" in text
-    assert "step_states.output (your queries, `pgflow runs show --output`, a drop-flow export's step states) is null" in text
+    assert "up to date" in text and "adoption is not finished" not in text, status.output
+    assert (f"the history backfill has not stored the step outputs of runs that finished before the adoption "
+            f"(page {left.next_page} of {left.pages})") in text, status.output
+    assert "until `pgflow migrate apply --fill-history` stores them" in text
     report = json.loads(run_cli("migrate", "status", "--dsn", dsn, "--format", "json").stdout)
-    assert report["verdict"] == "pending" and report["pending"] == []
-    assert report["upstream"]["completion"] == [{"step": "backfill", "next_page": left.next_page}]
+    assert report["verdict"] == "up_to_date" and report["pending"] == []
+    assert report["upstream"]["completion"] == []
+    assert report["upstream"]["history"] == {"step": "backfill", "next_page": left.next_page}
 
-    rerun = run_cli("migrate", "apply", "--dsn", dsn, timeout=300)
+    plain = run_cli("migrate", "apply", "--dsn", dsn, timeout=300)  # not by default
+    assert plain.code == ExitCode.OK and "history backfill" not in plain.stdout, plain.output
+    rerun = run_cli("migrate", "apply", "--fill-history", "--dsn", dsn, timeout=300)
     assert rerun.code == ExitCode.OK, rerun.output
     assert "applied 0003" not in rerun.stderr and "history backfill (adoption, online)" in rerun.stdout
     with psycopg.connect(dsn) as conn:
@@ -118,7 +122,7 @@ def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_apply(re
         assert adoption.history_pending(conn) is None
     after = run_cli("migrate", "status", "--dsn", dsn)
     assert after.code == ExitCode.OK and "up to date" in after.stdout, after.output
-    assert "backfill the step outputs" not in after.stdout
+    assert "history backfill" not in after.stdout
 
 
 def test_get_run_with_states_shows_the_same_outputs_before_and_after_the_history_backfill(release_db):
