@@ -128,7 +128,8 @@ def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_fill_his
 def test_get_run_with_states_shows_the_same_outputs_before_and_after_the_history_backfill(release_db):
     """Migration 0011: a completed step whose output was never stored (a run finished before the
     adoption) shows the output computed from its tasks, single and map steps alike, exactly what
-    the history backfill then stores; the document does not change when it runs."""
+    the history backfill (``--fill-history``) then stores; the document does not change when it
+    runs, and ``pgflow runs show --show-output`` shows the same."""
     with psycopg.connect(release_db.conninfo, autocommit=True) as conn:
         conn.execute(FLOWS_081)
         worker = uuid.uuid4()
@@ -164,6 +165,10 @@ def test_get_run_with_states_shows_the_same_outputs_before_and_after_the_history
         assert outputs(shown[single]) == {"validate": {"ok": True}, "charge": {"charged": 10}, "ship": {"parcel": "p1"}}
         assert outputs(shown[mapped]) == {"list": [1, 2, 3], "process": [10, 20, 30], "collect": 60}
         assert outputs(shown[empty]) == {"list": [], "process": [], "collect": 0}
+        # `pgflow runs show --show-output` shows the same for the stored NULLs
+        listed = run_cli("runs", "show", str(mapped), "--show-output", "--format", "json", "--dsn", release_db.conninfo)
+        assert listed.code == ExitCode.OK, listed.output
+        assert {s["step_slug"]: s["output"] for s in json.loads(listed.stdout)["steps"]} == outputs(shown[mapped])
 
         adoption.complete(conn, history=True)
         assert _missing_completed(conn) == 0
