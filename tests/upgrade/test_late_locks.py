@@ -48,22 +48,41 @@ def _wait_for(observer: psycopg.Connection, pid: int, predicate, what: str) -> s
     return found[0]
 
 
+class _HeldRecheck:
+    """``installer.apply`` (phased) started in ``pool`` while a session holds ``pgmq.meta``, which
+    0003's prepare recheck reads: returns once the recheck waits for it, definitions frozen."""
+
+    def __init__(self, database, pool: ThreadPoolExecutor) -> None:
+        migrator = database.connect()
+        self.observer = database.connect()
+        self.blocker = psycopg.connect(database.conninfo)
+        self.events: list[tuple[str, dict]] = []
+        self.blocker.execute("LOCK TABLE pgmq.meta IN ACCESS EXCLUSIVE MODE")
+        self.applying = pool.submit(installer.apply, migrator, online="always", lock_timeout=60,
+                                    progress=lambda event, data: self.events.append((event, data)))
+        try:
+            self.locks = _wait_for(self.observer, migrator.info.backend_pid,
+                                   lambda held: ("meta", "AccessShareLock", False) in held
+                                   and ("flows", "ShareRowExclusiveLock", True) in held,
+                                   "the recheck to wait for pgmq.meta")
+        except BaseException:
+            self.release()  # never leave the migration waiting behind a failed test
+            raise
+
+    def release(self) -> None:
+        self.blocker.rollback()
+
+    def close(self) -> None:
+        self.blocker.close()
+
+
 def test_prepare_rechecks_while_workers_and_producers_go_on(pre_upgrade):
     database, _state = pre_upgrade
-    migrator = database.connect()
-    observer = database.connect()
-    blocker = psycopg.connect(database.conninfo)
     worker = database.connect()
-    pid = migrator.info.backend_pid
-    events: list[tuple[str, dict]] = []
-    blocker.execute("LOCK TABLE pgmq.meta IN ACCESS EXCLUSIVE MODE")
     with ThreadPoolExecutor(1) as pool:
-        applying = pool.submit(installer.apply, migrator, online="always", lock_timeout=60,
-                               progress=lambda event, data: events.append((event, data)))
+        held = _HeldRecheck(database, pool)
         try:
-            # the recheck waits for pgmq.meta, holding the definitions frozen
-            locks = _wait_for(observer, pid, lambda held: ("meta", "AccessShareLock", False) in held
-                              and ("flows", "ShareRowExclusiveLock", True) in held, "the recheck to wait for pgmq.meta")
+            locks = held.locks
             assert ("steps", "ShareRowExclusiveLock", True) in locks
             assert not [lock for lock in locks if lock[0] in ("step_tasks", "worker_functions")], sorted(locks)
             # meanwhile a worker reads and row-locks task rows and a producer starts a run, at once
@@ -74,14 +93,14 @@ def test_prepare_rechecks_while_workers_and_producers_go_on(pre_upgrade):
             run = worker.execute("SELECT run_id FROM pgflow.start_flow('orderFlow', %s)", (Jsonb({"n": 1}),)).fetchone()
             assert run
         finally:
-            blocker.rollback()
-        results = applying.result(timeout=300)
+            held.release()
+        results = held.applying.result(timeout=300)
     assert [r.migration.version for r in results] == [3, *versions_after(3)]
     assert results[0].online
     # the run started during prepare got its queue like every other task (the fill trigger)
     missing = worker.execute("SELECT count(*) FROM pgflow.step_tasks WHERE queue_name IS NULL").fetchone()[0]
     assert missing == 0
-    blocker.close()
+    held.close()
 
 
 def test_the_late_locks_give_way_to_a_holder_that_waits_for_the_migration(pre_upgrade):
@@ -89,35 +108,31 @@ def test_the_late_locks_give_way_to_a_holder_that_waits_for_the_migration(pre_up
     drop_flow-like writer): the late lock is a cycle; the transaction gives everything back and
     runs again once the other session is through. Nobody gets 40P01."""
     database, _state = pre_upgrade
-    migrator = database.connect()
-    observer = database.connect()
-    blocker = psycopg.connect(database.conninfo)
     other = psycopg.connect(database.conninfo)
-    pid = migrator.info.backend_pid
-    events: list[tuple[str, dict]] = []
-    blocker.execute("LOCK TABLE pgmq.meta IN ACCESS EXCLUSIVE MODE")
     with ThreadPoolExecutor(2) as pool:
-        applying = pool.submit(installer.apply, migrator, online="always", lock_timeout=60,
-                               progress=lambda event, data: events.append((event, data)))
-        _wait_for(observer, pid, lambda held: ("meta", "AccessShareLock", False) in held
-                  and ("flows", "ShareRowExclusiveLock", True) in held, "the recheck to wait for pgmq.meta")
-        # the other session holds the task table and then writes a step definition: it waits for
-        # the migration's SHARE ROW EXCLUSIVE on steps
-        other.execute("SELECT 1 FROM pgflow.step_tasks LIMIT 1 FOR UPDATE")
-        other_pid = other.info.backend_pid
-        writing = pool.submit(other.execute, "UPDATE pgflow.steps SET step_slug = step_slug WHERE false")
-        _wait_for(observer, other_pid, lambda held: ("steps", "RowExclusiveLock", False) in held,
-                  "the writer to wait for the migration")
-        blocker.rollback()  # the recheck ends; the late lock meets the writer holding step_tasks
-        writing.result(timeout=120)  # the migration gave way: the writer got its lock
-        gave_way = ("late_locks_busy", {"migration": "0003_queue_identity", "phase": "prepare",
-                                        "lock": "pgflow.step_tasks ACCESS EXCLUSIVE"})
-        _until(lambda: gave_way in events, "the migration to report that it gave way")
-        other.commit()
-        results = applying.result(timeout=300)
+        held = _HeldRecheck(database, pool)
+        observer, events = held.observer, held.events
+        try:
+            # the other session holds the task table and then writes a step definition: it waits for
+            # the migration's SHARE ROW EXCLUSIVE on steps
+            other.execute("SELECT 1 FROM pgflow.step_tasks LIMIT 1 FOR UPDATE")
+            other_pid = other.info.backend_pid
+            writing = pool.submit(other.execute, "UPDATE pgflow.steps SET step_slug = step_slug WHERE false")
+            _wait_for(observer, other_pid, lambda held: ("steps", "RowExclusiveLock", False) in held,
+                      "the writer to wait for the migration")
+            held.release()  # the recheck ends; the late lock meets the writer holding step_tasks
+            writing.result(timeout=120)  # the migration gave way: the writer got its lock
+            gave_way = ("late_locks_busy", {"migration": "0003_queue_identity", "phase": "prepare",
+                                            "lock": "pgflow.step_tasks ACCESS EXCLUSIVE"})
+            _until(lambda: gave_way in events, "the migration to report that it gave way")
+            other.commit()
+        finally:
+            held.release()
+            other.rollback()
+        results = held.applying.result(timeout=300)
     assert [r.migration.version for r in results] == [3, *versions_after(3)]
     assert not [data for event, data in events if event == "retry"], events
-    blocker.close()
+    held.close()
     other.close()
 
 
