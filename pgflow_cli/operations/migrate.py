@@ -85,7 +85,8 @@ class StatusReport:
             applied), ``in_progress`` (a phased run stopped part way), ``drift`` (installed
             function text differs from the files, or an invalid index is left, with nothing
             pending to fix it), ``pending`` (migrations, or the online completion of an
-            adoption such as its history backfill) or ``up_to_date``.
+            adoption: its index and validations) or ``up_to_date`` (an optional history
+            backfill may be left: a note says so).
         conflict: the error ``migrate apply`` would refuse with (``verdict == "conflict"``): an
             unrecognised upstream schema, or the ledger's conflict when nothing is to be adopted.
         found: which release installed a pgflow schema pgflow-cli did not (or adopted), and what
