@@ -180,9 +180,10 @@ def take_late_locks(conn: psycopg.Connection, locks: Sequence[TableLock], *, loc
     :func:`take_locks` takes a further lock (``NOWAIT``; when busy, the pg_locks cycle check and a
     wait in short slices only while the oldest lock waiter of the database is less than
     ``0.75 * deadlock_timeout`` into its wait). A session that began waiting for this transaction
-    earlier (during the SQL that ran before) and holds one of these tables is a cycle: seen,
-    and given way to; one that began waiting has waited longest, and its deadlock check comes
-    first: the bound uses it (docs/architecture.md "Late locks").
+    earlier (during the SQL that ran before) and holds one of these tables closes a cycle: the
+    cycle query sees it and the lock is given up without waiting. Every other waiter's deadlock
+    check comes ``deadlock_timeout`` after its own wait began, never before the oldest waiter's,
+    which the wait stays under (docs/architecture.md "Late locks").
 
     Args:
         conn: the connection, inside the phase's transaction.
