@@ -73,6 +73,10 @@ def run(ctx: Context) -> list[Result]:
         "claim": Result("longest claim wait, adopt + migrations + history", "s", [], work=work,
                         baseline="longest claim wait, bare UPDATE"),
         "read": Result("longest read wait, adopt + migrations + history", "s", [], work=work),
+        "upgrade_claim": Result("longest claim wait, adopt + migrations, until committed", "s", [], work=work),
+        "upgrade_read": Result("longest read wait, adopt + migrations, until committed", "s", [], work=work),
+        # each phase's share of the probes (window reset at every start/phase event): which one blocks
+        "phase_wait": Result("longest wait of any one phase (claim or read)", "s", [], work=work),
     }
     admin = psycopg.connect(ctx.conninfo("postgres"), autocommit=True)
     source = "bench_adopt_data"
@@ -104,19 +108,29 @@ def run(ctx: Context) -> list[Result]:
                             conn.execute("UPDATE pgflow.step_tasks SET error_message = lower(flow_slug)")
                         else:
                             phases: dict[str, float] = {}
+                            waits: dict[str, list[float]] = {}
                             mark = [time.perf_counter()]
 
-                            def progress(event: str, data: dict, phases: dict = phases, mark: list = mark) -> None:
+                            def progress(event: str, data: dict, phases: dict = phases, mark: list = mark,
+                                         waits: dict = waits, prober: Prober = prober) -> None:
+                                if event in ("start", "phase"):
+                                    prober.reset_window()
                                 if event in ("phase_done", "done"):
                                     key = f"{data['migration']} {data.get('phase', 'transaction' if event == 'done' else '')}"
                                     now = time.perf_counter()
                                     phases[key] = round(phases.get(key, 0) + now - mark[0], 2)
                                     mark[0] = now
+                                    # the longest claim and read wait while this phase ran (its share)
+                                    seen = waits.setdefault(key, [0.0, 0.0])
+                                    seen[:] = [round(max(seen[0], prober.window["claim"]), 3),
+                                               round(max(seen[1], prober.window["read"]), 3)]
+                                    prober.reset_window()
 
                             found = rec.recognise(conn)
                             adopted = adoption.adopt(conn, found, online="auto", progress=progress)
                             applied = installer.apply(conn, online="auto", progress=progress)
                             upgraded = time.perf_counter() - started
+                            upgrade_waits = dict(prober.longest)
                             adoption.complete(conn, history=True, progress=progress)
                         seconds = time.perf_counter() - started
                         time.sleep(0.2)
@@ -134,8 +148,15 @@ def run(ctx: Context) -> list[Result]:
                         results["adopt"].samples.append(adopted.duration_ms / 1000)
                         results["claim"].samples.append(prober.longest["claim"])
                         results["read"].samples.append(prober.longest["read"])
+                        results["upgrade_claim"].samples.append(upgrade_waits["claim"])
+                        results["upgrade_read"].samples.append(upgrade_waits["read"])
+                        worst = max(waits, key=lambda k: max(waits[k]))
+                        results["phase_wait"].samples.append(max(waits[worst]))
+                        results["phase_wait"].details.setdefault("worst_phase", []).append(worst)
+                        results["total"].details.setdefault("waits_s", []).append(waits)
                     if kind == "total":
                         ctx.log(f"  seconds per phase: {phases}; upgrade committed after {upgraded:.1f}s")
+                        ctx.log(f"  longest [claim, read] wait per phase, s: {waits}")
                     ctx.log(f"sample {sample + 1}/{samples} {kind}: {seconds:.1f}s total, longest claim wait "
                             f"{prober.longest['claim']:.3f}s, read {prober.longest['read']:.3f}s ({prober.count} probes)")
                 finally:

@@ -245,6 +245,11 @@ def apply(
         bool, typer.Option("--full", help="Dry run: list every table touched and every lock held (default: the first "
                            f"{5} of each and a summary of the rest).")
     ] = False,
+    fill_history: Annotated[
+        bool, typer.Option("--fill-history", help="After the migrations, store the step outputs of runs that finished "
+                           "before an adoption of pgflow 0.8-0.12 (online, resumable; get_run_with_states computes "
+                           "them without it).")
+    ] = False,
 ) -> None:
     """Apply pending migrations in order; each one is atomic and recorded with its checksum.
 
@@ -322,7 +327,7 @@ def apply(
             result = migrate_op.apply(
                 conn, target, target_version=target_version, lock_timeout=lock_timeout, attempts=retries,
                 dry_run=dry_run, progress=progress, online=OnlineMode(online).value, batch_seconds=batch_seconds,
-                install_pgmq=install_pgmq, assume_release=assume_release,
+                install_pgmq=install_pgmq, assume_release=assume_release, fill_history=fill_history,
             )
         except KeyboardInterrupt:
             interrupted = True

@@ -52,7 +52,8 @@ _APPLY = re.compile(r"^--@apply\b(?P<rest>.*)$", re.MULTILINE)
 _APPLY_LINE = re.compile(r"^[ \t]+(?P<path>functions/[a-z0-9_/]+\.sql)[ \t]+sha256=(?P<sha>[0-9a-f]{64})[ \t]*$")
 _WORKER_PROTOCOL = re.compile(r"^--@worker-protocol[ \t]+(\d+)[ \t]*$", re.MULTILINE)
 _PREFLIGHT = re.compile(r"^--@preflight[ \t]+audit[ \t]*$", re.MULTILINE)
-_LOCK = re.compile(r"^--@lock\b(?P<rest>.*)$", re.MULTILINE)
+_LOCK = re.compile(r"^--@lock\b(?!-at\b)(?P<rest>.*)$", re.MULTILINE)
+_LOCK_AT = re.compile(r"^--@lock-at[ \t]+(?P<statement>\S.*?)[ \t]*$", re.MULTILINE)
 _LOCK_LINE = re.compile(r"^[ \t]+(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)[ \t]+(?P<mode>[A-Z][A-Z ]*[A-Z])[ \t]*$")
 _THRESHOLD = re.compile(r"^--@online-threshold[ \t]+(?P<table>[a-z_.]+)[ \t]+(?P<rows>\d+)[ \t]*$", re.MULTILINE)
 
@@ -97,10 +98,15 @@ class TableLock:
     Attributes:
         table: ``schema.table`` (lowercase, quoted as two identifiers when locked).
         mode: one of :data:`LOCK_MODES`.
+        at: ``None`` for a lock taken before the transaction's SQL; otherwise the first line of the
+            statement of the phase text it is taken just before (a ``--@lock-at`` line above it in
+            the same phase): a *late* lock, taken on the phased path only (the one-transaction path
+            takes every lock up front). :func:`merge_locks` drops it.
     """
 
     table: str
     mode: str
+    at: str | None = None
 
     @property
     def rank(self) -> int:
@@ -134,26 +140,41 @@ def merge_locks(locks: Sequence[TableLock]) -> tuple[TableLock, ...]:
 def parse_locks(text: str, label: str) -> dict[str | None, tuple[TableLock, ...]]:
     """The ``--@lock`` lines of a migration (or of its lock file), by phase.
 
+    A ``--@lock-at STATEMENT`` line makes the ``--@lock`` lines after it in the same phase *late*
+    locks (:attr:`TableLock.at` = ``STATEMENT``): the runner takes them just before the line of
+    the phase text that starts with ``STATEMENT`` (:meth:`Migration.split_at_late_locks`).
+
     Returns:
         phase name -> its locks (in written order); ``None`` holds the lines before the first
         ``--@phase`` marker (a migration without phases: its one transaction).
 
     Raises:
-        RuntimeError: a malformed line (a packaging error: the message gives the syntax).
+        RuntimeError: a malformed line, or a ``--@lock-at`` outside a phase or twice in one
+            (a packaging error: the message gives the syntax).
     """
-    markers = [(m.start(), m["name"]) for m in _PHASE.finditer(text)]
+    events = sorted([(m.start(), "phase", m["name"]) for m in _PHASE.finditer(text)]
+                    + [(m.start(), "at", m["statement"]) for m in _LOCK_AT.finditer(text)]
+                    + [(m.start(), "lock", m.group("rest")) for m in _LOCK.finditer(text)])
     found: dict[str | None, list[TableLock]] = {}
-    for match in _LOCK.finditer(text):
-        line = _LOCK_LINE.match(match.group("rest"))
+    phase: str | None = None
+    at: str | None = None
+    seen_at: set[str | None] = set()
+    for _, kind, value in events:
+        if kind == "phase":
+            phase, at = value, None
+            continue
+        if kind == "at":
+            if phase is None or phase in seen_at:
+                raise RuntimeError(f"{label}: '--@lock-at {value}' must stand inside a --@phase, once per phase")
+            seen_at.add(phase)
+            at = value
+            continue
+        line = _LOCK_LINE.match(value)
         if line is None or line["mode"] not in LOCK_MODES:
-            raise RuntimeError(f"{label}: malformed line {match.group(0)!r}: write '--@lock schema.table MODE' "
+            raise RuntimeError(f"{label}: malformed line '--@lock{value}': write '--@lock schema.table MODE' "
                                f"with MODE one of {', '.join(LOCK_MODES)}")
-        phase = None
-        for start, name in markers:
-            if start < match.start():
-                phase = name
-        found.setdefault(phase, []).append(TableLock(line["table"], line["mode"]))
-    return {phase: tuple(locks) for phase, locks in found.items()}
+        found.setdefault(phase, []).append(TableLock(line["table"], line["mode"], at))
+    return {name: tuple(locks) for name, locks in found.items()}
 
 
 @dataclass(frozen=True)
@@ -333,9 +354,35 @@ class Migration:
         return parse_locks(sqlfiles.load(self.lock_file), self.lock_file)
 
     def locks_for(self, phases: Sequence[str | None]) -> tuple[TableLock, ...]:
-        """The locks one transaction running ``phases`` takes up front (merged, in lock order)."""
+        """The locks one transaction running ``phases`` takes up front (merged, in lock order),
+        late locks included: the one-transaction path and ``--sql`` take every lock first."""
         plan = self.lock_plan
         return merge_locks([lock for phase in phases for lock in plan.get(phase, ())])
+
+    def phase_locks(self, phase: str) -> tuple[tuple[TableLock, ...], tuple[TableLock, ...]]:
+        """The locks of ``phase`` run in its own transaction (the phased path): (taken before its
+        SQL, taken late at :attr:`TableLock.at`), each merged and in lock order."""
+        plan = self.lock_plan.get(phase, ())
+        return (merge_locks([lock for lock in plan if lock.at is None]),
+                merge_locks([lock for lock in plan if lock.at is not None]))
+
+    def split_at_late_locks(self, phase: Phase) -> tuple[str, str | None]:
+        """``phase``'s executed text cut just before the line its late locks are taken at:
+        (head, tail), or (whole text, ``None``) when the phase has no late locks. Head and tail
+        run in the same transaction, one after the other: the same statements as the whole text.
+
+        Raises:
+            RuntimeError: the statement is not found exactly once at a line start of the phase
+                text (a packaging error).
+        """
+        at = next((lock.at for lock in self.lock_plan.get(phase.name, ()) if lock.at is not None), None)
+        if at is None:
+            return phase.sql, None
+        starts = [m.start() for m in re.finditer(r"^" + re.escape(at), phase.sql, re.MULTILINE)]
+        if len(starts) != 1:
+            raise RuntimeError(f"{self.label}: '--@lock-at {at}' matches {len(starts)} lines of phase {phase.name}, "
+                               "not exactly one")
+        return phase.sql[:starts[0]], phase.sql[starts[0]:]
 
     @property
     def worker_protocol(self) -> int | None:

@@ -167,6 +167,48 @@ class _GiveBack(Exception):
     """The lock plan gives every lock back and tries again."""
 
 
+class LateLocksBusy(Exception):
+    """The late locks of a phase (:func:`take_late_locks`) must not be waited for now: the caller
+    rolls the whole transaction back, giving every lock back, and runs it again."""
+
+
+def take_late_locks(conn: psycopg.Connection, locks: Sequence[TableLock], *, lock_timeout: float) -> None:
+    """Take a phase's late locks (``--@lock-at``) in the middle of its transaction, which holds its
+    up-front locks and has run part of its SQL.
+
+    The transaction holds locks, so nothing here is ever queued for: each lock is taken the way
+    :func:`take_locks` takes a further lock (``NOWAIT``; when busy, the pg_locks cycle check and a
+    wait in short slices only while the oldest lock waiter of the database is less than
+    ``0.75 * deadlock_timeout`` into its wait). A session that began waiting for this transaction
+    earlier (during the SQL that ran before) and holds one of these tables closes a cycle: the
+    cycle query sees it and the lock is given up without waiting. Every other waiter's deadlock
+    check comes ``deadlock_timeout`` after its own wait began, never before the oldest waiter's,
+    which the wait stays under (docs/architecture.md "Late locks").
+
+    Args:
+        conn: the connection, inside the phase's transaction.
+        locks: the merged late locks (:meth:`Migration.phase_locks`).
+        lock_timeout: seconds; the transaction's ``lock_timeout`` is set back to it afterwards.
+
+    Raises:
+        LateLocksBusy: a lock is in a cycle or cannot be waited for now; the caller must roll the
+            transaction back (giving every lock back) and run it again.
+    """
+    for lock in locks:
+        if lock.mode not in LOCK_MODES:
+            raise ValueError(f"unknown lock mode {lock.mode!r}")
+    row = conn.execute(sqlfiles.statement(QUERIES, "deadlock_timeout_ms")).fetchone()
+    check_after = (int(row[0]) if row and row[0] else 1000) / 1000
+    deadline = time.monotonic() + check_after
+    try:
+        for lock in locks:
+            if not _take_while_holding(conn, lock, check_after, deadline):
+                raise LateLocksBusy(f"{lock.table} {lock.mode}")
+    finally:
+        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            conn.execute(sqlfiles.statement(QUERIES, "local_lock_timeout"), {"value": _millis(lock_timeout)})
+
+
 WAIT_SLICE = 0.05
 """Seconds :func:`take_locks` waits for a busy further lock before it asks again who holds it."""
 
@@ -566,14 +608,29 @@ class _Runner:
                                  duration_ms=int((time.monotonic() - t0) * 1000))
             else:
                 def run_tx(phase: Phase = phase, final: bool = final, t0: float = t0) -> None:
-                    locks = self.migration.locks_for([phase.name])
-                    with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
-                        self.conn.execute(phase.sql)  # trusted, shipped SQL
-                        self._record(state="applied" if final else "in_progress",
-                                     phases_done=[] if final else done + [phase.name],
-                                     duration_ms=int((time.monotonic() - t0) * 1000))
-                        if final and self.before_commit:
-                            self.before_commit(self.conn, self.migration)
+                    early, late = self.migration.phase_locks(phase.name)
+                    head, tail = self.migration.split_at_late_locks(phase)
+                    deadline = time.monotonic() + (self.lock_timeout or float("inf"))
+                    while True:
+                        try:
+                            with locked_transaction(self.conn, early, lock_timeout=self.lock_timeout):
+                                self.conn.execute(head)  # trusted, shipped SQL
+                                if tail is not None:
+                                    take_late_locks(self.conn, late, lock_timeout=self.lock_timeout)
+                                    self.conn.execute(tail)
+                                self._record(state="applied" if final else "in_progress",
+                                             phases_done=[] if final else done + [phase.name],
+                                             duration_ms=int((time.monotonic() - t0) * 1000))
+                                if final and self.before_commit:
+                                    self.before_commit(self.conn, self.migration)
+                            return
+                        except LateLocksBusy as busy:
+                            self.emit("late_locks_busy", {"migration": label, "phase": phase.name, "lock": str(busy)})
+                            if time.monotonic() >= deadline:
+                                raise psycopg.errors.LockNotAvailable(
+                                    f"lock timeout: the late lock {busy} of phase {phase.name} was busy on every "
+                                    f"try for {self.lock_timeout:g} s") from None
+                            time.sleep(random.uniform(0.001, 0.01))
 
                 self._retrying(run_tx)
             done.append(phase.name)

@@ -85,7 +85,8 @@ class StatusReport:
             applied), ``in_progress`` (a phased run stopped part way), ``drift`` (installed
             function text differs from the files, or an invalid index is left, with nothing
             pending to fix it), ``pending`` (migrations, or the online completion of an
-            adoption such as its history backfill) or ``up_to_date``.
+            adoption: its index and validations) or ``up_to_date`` (an optional history
+            backfill may be left: a note says so).
         conflict: the error ``migrate apply`` would refuse with (``verdict == "conflict"``): an
             unrecognised upstream schema, or the ledger's conflict when nothing is to be adopted.
         found: which release installed a pgflow schema pgflow-cli did not (or adopted), and what
@@ -234,6 +235,14 @@ def interrupted(target: Target) -> PgflowError:
             f"committed phases with `pgflow migrate abort {first.version}`",
             exit_code=ExitCode.INTERRUPTED)
     applied = [f"{s.version:04d}" for s in plan.statuses if s.state == "applied"]
+    if report.found is not None and report.found.history and not report.found.completion and not plan.pending:
+        return PgflowError(
+            "interrupted while storing the step outputs of finished runs (--fill-history); the migrations are "
+            "committed and nothing else is left",
+            detail=[f"applied: {', '.join(applied) or 'none'}", *report.lines()],
+            hint="rerun `pgflow migrate apply --fill-history` to continue at the recorded page (optional: "
+            "get_run_with_states computes those outputs meanwhile)",
+            exit_code=ExitCode.INTERRUPTED)
     if report.found is not None and report.found.completion and not plan.pending:
         return PgflowError(
             "interrupted after the migrations committed: the adoption's online completion is not finished",
@@ -369,6 +378,7 @@ def apply(
     batch_seconds: float = 0.2,
     install_pgmq: bool = False,
     assume_release: str | None = None,
+    fill_history: bool = False,
 ) -> MigrateResult:
     """Apply (or dry-run) pending migrations with a lock watcher; see the module docstring.
 
@@ -392,6 +402,9 @@ def apply(
         install_pgmq: install the bundled PGMQ SQL when missing, under the migrator lock.
         assume_release: ``--assume-release``: the release the operator asserts for an unrecognised
             upstream schema (recorded with the adoption).
+        fill_history: ``--fill-history``: after the migrations, store the step outputs of runs that
+            finished before an online adoption (the history backfill; online, resumable). Off by
+            default: ``get_run_with_states`` computes them (migration 0011).
 
     Returns:
         A :class:`MigrateResult` with one phase per migration (and one for the adoption).
@@ -499,9 +512,10 @@ def apply(
             exc.detail.extend(f"blocked by {describe_blocker(b)}" for b in watcher.seen)
             raise
     result.blockers_seen = [dict(b) for b in watcher.seen]
-    if not dry_run and upstream.history_left(conn):
-        # Last, after the migrations committed (workers need not wait for it): the outputs of runs
-        # that finished before an online adoption, in short batches, resumable; one migrator at a time.
+    if fill_history and not dry_run and upstream.history_left(conn):
+        # Last, after the migrations committed (workers need not wait for it), only when asked: the
+        # outputs of runs that finished before an online adoption, in short batches, resumable; one
+        # migrator at a time.
         started = time.monotonic()
         with installer.migrator_lock(conn, progress=emit):
             if upstream.finish_history(conn, lock_timeout=lock_timeout, attempts=attempts,

@@ -42,7 +42,11 @@ class UpstreamPlan:
             (the pending migrations after it are listed by the caller).
         must_do: what the operator must do before or after ``apply``, one sentence each.
         notes: what happens without the operator's action (cron jobs that keep working...).
-        completion: online completion steps left by an adoption that was interrupted after its commit.
+        completion: online completion steps left by an adoption that was interrupted after its commit
+            (the history backfill is not one of them: see ``history``).
+        history: the history backfill still to run (``{"step": "backfill", "next_page": n}``), or
+            ``None``. Optional since migration 0011: ``get_run_with_states`` computes those outputs,
+            and ``pgflow migrate apply`` stores them only with ``--fill-history``.
     """
 
     recognition: rec.Recognition
@@ -50,6 +54,7 @@ class UpstreamPlan:
     must_do: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     completion: list[dict[str, Any]] = field(default_factory=list)
+    history: dict[str, Any] | None = None
 
     @property
     def adoption_pending(self) -> bool:
@@ -58,7 +63,7 @@ class UpstreamPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"recognition": self.recognition.to_dict(), "steps": self.steps, "must_do": self.must_do,
-                "notes": self.notes, "completion": self.completion}
+                "notes": self.notes, "completion": self.completion, "history": self.history}
 
 
 def _validate_release(assume_release: str | None) -> None:
@@ -86,14 +91,14 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
     found = rec.recognise(conn, assume_release=assume_release)
     plan = UpstreamPlan(found)
     if found.status == rec.ADOPTED:
-        plan.completion = adoption.pending_completion(conn)
-        before = [s for s in plan.completion if s["step"] != adoption.HISTORY_STEP]
-        if before:
-            plan.steps.append(f"finish the adoption online ({', '.join(_step_names(before))})")
+        pending = adoption.pending_completion(conn)
+        plan.completion = [s for s in pending if s["step"] != adoption.HISTORY_STEP]
+        plan.history = next((s for s in pending if s["step"] == adoption.HISTORY_STEP), None)
+        if plan.completion:
+            plan.steps.append(f"finish the adoption online ({', '.join(_step_names(plan.completion))})")
         history = adoption.history_pending(conn)
         if history is not None:
-            plan.steps.append(f"{HISTORY_STEP_TEXT} ({history.describe()})")
-            plan.notes.append(HISTORY_NOTE)
+            plan.notes.append(HISTORY_NOTE.format(where=history.describe()))
         return plan
     if found.status not in (rec.UPSTREAM, rec.UNRECOGNISED):
         return plan
@@ -101,8 +106,8 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
     if found.adoptable:
         asserted = " (asserted by the operator)" if found.assumed else ""
         path = ("one short transaction, then online (index built concurrently, constraints validated; the "
-                "finished runs' step outputs are backfilled in batches after the migrations)" if large
-                else "one transaction")
+                "finished runs' step outputs are left to get_run_with_states, stored only with --fill-history)"
+                if large else "one transaction")
         plan.steps.append(f"adopt pgflow {found.label if not found.assumed else found.release}{asserted} -> "
                           f"pgflow-cli baseline (0001, 0002 recorded), in {path}")
     plan.must_do.append(
@@ -115,8 +120,9 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
         plan.notes.append(
             "step outputs were not stored by this release: the adoption backfills every completed step as 0.13.0 "
             "did, the runs in flight inside its transaction" + (
-                "; the finished runs' in batches after the migrations (workers may start before it ends; until "
-                "then get_run_with_states shows output null for their steps)" if large else ""))
+                "; for the finished runs get_run_with_states computes them from their tasks (migration 0011): "
+                "step_states.output stays null for them until `pgflow migrate apply --fill-history` stores them "
+                "online, after the migrations" if large else ""))
     if "worker_functions" in releases.shape(releases.group_of(found.releases[-1]))["table"]:
         disabled = [r[0] for r in conn.execute(sqlfiles.statement(adoption.QUERIES, "disabled_functions")).fetchall()]
         if disabled:
@@ -144,11 +150,11 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
     return plan
 
 
-HISTORY_STEP_TEXT = "backfill the step outputs of finished runs online"
-HISTORY_NOTE = ("until the history backfill ends, get_run_with_states (and a drop-flow export's step states) shows "
-                "output null for the completed steps of runs that finished before the adoption (their tasks keep their "
-                "outputs); runs in flight and everything the runtime reads are complete. `pgflow migrate apply` "
-                "continues it where it stopped")
+HISTORY_NOTE = ("optional, not run by default: the history backfill has not stored the step outputs of runs that "
+                "finished before the adoption ({where}); get_run_with_states computes them from their tasks "
+                "(migration 0011), but step_states.output (your queries, `pgflow runs show --output`, a drop-flow "
+                "export's step states) is null for them until `pgflow migrate apply --fill-history` stores them "
+                "(online, in batches, resumable)")
 
 
 def _step_names(completion: list[dict[str, Any]]) -> list[str]:

@@ -17,10 +17,11 @@ whole transaction back and it is retried; a killed client leaves the database as
 
 On a large database (:data:`ONLINE_THRESHOLD_BYTES`) the transaction backfills only the step
 outputs the runtime reads (runs in flight); the index, the constraint validations and, last,
-the **history backfill** (the outputs of finished runs, which only ``get_run_with_states``
-reads) run after the commit in short transactions, recorded in ``pgflow.schema_adoption.pending``
-so a rerun resumes. ``pgflow migrate apply`` runs the history backfill after the migrations,
-so workers are back before it starts (:func:`complete` with ``history``).
+the **history backfill** (the stored outputs of finished runs; ``get_run_with_states``
+computes them from their tasks since migration 0011) run after the commit in short
+transactions, recorded in ``pgflow.schema_adoption.pending`` so a rerun resumes. ``pgflow
+migrate apply`` runs the history backfill only with ``--fill-history``, after the migrations
+(:func:`complete` with ``history``).
 
 Spec: issue 8 "Adoption"; fact sheet ``upstream-releases.md`` §4.
 """
@@ -390,8 +391,8 @@ def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: i
       of finished runs (their tasks keep their outputs); nothing the runtime reads is missing.
 
     Args:
-        history: also run the history backfill (``pgflow migrate apply`` runs it after the
-            migrations, so the upgrade is not kept waiting by it).
+        history: also run the history backfill (``pgflow migrate apply --fill-history`` runs it
+            after the migrations, so the upgrade is not kept waiting by it).
 
     Returns:
         How many steps were done (0 when nothing was pending).

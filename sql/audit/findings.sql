@@ -206,17 +206,6 @@ task_dups AS (
   ) AS t
   GROUP BY t.queue_name
 ),
--- per flow: the tasks that still need their queue, queued (a message waits) or started (it will
--- be archived), and the highest message id any task holds (they all came from the flow's
--- legacy queue); one scan, one row per flow
-task_facts AS (
-  SELECT st.flow_slug,
-         count(*) FILTER (WHERE st.status = 'queued') AS queued_tasks,
-         count(*) FILTER (WHERE st.status = 'started') AS started_tasks,
-         max(st.message_id) AS max_message_id
-  FROM pgflow.step_tasks AS st
-  GROUP BY st.flow_slug
-),
 -- the next message id each PGMQ queue table will hand out (NULL: the role may not read its sequence)
 queue_next_ids AS (
   SELECT c.relname::text AS q_table,
@@ -250,7 +239,17 @@ legacy_elsewhere AS (
   FROM flow_queues AS fq
   JOIN queues AS lq ON lq.q_table = ('q_' || lower(fq.flow_slug))::name::text
   LEFT JOIN queues AS rq ON rq.q_table = fq.q_table
-  LEFT JOIN task_facts AS tf ON tf.flow_slug = fq.flow_slug
+  -- per flow: the tasks that still need their queue, queued (a message waits) or started (it will
+  -- be archived), and the highest message id any task holds (they all came from the flow's legacy
+  -- queue). Read only for a flow whose two tables differ (a constant condition inside: no scan of
+  -- the task table otherwise, which matters under a migration's exclusive locks)
+  LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE st.status = 'queued') AS queued_tasks,
+           count(*) FILTER (WHERE st.status = 'started') AS started_tasks,
+           max(st.message_id) AS max_message_id
+    FROM pgflow.step_tasks AS st
+    WHERE st.flow_slug = fq.flow_slug AND lq.q_table <> fq.q_table
+  ) AS tf ON true
   LEFT JOIN queue_next_ids AS nx ON nx.q_table = fq.q_table
   WHERE fq.origin = 'default'
     AND lq.q_table <> fq.q_table
@@ -447,7 +446,14 @@ findings AS (
                 || 'keeps what exists. Delete the flow instead if it is no longer used.', fq.queue_name)
   FROM flow_queues AS fq
   LEFT JOIN queues AS q ON q.q_table = fq.q_table
-  LEFT JOIN task_facts AS tf ON tf.flow_slug = fq.flow_slug
+  -- the flow's queued and started tasks, read only for a queue that lacks a table
+  LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE st.status = 'queued') AS queued_tasks,
+           count(*) FILTER (WHERE st.status = 'started') AS started_tasks
+    FROM pgflow.step_tasks AS st
+    WHERE st.flow_slug = fq.flow_slug
+      AND (NOT coalesce(q.has_queue_table, false) OR NOT coalesce(q.has_archive_table, false))
+  ) AS tf ON true
   CROSS JOIN LATERAL (
     SELECT ARRAY(SELECT code FROM (VALUES
              (1, 'meta_row_missing', coalesce(cardinality(q.spellings), 0) = 0),

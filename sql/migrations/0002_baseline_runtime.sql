@@ -107,7 +107,7 @@
 
 --@include released/0002/functions/maintenance/requeue_stalled_tasks.sql as-create
 
---@include functions/runtime/get_run_with_states.sql as-create
+--@include released/0002/functions/runtime/get_run_with_states.sql as-create
 
 --@include functions/runtime/start_flow_with_states.sql as-create
 

@@ -37,7 +37,14 @@ SELECT ss.step_slug, s.step_index, s.step_type, ss.status, ss.initial_tasks, ss.
        ss.created_at, ss.started_at, ss.completed_at, ss.failed_at, ss.skipped_at,
        coalesce(s.opt_max_attempts, f.opt_max_attempts) AS max_attempts,
        coalesce(s.opt_timeout, f.opt_timeout) AS timeout_seconds,
-       CASE WHEN %(show_output)s::boolean THEN ss.output END AS output
+       -- a completed step with no stored output (a run finished before an adoption of pgflow 0.8-0.12,
+       -- history not filled): the output get_run_with_states computes from its tasks (migration 0011)
+       CASE WHEN NOT %(show_output)s::boolean THEN NULL
+            WHEN ss.output IS NULL AND ss.status = 'completed'
+            THEN (SELECT e.value -> 'output'
+                  FROM pg_catalog.jsonb_array_elements(pgflow.get_run_with_states(ss.run_id) -> 'steps') AS e
+                  WHERE e.value ->> 'step_slug' = ss.step_slug)
+            ELSE ss.output END AS output
 FROM pgflow.step_states AS ss
 JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug
 JOIN pgflow.flows AS f ON f.flow_slug = ss.flow_slug

@@ -37,7 +37,8 @@ def _finished_outputs(conn, state) -> dict[tuple[str, str], object]:
 def test_adopted_release_finishes_every_run_exactly_once(inflight_db, online):
     """``never``: the whole adoption in one transaction. ``always`` (a large database's path): only
     the runs in flight are backfilled inside it, and the workers finish them while the history
-    backfill of finished runs has not run yet; it runs after them and fills the rest."""
+    backfill of finished runs has not run; ``migrate apply`` leaves it (get_run_with_states computes
+    those outputs), ``migrate apply --fill-history`` stores the rest."""
     database, state = inflight_db
     conn = database.connect()
     before = inflight.task_rows(conn)
@@ -88,9 +89,15 @@ def test_adopted_release_finishes_every_run_exactly_once(inflight_db, online):
     inflight.assert_every_message_archived(conn, QUEUES)
     assert_runtime_invariants(conn)
 
-    if deferred:  # now the history: every finished run's outputs, and nothing else changed
+    if deferred:  # now the history, when asked for: every finished run's outputs, and nothing else changed
         finished = inflight.task_rows(conn)
-        result = run_cli("migrate", "apply", "--dsn", database.conninfo)
+        plain = run_cli("migrate", "apply", "--dsn", database.conninfo)
+        assert plain.code == ExitCode.OK and "history backfill" not in plain.stdout, plain.output  # not by default
+        assert _finished_outputs(conn, state) == {key: None for key in FINISHED_OUTPUTS}
+        shown = conn.execute("SELECT pgflow.get_run_with_states(%s)", (state.runs["completed"],)).fetchone()[0]
+        assert {s["step_slug"]: s["output"] for s in shown["steps"]} == {
+            step: output for (_, step), output in FINISHED_OUTPUTS.items()}  # computed from the tasks (0011)
+        result = run_cli("migrate", "apply", "--fill-history", "--dsn", database.conninfo)
         assert result.code == ExitCode.OK, result.output
         assert "history backfill (adoption, online)" in result.stdout
         with psycopg.connect(database.conninfo) as check:

@@ -151,12 +151,13 @@ def test_an_interrupted_online_completion_is_finished_by_the_next_apply(inflight
 
     plan = run_cli("migrate", "plan", "--dsn", database.conninfo)
     assert "step: finish the adoption online (index, validate constraints)" in plan.stdout, plan.output
-    assert "step: backfill the step outputs of finished runs online (page 0 of " in plan.stdout, plan.output
-    result = run_cli("migrate", "apply", "--dsn", database.conninfo)
+    assert "the history backfill has not stored the step outputs of runs that finished before the adoption (page 0 of " \
+        in " ".join(plan.stdout.split()), plan.output
+    result = run_cli("migrate", "apply", "--fill-history", "--dsn", database.conninfo)
 
     assert result.code == ExitCode.OK, result.output
     assert "phase index (online)" in result.stderr and "applied 0003_queue_identity" in result.stderr
-    # the history backfill runs last, after the migrations committed
+    # the history backfill (asked for) runs last, after the migrations committed
     assert result.stderr.index("applied 0003_queue_identity") < result.stderr.index("phase backfill (online")
     assert "history backfill (adoption, online)" in result.stdout
     with psycopg.connect(database.conninfo) as conn:

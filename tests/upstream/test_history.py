@@ -12,14 +12,18 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import uuid
 
 import psycopg
 
+from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode
 from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
 from tests.support.cli import kill_cli_when, run_cli
 from tests.support.upstream_shapes import LOAD_STEPS, load_finished_runs
+from tests.upgrade.conftest import BaselineDriver
+from tests.upstream.conftest import FLOWS_081
 
 RUNS = 3000
 """30,000 completed steps: several hundred step_states pages, more than the first batch takes."""
@@ -78,13 +82,13 @@ def _history_batch_committed(watcher: psycopg.Connection) -> bool:
     return bool(row) and any(s["step"] == adoption.HISTORY_STEP and s["next_page"] > 0 for s in row[0])
 
 
-def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_apply(release_db):
+def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_fill_history(release_db):
     load_finished_runs(release_db.conninfo, RUNS)
     dsn = release_db.conninfo
 
     # tiny batches: the history backfill takes many transactions, the kill lands between or inside one
-    killed = kill_cli_when(dsn, "migrate", "apply", "--online", "always", "--batch-seconds", "0.01", "--dsn", dsn,
-                           ready=_history_batch_committed, what="a committed batch of the history backfill")
+    killed = kill_cli_when(dsn, "migrate", "apply", "--fill-history", "--online", "always", "--batch-seconds", "0.01",
+                           "--dsn", dsn, ready=_history_batch_committed, what="a committed batch of the history backfill")
     assert killed.code == -signal.SIGKILL
     assert "applied 0003_queue_identity" in killed.stderr  # the migrations committed before it started
 
@@ -95,18 +99,22 @@ def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_apply(re
         left = adoption.history_pending(conn)
     assert left is not None and left.next_page > 0
 
+    # optional since 0011: status says so, is up to date, and names the option that continues it
     status = run_cli("migrate", "status", "--dsn", dsn)
     assert status.code == ExitCode.OK, status.output
     text = " ".join(status.stdout.split())
-    assert (f"step: backfill the step outputs of finished runs online (page {left.next_page} of {left.pages})"
-            in text), status.output
-    assert "migrations up to date; the adoption is not finished" in text and "next: pgflow migrate apply" in text
-    assert "get_run_with_states (and a drop-flow export's step states) shows output null" in text
+    assert "up to date" in text and "adoption is not finished" not in text, status.output
+    assert (f"the history backfill has not stored the step outputs of runs that finished before the adoption "
+            f"(page {left.next_page} of {left.pages})") in text, status.output
+    assert "until `pgflow migrate apply --fill-history` stores them" in text
     report = json.loads(run_cli("migrate", "status", "--dsn", dsn, "--format", "json").stdout)
-    assert report["verdict"] == "pending" and report["pending"] == []
-    assert report["upstream"]["completion"] == [{"step": "backfill", "next_page": left.next_page}]
+    assert report["verdict"] == "up_to_date" and report["pending"] == []
+    assert report["upstream"]["completion"] == []
+    assert report["upstream"]["history"] == {"step": "backfill", "next_page": left.next_page}
 
-    rerun = run_cli("migrate", "apply", "--dsn", dsn, timeout=300)
+    plain = run_cli("migrate", "apply", "--dsn", dsn, timeout=300)  # not by default
+    assert plain.code == ExitCode.OK and "history backfill" not in plain.stdout, plain.output
+    rerun = run_cli("migrate", "apply", "--fill-history", "--dsn", dsn, timeout=300)
     assert rerun.code == ExitCode.OK, rerun.output
     assert "applied 0003" not in rerun.stderr and "history backfill (adoption, online)" in rerun.stdout
     with psycopg.connect(dsn) as conn:
@@ -114,4 +122,59 @@ def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_apply(re
         assert adoption.history_pending(conn) is None
     after = run_cli("migrate", "status", "--dsn", dsn)
     assert after.code == ExitCode.OK and "up to date" in after.stdout, after.output
-    assert "backfill the step outputs" not in after.stdout
+    assert "history backfill" not in after.stdout
+
+
+def test_get_run_with_states_shows_the_same_outputs_before_and_after_the_history_backfill(release_db):
+    """Migration 0011: a completed step whose output was never stored (a run finished before the
+    adoption) shows the output computed from its tasks, single and map steps alike, exactly what
+    the history backfill (``--fill-history``) then stores; the document does not change when it
+    runs, and ``pgflow runs show --show-output`` shows the same."""
+    with psycopg.connect(release_db.conninfo, autocommit=True) as conn:
+        conn.execute(FLOWS_081)
+        worker = uuid.uuid4()
+        conn.execute("INSERT INTO pgflow.workers (worker_id, queue_name, function_name) VALUES (%s, 'orderFlow', "
+                     "'legacy-worker')", (str(worker),))
+        d = BaselineDriver(conn, worker)
+        single = d.start("orderFlow", {"order": 1})
+        for step, output in (("validate", {"ok": True}), ("charge", {"charged": 10}), ("ship", {"parcel": "p1"})):
+            d.finish("orderFlow", single, step, output)
+        mapped = d.start("fanOut", {})
+        d.finish("fanOut", mapped, "list", [1, 2, 3])
+        for task in d.claim("fanOut", mapped, "process"):
+            d.complete(task, task["input"] * 10)
+        d.finish("fanOut", mapped, "collect", 60)
+        empty = d.start("fanOut", {})  # a map over an empty list completes with no task
+        d.finish("fanOut", empty, "list", [])
+        d.finish("fanOut", empty, "collect", 0)
+        runs = (single, mapped, empty)
+        assert conn.execute("SELECT count(*) FROM pgflow.runs WHERE run_id = ANY(%s) AND status = 'completed'",
+                            (list(runs),)).fetchone()[0] == 3
+
+        adoption.adopt(conn, rec.recognise(conn), online="always")
+        installer.apply(conn)
+        assert _missing_completed(conn) > 0  # nothing stored yet for the finished runs
+
+        def documents() -> dict:
+            return {run: conn.execute("SELECT pgflow.get_run_with_states(%s)", (run,)).fetchone()[0] for run in runs}
+
+        def outputs(document: dict) -> dict:
+            return {s["step_slug"]: s["output"] for s in document["steps"]}
+
+        shown = documents()
+        assert outputs(shown[single]) == {"validate": {"ok": True}, "charge": {"charged": 10}, "ship": {"parcel": "p1"}}
+        assert outputs(shown[mapped]) == {"list": [1, 2, 3], "process": [10, 20, 30], "collect": 60}
+        assert outputs(shown[empty]) == {"list": [], "process": [], "collect": 0}
+        # `pgflow runs show --show-output` shows the same for the stored NULLs
+        listed = run_cli("runs", "show", str(mapped), "--show-output", "--format", "json", "--dsn", release_db.conninfo)
+        assert listed.code == ExitCode.OK, listed.output
+        assert {s["step_slug"]: s["output"] for s in json.loads(listed.stdout)["steps"]} == outputs(shown[mapped])
+
+        adoption.complete(conn, history=True)
+        assert _missing_completed(conn) == 0
+        assert documents() == shown  # the stored outputs are the ones shown before
+
+
+def _missing_completed(conn) -> int:
+    return conn.execute("SELECT count(*) FROM pgflow.step_states WHERE status = 'completed' AND output IS NULL"
+                        ).fetchone()[0]

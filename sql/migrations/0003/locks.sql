@@ -11,9 +11,15 @@
 -- deadlock.
 
 --@phase prepare
--- definitions frozen for the recheck; the task table for the column, check and trigger
+-- definitions frozen for the recheck, which reads the task table with ordinary read locks (a
+-- full scan: 1-2 s on a million tasks, while workers go on)
 --@lock pgflow.flows SHARE ROW EXCLUSIVE
 --@lock pgflow.steps SHARE ROW EXCLUSIVE
+-- the task table for the column, check and trigger: taken late, just before the statement of
+-- 0003's text that locks it (after the recheck), never queued for, the whole transaction rolled
+-- back and run again when it must give way (installer.runner.take_late_locks). The
+-- one-transaction path takes these up front with the rest.
+--@lock-at LOCK TABLE pgflow.step_tasks, pgflow.worker_functions IN ACCESS EXCLUSIVE MODE;
 --@lock pgflow.step_tasks ACCESS EXCLUSIVE
 --@lock pgflow.worker_functions ACCESS EXCLUSIVE
 

@@ -62,10 +62,10 @@ queue_owners AS (
   JOIN queue_owners AS qo ON qo.q_table = mr.q_table
   GROUP BY mr.spelling, mr.q_table, qo.owners
 --@include audit/findings.sql lines=162-207
---@include audit/findings.sql lines=267-422
+--@include audit/findings.sql lines=266-421
   -- a flow's queue is missing (meta row and/or tables)
   SELECT 'flow_queue_missing', 'warning', false,
---@include audit/findings.sql lines=425-430
+--@include audit/findings.sql lines=424-429
                             'related_flows', jsonb_build_array(fq.flow_slug)),
          format('queue "%s" of flow "%s" %s', fq.queue_name, fq.flow_slug,
                 (SELECT string_agg(rt.words, '; ' ORDER BY u.ord)
@@ -76,9 +76,9 @@ queue_owners AS (
                 || 'is no longer used.', fq.queue_name)
   FROM flow_queues AS fq
   LEFT JOIN queues AS q ON q.q_table = fq.q_table
---@include audit/findings.sql lines=451-457
+--@include audit/findings.sql lines=457-463
   WHERE cardinality(m.reasons) > 0
---@include audit/findings.sql lines=514-564
---@include audit/findings.sql lines=566-579
+--@include audit/findings.sql lines=520-570
+--@include audit/findings.sql lines=572-585
                 || 'fits in 47 characters', sn.flow_slug, count(*), lower(sn.flow_slug), lower(sn.flow_slug)),
---@include audit/findings.sql lines=582-609
+--@include audit/findings.sql lines=588-615
