@@ -9,7 +9,7 @@ BEGIN
   END IF;
   PERFORM pgflow.cascade_complete_taskless_steps(p_run_id);
   IF NOT EXISTS (SELECT 1 FROM pgflow.runs AS r WHERE r.run_id = p_run_id AND r.status = 'started') THEN
---@include functions/runtime/_advance_run.sql lines=32-34
+--@include functions/runtime/_advance_run.sql lines=35-37
   PERFORM pgflow.maybe_complete_run(p_run_id);
 END;
 $$;
