@@ -12,8 +12,9 @@
 --@apply functions/runtime/_complete_worker_progress.sql sha256=83c9532fa97c2eafaac2f6976570e1a742be575228b5042387fdd8218998c021
 --@apply functions/runtime/complete_task.sql sha256=a7950599e08143e80adbf3c6cd777247ef945ee1e40029bb7d2dbad4a27bef53
 -- Run advancement (every completion, complete_tasks' elements included): the flow's flags and
--- the run's state in one look-up, and the ready steps started with one UPDATE.
---@apply functions/runtime/_advance_run.sql sha256=264411b5c424886ac15374722ae9edc1d16740048827bb4387f2fa668d5117ec
+-- the run's state in one look-up, ready steps looked for only while a step is left, and started
+-- with one UPDATE.
+--@apply functions/runtime/_advance_run.sql sha256=4cda4747efd8905701a6d45b6ee496399c272c4f36c023ea57dde187bff20d64
 --@apply functions/runtime/start_ready_steps.sql sha256=a0319070d2e997e6cbfc143594ae207702df9c86a7fdb71db21921e7dd8664a0
 
 -- Grants: a role that can complete tasks today can run the internal function its completions

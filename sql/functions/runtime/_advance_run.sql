@@ -2,7 +2,8 @@
 -- start and the run completes if nothing is left. Caller holds the run row lock.
 -- Only what the flow can need runs (from 0010): the condition cascade only when a step of the
 -- flow has a condition, the taskless cascade only when the flow has a map step (only a map can
--- have zero tasks), and run completion only when no step is left.
+-- have zero tasks), and run completion only when no step is left (from 0013 ready steps are
+-- looked for only while a step is left).
 CREATE OR REPLACE FUNCTION pgflow._advance_run(p_run_id uuid)
 RETURNS void
 LANGUAGE plpgsql
@@ -34,9 +35,11 @@ BEGIN
   IF v_status IS DISTINCT FROM 'started' THEN
     RETURN;
   END IF;
-  PERFORM pgflow.start_ready_steps(p_run_id);
   IF v_remaining = 0 THEN
+    -- no step is created or started any more, so none can be ready (0013)
     PERFORM pgflow.maybe_complete_run(p_run_id);
+  ELSE
+    PERFORM pgflow.start_ready_steps(p_run_id);
   END IF;
 END;
 $$;
