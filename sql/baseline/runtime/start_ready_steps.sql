@@ -7,17 +7,30 @@
 -- paired with task indexes by ordinality; one queued step_tasks row per task.
 --@include functions/runtime/start_ready_steps.sql lines=1-13
   v_state pgflow.step_states;
---@include functions/runtime/start_ready_steps.sql lines=18-45
+--@include functions/runtime/start_ready_steps.sql lines=18-24
+  WITH ready AS (
+    SELECT ss.step_slug
+    FROM pgflow.step_states AS ss
+    WHERE ss.run_id = start_ready_steps.run_id
+      AND ss.status = 'created' AND ss.remaining_deps = 0 AND ss.initial_tasks > 0
+    ORDER BY ss.step_slug
+    FOR UPDATE
+  ), started AS (
+    UPDATE pgflow.step_states AS ss
+       SET status = 'started', started_at = pg_catalog.now(), remaining_tasks = ss.initial_tasks
+      FROM ready
+     WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = ready.step_slug
+--@include functions/runtime/start_ready_steps.sql lines=32-40
     SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0)
     INTO v_tasks, v_delay
---@include functions/runtime/start_ready_steps.sql lines=48-50
+--@include functions/runtime/start_ready_steps.sql lines=43-45
 
     INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id)
     SELECT v_flow, start_ready_steps.run_id, v_step, (m.n - 1)::integer, m.msg_id
     FROM pgmq.send_batch(
            v_flow,
---@include functions/runtime/start_ready_steps.sql lines=61-68
+--@include functions/runtime/start_ready_steps.sql lines=56-63
     SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
     WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
     PERFORM pgflow._broadcast_step(v_state);
---@include functions/runtime/start_ready_steps.sql lines=74-76
+--@include functions/runtime/start_ready_steps.sql lines=69-71

@@ -22,18 +22,13 @@ BEGIN
     RETURN;
   END IF;
 
-  WITH ready AS (
-    SELECT ss.step_slug
-    FROM pgflow.step_states AS ss
-    WHERE ss.run_id = start_ready_steps.run_id
-      AND ss.status = 'created' AND ss.remaining_deps = 0 AND ss.initial_tasks > 0
-    ORDER BY ss.step_slug
-    FOR UPDATE
-  ), started AS (
+  -- One UPDATE (0013): every caller holds the run row lock (or created the run), so the ready
+  -- steps need no separate ordered lock first.
+  WITH started AS (
     UPDATE pgflow.step_states AS ss
        SET status = 'started', started_at = pg_catalog.now(), remaining_tasks = ss.initial_tasks
-      FROM ready
-     WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = ready.step_slug
+     WHERE ss.run_id = start_ready_steps.run_id
+       AND ss.status = 'created' AND ss.remaining_deps = 0 AND ss.initial_tasks > 0
     RETURNING ss.step_slug
   )
   SELECT pg_catalog.array_agg(s.step_slug ORDER BY s.step_slug) INTO v_started FROM started AS s;

@@ -2,14 +2,16 @@
 --@note do not edit. The current version is functions/runtime/_advance_run.sql.
 -- Moves a run forward after a change: conditions and taskless steps settle, then ready steps
 -- start and the run completes if nothing is left. Caller holds the run row lock.
---@include functions/runtime/_advance_run.sql lines=6-11
+--@include functions/runtime/_advance_run.sql lines=7-12
 BEGIN
   IF NOT pgflow.cascade_resolve_conditions(p_run_id) THEN
     RETURN;
   END IF;
   PERFORM pgflow.cascade_complete_taskless_steps(p_run_id);
   IF NOT EXISTS (SELECT 1 FROM pgflow.runs AS r WHERE r.run_id = p_run_id AND r.status = 'started') THEN
---@include functions/runtime/_advance_run.sql lines=32-34
+    RETURN;
+  END IF;
+  PERFORM pgflow.start_ready_steps(p_run_id);
   PERFORM pgflow.maybe_complete_run(p_run_id);
 END;
 $$;

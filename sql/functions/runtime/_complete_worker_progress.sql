@@ -1,0 +1,85 @@
+-- The progression of a worker task's success (0013), called by complete_task and
+-- _complete_worker_task (complete_tasks) with the run row locked (FOR UPDATE), the step state
+-- and task locked, and run, step and task checked started. The same outcome as the shared core
+-- _complete_task_progress (which manual completion keeps using), in fewer statements:
+--   * a single step whose output is not an array but feeds a map step goes to
+--     _complete_task_progress, which fails the run with the [TYPE_VIOLATION] error;
+--   * the task completes; the step's remaining_tasks drops and, when it reaches 0, the step
+--     completes (map output: task outputs in task_index order) in the same UPDATE: one new row
+--     version per step state and call, so the step state's foreign keys are not checked again
+--     (PostgreSQL re-checks them on every further update of a row the transaction changed);
+--   * the children are released, the run's remaining_steps drops, the step:completed event is
+--     built only when realtime.send exists, and the run moves on (_advance_run).
+-- Returns the task row. No PGMQ call: the caller archives the task's message.
+CREATE OR REPLACE FUNCTION pgflow._complete_worker_progress(p_run_id uuid, p_step_slug text, p_task_index integer,
+                                                            p_output jsonb)
+RETURNS pgflow.step_tasks
+LANGUAGE plpgsql VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_flow text;
+  v_type text;
+  v_task pgflow.step_tasks;
+  v_state pgflow.step_states;
+  v_child_tasks integer;
+BEGIN
+  SELECT r.flow_slug, s.step_type INTO v_flow, v_type
+  FROM pgflow.runs AS r
+  JOIN pgflow.steps AS s ON s.flow_slug = r.flow_slug AND s.step_slug = p_step_slug
+  WHERE r.run_id = p_run_id;
+
+  IF v_type = 'single'
+     AND pg_catalog.jsonb_typeof(p_output) IS DISTINCT FROM 'array'
+     AND EXISTS (SELECT 1 FROM pgflow.deps AS d
+                 JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
+                 WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slug AND c.step_type = 'map') THEN
+    RETURN pgflow._complete_task_progress(p_run_id, p_step_slug, p_task_index, p_output);
+  END IF;
+
+  UPDATE pgflow.step_tasks AS t
+     SET status = 'completed', completed_at = pg_catalog.now(), output = p_output
+   WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index
+  RETURNING t.* INTO v_task;
+
+  UPDATE pgflow.step_states AS ss
+     SET remaining_tasks = ss.remaining_tasks - 1,
+         status = CASE WHEN ss.remaining_tasks = 1 THEN 'completed' ELSE ss.status END,
+         completed_at = CASE WHEN ss.remaining_tasks = 1 THEN pg_catalog.now() ELSE ss.completed_at END,
+         output = CASE WHEN ss.remaining_tasks <> 1 THEN ss.output
+                       WHEN v_type = 'map' THEN coalesce((
+                         SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
+                         FROM pgflow.step_tasks AS t
+                         WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
+                         '[]'::jsonb)
+                       ELSE p_output END
+   WHERE ss.run_id = p_run_id AND ss.step_slug = p_step_slug
+  RETURNING ss.* INTO v_state;
+  IF v_state.remaining_tasks IS DISTINCT FROM 0 THEN
+    RETURN v_task;
+  END IF;
+
+  -- size of a map child that maps over this step's output
+  IF pg_catalog.jsonb_typeof(v_state.output) = 'array' THEN
+    v_child_tasks := pg_catalog.jsonb_array_length(v_state.output);
+  END IF;
+  UPDATE pgflow.step_states AS cs
+     SET remaining_deps = cs.remaining_deps - 1,
+         initial_tasks = CASE
+           WHEN c.step_type = 'map' AND cs.initial_tasks IS NULL THEN v_child_tasks
+           ELSE cs.initial_tasks END
+    FROM pgflow.deps AS d
+    JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
+   WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slug
+     AND cs.run_id = p_run_id AND cs.step_slug = d.step_slug AND cs.status = 'created';
+
+  UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = p_run_id;
+
+  IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL THEN
+    PERFORM pgflow._broadcast_step(v_state);
+  END IF;
+  PERFORM pgflow._advance_run(p_run_id);
+  RETURN v_task;
+END;
+$$;
+REVOKE ALL ON FUNCTION pgflow._complete_worker_progress(uuid, text, integer, jsonb) FROM PUBLIC;

@@ -1,0 +1,63 @@
+"""What a worker's completion writes (migration 0013): each step state changes once per
+transition, so PostgreSQL never re-checks its foreign keys for a second update of a row the
+transaction already changed (docs/runtime.md "What each call does, and what it skips").
+
+The counts come from the server's own per-transaction statistics
+(``pg_stat_get_xact_tuples_updated``); the end states are the runtime's usual ones, and
+tests/runtime/test_batch_reports.py compares single calls with batches row by row.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.upgraded_only(reason="the worker progression of migration 0013")
+
+UPDATED = "SELECT pg_stat_get_xact_tuples_updated(%s::regclass) AS n"
+
+
+def _updates(rt, report) -> dict[str, int]:
+    """Rows updated per table by ``report()``, inside one transaction."""
+    tables = ("pgflow.step_states", "pgflow.step_tasks", "pgflow.runs")
+    with rt.conn.transaction():
+        before = {t: rt.val(UPDATED, (t,)) for t in tables}
+        report()
+        return {t.removeprefix("pgflow."): rt.val(UPDATED, (t,)) - before[t] for t in tables}
+
+
+def test_a_single_step_completes_with_one_update_of_its_state(rt):
+    rt.flow("chain", [{"slug": "a"}, {"slug": "b", "deps": ["a"]}])
+    run = rt.start("chain", {})
+    (task,) = rt.poll("chain")
+    written = _updates(rt, lambda: rt.complete(run, "a", task["task_index"], {"x": 1}))
+    # a: started -> completed in one row version; b: released, then started
+    assert written == {"step_states": 3, "step_tasks": 1, "runs": 1}
+    assert rt.statuses(run) == {"a": "completed", "b": "started"}
+    assert rt.steps(run)["a"]["output"] == {"x": 1}
+    assert rt.steps(run)["a"]["remaining_tasks"] == 0
+
+
+def test_a_map_task_that_is_not_the_last_only_counts_down(rt):
+    rt.flow("fan", [{"slug": "m", "step_type": "map"}, {"slug": "z", "deps": ["m"]}])
+    run = rt.start("fan", [1, 2, 3])
+    tasks = sorted(rt.poll("fan"), key=lambda t: t["task_index"])
+    written = _updates(rt, lambda: rt.complete(run, "m", 2, 30))
+    assert written == {"step_states": 1, "step_tasks": 1, "runs": 0}
+    assert rt.steps(run)["m"]["remaining_tasks"] == 2 and rt.steps(run)["m"]["status"] == "started"
+    rt.complete(run, "m", 0, 10)
+    written = _updates(rt, lambda: rt.complete(run, "m", 1, 20))
+    # the last task: m completes with its outputs in task_index order, z is released and started
+    assert written == {"step_states": 3, "step_tasks": 1, "runs": 1}
+    assert rt.steps(run)["m"]["output"] == [10, 20, 30]
+    assert rt.statuses(run) == {"m": "completed", "z": "started"}
+    assert len(tasks) == 3
+
+
+def test_the_last_step_completes_the_run(rt):
+    rt.flow("one", [{"slug": "only"}])
+    run = rt.start("one", {})
+    (task,) = rt.poll("one")
+    written = _updates(rt, lambda: rt.complete(run, "only", task["task_index"], "done"))
+    # the step once; the run twice (remaining_steps, then completed)
+    assert written == {"step_states": 1, "step_tasks": 1, "runs": 2}
+    assert rt.run(run)["status"] == "completed" and rt.run(run)["output"] == {"only": "done"}
