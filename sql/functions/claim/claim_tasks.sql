@@ -123,13 +123,22 @@ BEGIN
   END IF;
 
   -- Lock what the classification reads, in the runtime's order.
-  PERFORM 1 FROM pgflow.runs AS r  -- by primary key (= ANY), never a scan of runs
-  WHERE r.run_id = ANY (ARRAY(SELECT t.run_id FROM pgflow.step_tasks AS t
-                              WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids)))
+  -- Every row is reached by its own unique-key probe (a LATERAL ... LIMIT 1 is never turned into
+  -- a join), so no statistics can make a lock scan step_tasks or runs; the driving arrays are in
+  -- lock order (the lock happens inside the probe, row by row).
+  PERFORM 1 FROM pg_catalog.unnest(ARRAY(
+    SELECT DISTINCT st.run_id FROM pg_catalog.unnest(v_ids) AS m CROSS JOIN LATERAL (
+      SELECT x.run_id FROM pgflow.step_tasks AS x WHERE x.queue_name = claim_tasks.queue_name AND x.message_id = m LIMIT 1) AS st
+    ORDER BY 1)) AS k (run_id)
+  CROSS JOIN LATERAL (SELECT x.run_id FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r
   ORDER BY r.run_id
   FOR SHARE;
-  PERFORM 1 FROM pgflow.step_tasks AS t
-  WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids)
+  PERFORM 1 FROM pg_catalog.unnest(ARRAY(
+    SELECT st.message_id FROM pg_catalog.unnest(v_ids) AS m CROSS JOIN LATERAL (
+      SELECT x.* FROM pgflow.step_tasks AS x WHERE x.queue_name = claim_tasks.queue_name AND x.message_id = m LIMIT 1) AS st
+    ORDER BY st.run_id, st.step_slug, st.task_index)) AS k (message_id)
+  CROSS JOIN LATERAL (SELECT x.run_id, x.step_slug, x.task_index FROM pgflow.step_tasks AS x
+                      WHERE x.queue_name = claim_tasks.queue_name AND x.message_id = k.message_id LIMIT 1) AS t
   ORDER BY t.run_id, t.step_slug, t.task_index
   FOR UPDATE;
 
@@ -168,8 +177,9 @@ BEGIN
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = t.run_id LIMIT 1) AS r ON true
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
                        WHERE x.run_id = t.run_id AND x.step_slug = t.step_slug LIMIT 1) AS ss ON true
-    LEFT JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
-    LEFT JOIN pgflow.flows AS f ON f.flow_slug = t.flow_slug
+    LEFT JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.steps AS x
+                       WHERE x.flow_slug = t.flow_slug AND x.step_slug = t.step_slug LIMIT 1) AS s ON true
+    LEFT JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.flows AS x WHERE x.flow_slug = t.flow_slug LIMIT 1) AS f ON true
   ), judged AS MATERIALIZED (  -- each verdict computed once, however often it is read
     SELECT j.*,
            CASE

@@ -1,0 +1,9 @@
+-- 0012 claim paths (issue 18): a claim locks, reads and hides every row by its own key, whatever
+-- the table sizes and statistics. Function files only: no table is altered, so no table lock.
+--
+-- The claim: runs (FOR SHARE) and tasks (FOR UPDATE) locked row by row through key probes, in
+-- run_id and task-key order; the classification reads each step and flow by key too.
+--@apply functions/claim/claim_tasks.sql sha256=946abdfac36e572a05262d8b20514c211dc6c2eef8c24827efb63a631cf86f31
+-- The visibility helper: one UPDATE per queue, msg_id = ANY (never a join that can hash a scan
+-- of the queue table).
+--@apply functions/queues/_set_task_messages_vt.sql sha256=9061ba4ffc81e6bae86a54e680280b6913fb0aab97c089b172e420628173a2ff
