@@ -301,8 +301,13 @@ BEGIN
     RETURNING t.run_id, t.step_slug, t.task_index, t.message_id, t.flow_slug,
               coalesce(s.opt_timeout, f.opt_timeout) + 2 AS vt_offset,
               CASE
-                WHEN s.step_type = 'map' AND s.deps_count = 0 THEN (
-                  SELECT r.input -> t.task_index FROM pgflow.runs AS r WHERE r.run_id = t.run_id)
+                -- a root map's element of its run's input: each run input is read (and detoasted) once
+                -- per claim into an array, not once per task (a 10,000-element input is large)
+                WHEN s.step_type = 'map' AND s.deps_count = 0 THEN
+                  (ARRAY(SELECT r.input FROM (SELECT DISTINCT x.run_id FROM candidates AS x) AS k
+                         CROSS JOIN LATERAL (SELECT y.input FROM pgflow.runs AS y WHERE y.run_id = k.run_id LIMIT 1) AS r
+                         ORDER BY k.run_id))[pg_catalog.array_position(
+                    ARRAY(SELECT DISTINCT x.run_id FROM candidates AS x ORDER BY 1), t.run_id)] -> t.task_index
                 WHEN s.step_type = 'map' THEN (
                   SELECT ds.output -> t.task_index
                   FROM pgflow.deps AS d

@@ -32,6 +32,6 @@
        AND r.run_id = t.run_id
 --@include functions/claim/claim_tasks.sql lines=301-303
                 WHEN s.step_type = 'map' AND s.deps_count = 0 THEN r.input -> t.task_index
---@include functions/claim/claim_tasks.sql lines=306-319
+--@include functions/claim/claim_tasks.sql lines=311-324
               CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END AS flow_input
---@include functions/claim/claim_tasks.sql lines=322-382
+--@include functions/claim/claim_tasks.sql lines=327-387
