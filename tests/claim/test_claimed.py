@@ -144,6 +144,6 @@ def test_one_batch_of_root_map_tasks_from_several_runs_gets_each_run_s_elements(
 
     assert {r["outcome"] for r in result.rows} == {"claimed"}
     got = {(r["run_id"], r["step_slug"], r["task_index"]): (r["input"], r["flow_input"]) for r in result.rows}
-    expected = {(run, "items", i): (element, None) for run, value in zip(runs, inputs) for i, element in enumerate(value)}
-    expected |= {(run, "solo", 0): ({}, value) for run, value in zip(runs, inputs)}
+    expected = {(run, "items", i): (element, None) for run, value in zip(runs, inputs, strict=True) for i, element in enumerate(value)}
+    expected |= {(run, "solo", 0): ({}, value) for run, value in zip(runs, inputs, strict=True)}
     assert got == expected
