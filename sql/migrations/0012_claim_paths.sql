@@ -3,7 +3,7 @@
 --
 -- The claim: runs (FOR SHARE) and tasks (FOR UPDATE) locked row by row through key probes, in
 -- run_id and task-key order; the classification reads each step and flow by key too.
---@apply functions/claim/claim_tasks.sql sha256=f663d974034357a3e99c05155cd832f0e8044a1b38ad6db8e63813825aa79265
+--@apply functions/claim/claim_tasks.sql sha256=46560d5a2fdcdfda7f3c584097f1456ec253914ff7e11fcb5bc3560869116362
 -- The visibility helper: one UPDATE per queue, msg_id = ANY (never a join that can hash a scan
 -- of the queue table).
 --@apply functions/queues/_set_task_messages_vt.sql sha256=9061ba4ffc81e6bae86a54e680280b6913fb0aab97c089b172e420628173a2ff

@@ -305,7 +305,7 @@ BEGIN
                 -- per claim into an array, not once per task (a 10,000-element input is large)
                 WHEN s.step_type = 'map' AND s.deps_count = 0 THEN
                   (ARRAY(SELECT r.input FROM (SELECT DISTINCT x.run_id FROM candidates AS x) AS k
-                         CROSS JOIN LATERAL (SELECT y.input FROM pgflow.runs AS y WHERE y.run_id = k.run_id LIMIT 1) AS r
+                         LEFT JOIN LATERAL (SELECT y.input FROM pgflow.runs AS y WHERE y.run_id = k.run_id LIMIT 1) AS r ON true
                          ORDER BY k.run_id))[pg_catalog.array_position(
                     ARRAY(SELECT DISTINCT x.run_id FROM candidates AS x ORDER BY 1), t.run_id)] -> t.task_index
                 WHEN s.step_type = 'map' THEN (
