@@ -148,3 +148,30 @@ def test_a_claim_on_small_analyzed_tables_still_uses_indexes_only(db):
         assert "Index Scan using q_small_pkey" in text
     assert conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE status = 'started' AND attempts_count = 1"
                         ).fetchone()[0] == 10
+
+
+def test_the_claim_keeps_key_plans_once_its_plans_are_generic_without_statistics(db):
+    """Right after a burst of 2,000 runs (no statistics), a session's claims switch to cached generic
+    plans after five calls. Before 0012 the claim UPDATE's generic plan then found its tasks through
+    idx_step_tasks_flow_run_step on the flow alone (every task of the flow read per claimed task);
+    it must reach them by key like every other statement of the claim."""
+    conn = db.connect()
+    for table in BIG_TABLES:
+        conn.execute(f"ALTER TABLE pgflow.{table} SET (autovacuum_enabled = off)")
+    conn.execute("SELECT pgflow.create_flow('burst')")
+    conn.execute("SELECT pgflow.add_step('burst', 'only')")
+    worker = _worker(conn, "burst")
+    conn.execute("SELECT count(*) FROM generate_series(1, 2000) AS i, "
+                 "LATERAL pgflow.start_flow('burst', jsonb_build_object('i', i))")
+    for _ in range(7):  # past PL/pgSQL's five custom plans
+        ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read('burst', 30, 10)").fetchall()]
+        conn.execute(CLAIM, ("burst", ids, worker, "burst")).fetchall()
+    ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read('burst', 30, 10)").fetchall()]
+    plans = _plans(conn, CLAIM, ("burst", ids, worker, "burst"))
+    _assert_index_driven(plans)
+    update = next(p for p in plans if "Update on step_tasks" in p)
+    assert "idx_step_tasks_flow_run_step" not in update, update
+    analyzed = conn.execute("SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = 'pgflow' "
+                            "AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)").fetchone()[0]
+    assert analyzed == 0
+    assert conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE status = 'started'").fetchone()[0] == 80

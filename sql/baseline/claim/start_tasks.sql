@@ -64,7 +64,7 @@ BEGIN
       v_changed, v_claimed, start_tasks.flow_slug
       USING ERRCODE = 'P0001',
             HINT = 'a claimed task''s message is missing from its queue; check for code that archives or deletes pgflow messages directly';
---@include functions/claim/claim_tasks.sql lines=372-374
+--@include functions/claim/claim_tasks.sql lines=377-379
   SELECT t.flow_slug,
          t.run_id,
          t.step_slug,

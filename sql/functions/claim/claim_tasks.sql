@@ -293,11 +293,17 @@ BEGIN
            attempts_count = t.attempts_count + 1,
            started_at = pg_catalog.now(),
            last_worker_id = claim_tasks.worker_id
-      FROM candidates AS c, pgflow.steps AS s, pgflow.flows AS f
+      -- the step and flow by key, for the batch's route (a claimed task is on it); the task only by
+      -- its primary key: no join condition can lead the planner to another index of step_tasks
+      FROM candidates AS c
+      CROSS JOIN LATERAL (SELECT x.* FROM pgflow.steps AS x
+                          WHERE x.flow_slug = claim_tasks.flow_slug AND x.step_slug = c.step LIMIT 1) AS s
+      CROSS JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.flows AS x WHERE x.flow_slug = claim_tasks.flow_slug LIMIT 1) AS f
+      -- the run input, only where it is the flow input (a root single step)
+      LEFT JOIN LATERAL (SELECT x.input FROM pgflow.runs AS x
+                         WHERE x.run_id = c.run_id AND s.step_type = 'single' AND s.deps_count = 0 LIMIT 1) AS r ON true
      WHERE t.run_id = c.run_id AND t.step_slug = c.step AND t.task_index = c.task_index
        AND t.status = 'queued'
-       AND s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
-       AND f.flow_slug = t.flow_slug
     RETURNING t.run_id, t.step_slug, t.task_index, t.message_id, t.flow_slug,
               coalesce(s.opt_timeout, f.opt_timeout) + 2 AS vt_offset,
               CASE
@@ -322,8 +328,7 @@ BEGIN
                   WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug AND ds.status = 'completed'),
                   '{}'::jsonb)
               END AS input,
-              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN (
-                SELECT r.input FROM pgflow.runs AS r WHERE r.run_id = t.run_id) END AS flow_input
+              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END AS flow_input
   )
   SELECT pg_catalog.array_agg(c.run_id ORDER BY c.message_id), pg_catalog.array_agg(c.step_slug ORDER BY c.message_id),
          pg_catalog.array_agg(c.task_index ORDER BY c.message_id), pg_catalog.array_agg(c.vt_offset ORDER BY c.message_id),

@@ -28,10 +28,11 @@
   ), judged AS (
 --@include functions/claim/claim_tasks.sql lines=184-295
       FROM candidates AS c, pgflow.steps AS s, pgflow.flows AS f, pgflow.runs AS r
---@include functions/claim/claim_tasks.sql lines=297-300
+     WHERE t.run_id = c.run_id AND t.step_slug = c.step AND t.task_index = c.task_index
+       AND t.status = 'queued'
+       AND s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
+       AND f.flow_slug = t.flow_slug
        AND r.run_id = t.run_id
---@include functions/claim/claim_tasks.sql lines=301-303
+--@include functions/claim/claim_tasks.sql lines=307-309
                 WHEN s.step_type = 'map' AND s.deps_count = 0 THEN r.input -> t.task_index
---@include functions/claim/claim_tasks.sql lines=311-324
-              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END AS flow_input
---@include functions/claim/claim_tasks.sql lines=327-387
+--@include functions/claim/claim_tasks.sql lines=317-392
