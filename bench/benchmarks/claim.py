@@ -22,7 +22,10 @@ Also measured at batch 10, each next to the batch-10 baseline:
   also reported against it (goal for the classifying claim: at least 0.8x).
 
 Samples are interleaved (baseline 10, claim 10, cold claim, protocol 1, baseline 50, claim 50,
-baseline 10, ...), ``ctx.repeat`` times each.
+baseline 10, ...), ``ctx.repeat`` times each. The batch-10 and batch-50 pairs are also reported by
+the server backend's CPU clock (``/proc/<backend pid>/schedstat`` over the timed loop, messages per
+CPU second): on a machine shared beyond its cores the wall clock favours the side with fewer,
+shorter statements, the CPU clock does not.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import uuid
 
 import psycopg
 
+from bench.benchmarks.claim_scaling import backend_cpu_ms
 from bench.core import Context, Result, timed
 from pgflow_cli import installer
 from pgflow_cli.worker import Flow
@@ -46,7 +50,7 @@ def _noop(value, ctx):
 
 
 def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | None = None, analyze: bool = True,
-                 batch: int = BATCH) -> float:
+                 batch: int = BATCH) -> tuple[float, float]:
     protocol = protocol or LATEST()
     flow = Flow(FLOW).step("only", _noop)
     worker_id = str(uuid.uuid4())
@@ -75,15 +79,17 @@ def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | No
                 claimed += len(outcome.claimed)
             return claimed
 
+        cpu = backend_cpu_ms(conn)
         seconds, claimed = timed(loop)
+        cpu = backend_cpu_ms(conn) - cpu
         started = conn.execute(
             "SELECT count(*) FROM pgflow.step_tasks WHERE status = 'started' AND attempts_count = 1").fetchone()[0]
         if started != messages or claimed != messages:
             raise RuntimeError(f"claimed {claimed}, {started} tasks started, expected {messages}")
-    return messages / seconds
+    return messages / seconds, messages / (cpu / 1000)
 
 
-def bare_sample(ctx: Context, messages: int, batch: int = BATCH) -> float:
+def bare_sample(ctx: Context, messages: int, batch: int = BATCH) -> tuple[float, float]:
     queue = "bench_bare"
     with ctx.database("claim_bare") as conninfo, psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("SELECT pgmq.create(%s)", (queue,))
@@ -100,11 +106,13 @@ def bare_sample(ctx: Context, messages: int, batch: int = BATCH) -> float:
                 conn.execute("SELECT count(*) FROM pgmq.archive(%s, %s::bigint[])", (queue, ids))
                 done += len(ids)
 
+        cpu = backend_cpu_ms(conn)
         seconds, _ = timed(loop)
+        cpu = backend_cpu_ms(conn) - cpu
         left = conn.execute("SELECT count(*) FROM pgmq.q_bench_bare").fetchone()[0]
         if left:
             raise RuntimeError(f"{left} messages left in the bare queue")
-    return messages / seconds
+    return messages / seconds, messages / (cpu / 1000)
 
 
 def run(ctx: Context) -> list[Result]:
@@ -116,17 +124,23 @@ def run(ctx: Context) -> list[Result]:
     v1: list[float] = []
     bare_big: list[float] = []
     claims_big: list[float] = []
+    cpu: dict[str, list[float]] = {"bare": [], "claim": [], "bare_big": [], "claim_big": []}
+
+    def both(key: str, sample: tuple[float, float], into: list[float]) -> None:
+        into.append(sample[0])
+        cpu[key].append(sample[1])
+
     for i in range(ctx.repeat):
-        bare.append(bare_sample(ctx, messages))
-        claims.append(claim_sample(ctx, messages))
-        cold.append(claim_sample(ctx, messages, analyze=False))
+        both("bare", bare_sample(ctx, messages), bare)
+        both("claim", claim_sample(ctx, messages), claims)
+        cold.append(claim_sample(ctx, messages, analyze=False)[0])
         line = (f"claim {i + 1}/{ctx.repeat}: bare read+archive {bare[-1]:.0f} msg/s, protocol {LATEST.version} "
                 f"claim {claims[-1]:.0f} msg/s (before ANALYZE {cold[-1]:.0f})")
         if with_v1:
-            v1.append(claim_sample(ctx, messages, protocol=ProtocolV1(), schema=installer.BASELINE_VERSION))
+            v1.append(claim_sample(ctx, messages, protocol=ProtocolV1(), schema=installer.BASELINE_VERSION)[0])
             line += f", protocol 1 on the baseline schema {v1[-1]:.0f}"
-        bare_big.append(bare_sample(ctx, messages, BIG_BATCH))
-        claims_big.append(claim_sample(ctx, messages, batch=BIG_BATCH))
+        both("bare_big", bare_sample(ctx, messages, BIG_BATCH), bare_big)
+        both("claim_big", claim_sample(ctx, messages, batch=BIG_BATCH), claims_big)
         line += f"; batch {BIG_BATCH}: bare {bare_big[-1]:.0f}, claim {claims_big[-1]:.0f}"
         ctx.log(line)
     baseline = "bare PGMQ read + archive"
@@ -144,6 +158,16 @@ def run(ctx: Context) -> list[Result]:
         Result(f"{LATEST.__name__} read + claim, batch {BIG_BATCH} (no handlers)", "msg/s", claims_big, work=messages,
                baseline=big_baseline, details={**details, "batch": BIG_BATCH, "goal": ">= 0.5x"}),
     ]
+    # the same loops by the backend's CPU clock (messages per CPU second of its one server process)
+    for key, name, base_key, batch in (("claim", f"{LATEST.__name__} read + claim", "bare", BATCH),
+                                       ("claim_big", f"{LATEST.__name__} read + claim, batch {BIG_BATCH}", "bare_big",
+                                        BIG_BATCH)):
+        cpu_base = f"bare PGMQ read + archive, batch {batch} (backend CPU)"
+        results += [
+            Result(cpu_base, "msg/CPU s", cpu[base_key], work=messages, details={"batch": batch, "clock": "schedstat"}),
+            Result(f"{name} (backend CPU)", "msg/CPU s", cpu[key], work=messages, baseline=cpu_base,
+                   details={**details, "batch": batch, "clock": "schedstat", "goal": ">= 0.5x"}),
+        ]
     if with_v1:
         v1_name = f"ProtocolV1 read + claim on schema {installer.BASELINE_VERSION:04d}"
         results.append(Result(v1_name, "msg/s", v1, work=messages, baseline=baseline,

@@ -18,6 +18,10 @@ a sample is the median of ``CLAIMS`` (15; map: ``MAP_CLAIMS``, 5) such claims, i
   elements is started, and the claims follow at once, with no ``ANALYZE`` (the planner has no
   statistics of the fresh tables). Checked after timing: no table was analyzed meanwhile.
 
+Each quantity is reported twice: by the wall clock, and by the backend's own CPU time over the same
+claims (``/proc/<backend pid>/schedstat``; on a machine shared beyond its cores the wall clock of a
+2 ms statement is mostly time spent waiting for a core, the CPU clock is not).
+
 Goal (issue 18): every ratio <= 1.2, on both protocols. Samples are interleaved (baseline,
 measured, baseline, ...), ``ctx.repeat`` times each.
 """
@@ -54,6 +58,12 @@ def _noop(value, ctx):
     return None
 
 
+def backend_cpu_ms(conn: psycopg.Connection) -> float:
+    """CPU time the connection's server process has used so far, in ms (Linux schedstat)."""
+    with open(f"/proc/{conn.info.backend_pid}/schedstat", encoding="ascii") as stat:
+        return int(stat.read().split()[0]) / 1e6
+
+
 class Session:
     """One database, one connection, one registered worker of ``flow`` speaking ``protocol``."""
 
@@ -77,19 +87,21 @@ class Session:
             raise RuntimeError(f"claim refused the batch: {outcome.fatal_reason}")
         return outcome.claimed
 
-    def timed_claims(self, count: int) -> float:
-        """Median milliseconds of ``count`` claims of ``BATCH`` freshly read messages."""
-        times = []
+    def timed_claims(self, count: int) -> tuple[float, float]:
+        """Median milliseconds of ``count`` claims of ``BATCH`` freshly read messages: wall clock, and
+        the backend's CPU time (``/proc/<backend pid>/schedstat``, the server is local)."""
+        times, cpu = [], []
         for _ in range(count):
             ids = self.read(BATCH)
             if len(ids) != BATCH:
                 raise RuntimeError(f"read {len(ids)} messages, expected {BATCH}")
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), backend_cpu_ms(self.conn)
             claimed = self.claim(ids)
             times.append((time.perf_counter() - start) * 1000)
+            cpu.append(backend_cpu_ms(self.conn) - cpu_start)
             if len(claimed) != BATCH:
                 raise RuntimeError(f"claimed {len(claimed)} of {BATCH} tasks")
-        return statistics.median(times)
+        return statistics.median(times), statistics.median(cpu)
 
     def start_runs(self, count: int) -> None:
         self.conn.execute("SELECT count(*) FROM generate_series(1, %s) AS i, "
@@ -158,12 +170,12 @@ def history_database(ctx: Context, stack: Any, protocol: Any, schema: int | None
     return s
 
 
-def history_sample(s: Session) -> float:
+def history_sample(s: Session) -> tuple[float, float]:
     s.start_runs(BATCH * CLAIMS)
     return s.timed_claims(CLAIMS)
 
 
-def map_sample(ctx: Context, protocol: Any, schema: int | None, elements: int) -> float:
+def map_sample(ctx: Context, protocol: Any, schema: int | None, elements: int) -> tuple[float, float]:
     with ctx.database(f"scale_map_v{protocol.version}", schema=schema) as conninfo, \
             psycopg.connect(conninfo, autocommit=True) as conn:
         s = Session(conn, protocol, Flow(MAP_FLOW).map("each", _noop))
@@ -183,6 +195,12 @@ def map_sample(ctx: Context, protocol: Any, schema: int | None, elements: int) -
     return ms
 
 
+def _add(samples: dict[str, list[float]], key: str, sample: tuple[float, float]) -> None:
+    """Record one (wall ms, CPU ms) sample under ``key`` and ``key_cpu``."""
+    samples[key].append(sample[0])
+    samples[key + "_cpu"].append(sample[1])
+
+
 def run(ctx: Context) -> list[Result]:
     small_hist, big_hist = ctx.size(1000, 1000), ctx.size(100_000, 2000)
     big_hist -= big_hist % small_hist
@@ -191,7 +209,9 @@ def run(ctx: Context) -> list[Result]:
     results: list[Result] = []
     for protocol, schema in protocols:
         label = f"protocol {protocol.version}" + (f" (schema {schema:04d})" if schema else "")
-        samples: dict[str, list[float]] = {k: [] for k in ("small_hist", "big_hist", "small_map", "big_map")}
+        samples: dict[str, list[float]] = {k + cpu: [] for k in ("small_hist", "big_hist", "small_map", "big_map")
+                                           for cpu in ("", "_cpu")}
+
         with contextlib.ExitStack() as stack:
             built = time.monotonic()
             small = history_database(ctx, stack, protocol, schema, small_hist)
@@ -199,23 +219,27 @@ def run(ctx: Context) -> list[Result]:
             ctx.log(f"claim_scaling {label}: built {small_hist} and {big_hist} finished runs in "
                     f"{time.monotonic() - built:.0f}s")
             for i in range(ctx.repeat):
-                samples["small_hist"].append(history_sample(small))
-                samples["big_hist"].append(history_sample(big))
-                samples["small_map"].append(map_sample(ctx, protocol, schema, small_map))
-                samples["big_map"].append(map_sample(ctx, protocol, schema, big_map))
+                _add(samples, "small_hist", history_sample(small))
+                _add(samples, "big_hist", history_sample(big))
+                _add(samples, "small_map", map_sample(ctx, protocol, schema, small_map))
+                _add(samples, "big_map", map_sample(ctx, protocol, schema, big_map))
                 ctx.log(f"claim_scaling {label} {i + 1}/{ctx.repeat}: history {samples['small_hist'][-1]:.2f} / "
                         f"{samples['big_hist'][-1]:.2f} ms, map {samples['small_map'][-1]:.2f} / "
-                        f"{samples['big_map'][-1]:.2f} ms")
+                        f"{samples['big_map'][-1]:.2f} ms (backend CPU {samples['small_hist_cpu'][-1]:.2f} / "
+                        f"{samples['big_hist_cpu'][-1]:.2f}, {samples['small_map_cpu'][-1]:.2f} / "
+                        f"{samples['big_map_cpu'][-1]:.2f})")
         details = {"batch": BATCH, "claims_per_sample": {"history": CLAIMS, "map": MAP_CLAIMS},
                    "protocol": protocol.version, "schema": schema, "lower_is_better": True, "goal": "<= 1.2x"}
         hist_base = f"{label}: claim of {BATCH}, {small_hist:,} finished runs"
         map_base = f"{label}: claim of {BATCH}, {small_map}-task map, before ANALYZE"
-        results += [
-            Result(hist_base, "ms", samples["small_hist"], work=BATCH, details=details),
-            Result(f"{label}: claim of {BATCH}, {big_hist:,} finished runs", "ms", samples["big_hist"], work=BATCH,
-                   baseline=hist_base, details=details),
-            Result(map_base, "ms", samples["small_map"], work=BATCH, details=details),
-            Result(f"{label}: claim of {BATCH}, {big_map:,}-task map, before ANALYZE", "ms", samples["big_map"],
-                   work=BATCH, baseline=map_base, details=details),
-        ]
+        for suffix, clock in (("", ""), ("_cpu", " (backend CPU)")):
+            cpu_details = {**details, "clock": "schedstat"} if suffix else details
+            results += [
+                Result(hist_base + clock, "ms", samples["small_hist" + suffix], work=BATCH, details=cpu_details),
+                Result(f"{label}: claim of {BATCH}, {big_hist:,} finished runs{clock}", "ms", samples["big_hist" + suffix],
+                       work=BATCH, baseline=hist_base + clock, details=cpu_details),
+                Result(map_base + clock, "ms", samples["small_map" + suffix], work=BATCH, details=cpu_details),
+                Result(f"{label}: claim of {BATCH}, {big_map:,}-task map, before ANALYZE{clock}", "ms",
+                       samples["big_map" + suffix], work=BATCH, baseline=map_base + clock, details=cpu_details),
+            ]
     return results

@@ -127,3 +127,23 @@ def test_an_empty_batch_changes_nothing(cl):
     assert cl.claim("empty", [], worker, "empty").rows == []
     assert cl.rows("SELECT * FROM pgflow.claim_tasks('empty', NULL, %s, 'empty')", (worker,)) == []
     assert cl.snapshot() == before
+
+
+def test_one_batch_of_root_map_tasks_from_several_runs_gets_each_run_s_elements(cl):
+    """From 0012 a claim reads each run's input once per call and picks the task's element from it:
+    tasks of several runs (inputs of different sizes, one batch, ids interleaved) must each still
+    get the element of their own run's input, and a single root step beside them its flow input."""
+    cl.flow("maps", [{"slug": "items", "step_type": "map"}, {"slug": "solo"}])
+    inputs = [[f"a{i}" for i in range(3)], list(range(100, 105)), [{"k": 1}, None]]
+    runs = [cl.start("maps", value) for value in inputs]
+    worker = cl.worker("maps")
+    ids = cl.read("maps", qty=20)
+    assert len(ids) == 3 + 5 + 2 + 3
+
+    result = cl.claim("maps", ids, worker, "maps")
+
+    assert {r["outcome"] for r in result.rows} == {"claimed"}
+    got = {(r["run_id"], r["step_slug"], r["task_index"]): (r["input"], r["flow_input"]) for r in result.rows}
+    expected = {(run, "items", i): (element, None) for run, value in zip(runs, inputs, strict=True) for i, element in enumerate(value)}
+    expected |= {(run, "solo", 0): ({}, value) for run, value in zip(runs, inputs, strict=True)}
+    assert got == expected

@@ -127,3 +127,51 @@ def test_a_claim_right_after_a_10k_map_started_uses_indexes_only(history):
     _assert_index_driven(plans)
     assert history.execute("SELECT count(*) FROM pgflow.step_tasks WHERE flow_slug = 'wide' AND status = 'started'"
                            ).fetchone()[0] == 10
+
+
+def test_a_claim_on_small_analyzed_tables_still_uses_indexes_only(db):
+    """1,000 queued tasks, ANALYZEd: the size where a cost-based plan prefers scanning (the runs lock,
+    the task lock and the visibility change of main before 0012 scanned runs, step_tasks and the
+    queue table here). Every row a claim locks, reads or hides is reached by key all the same."""
+    conn = db.connect()
+    conn.execute("SELECT pgflow.create_flow('small')")
+    conn.execute("SELECT pgflow.add_step('small', 'only')")
+    worker = _worker(conn, "small")
+    conn.execute("SELECT count(*) FROM generate_series(1, 1000) AS i, "
+                 "LATERAL pgflow.start_flow('small', jsonb_build_object('i', i))")
+    conn.execute("ANALYZE")
+    ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read('small', 30, 10)").fetchall()]
+    for batch in (ids, ids[:4]):  # claimed, then duplicates (deferred through the visibility helper)
+        text = "\n".join(_plans(conn, CLAIM, ("small", batch, worker, "small")))
+        scans = re.findall(r"Seq Scan on (\w+)", text)
+        assert not [t for t in scans if t in BIG_TABLES or t == "q_small"], f"sequential scans of {sorted(set(scans))}:\n{text}"
+        assert "Index Scan using q_small_pkey" in text
+    assert conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE status = 'started' AND attempts_count = 1"
+                        ).fetchone()[0] == 10
+
+
+def test_the_claim_keeps_key_plans_once_its_plans_are_generic_without_statistics(db):
+    """Right after a burst of 2,000 runs (no statistics), a session's claims switch to cached generic
+    plans after five calls. Before 0012 the claim UPDATE's generic plan then found its tasks through
+    idx_step_tasks_flow_run_step on the flow alone (every task of the flow read per claimed task);
+    it must reach them by key like every other statement of the claim."""
+    conn = db.connect()
+    for table in BIG_TABLES:
+        conn.execute(f"ALTER TABLE pgflow.{table} SET (autovacuum_enabled = off)")
+    conn.execute("SELECT pgflow.create_flow('burst')")
+    conn.execute("SELECT pgflow.add_step('burst', 'only')")
+    worker = _worker(conn, "burst")
+    conn.execute("SELECT count(*) FROM generate_series(1, 2000) AS i, "
+                 "LATERAL pgflow.start_flow('burst', jsonb_build_object('i', i))")
+    for _ in range(7):  # past PL/pgSQL's five custom plans
+        ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read('burst', 30, 10)").fetchall()]
+        conn.execute(CLAIM, ("burst", ids, worker, "burst")).fetchall()
+    ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read('burst', 30, 10)").fetchall()]
+    plans = _plans(conn, CLAIM, ("burst", ids, worker, "burst"))
+    _assert_index_driven(plans)
+    update = next(p for p in plans if "Update on step_tasks" in p)
+    assert "idx_step_tasks_flow_run_step" not in update, update
+    analyzed = conn.execute("SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = 'pgflow' "
+                            "AND (last_analyze IS NOT NULL OR last_autoanalyze IS NOT NULL)").fetchone()[0]
+    assert analyzed == 0
+    assert conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE status = 'started'").fetchone()[0] == 80

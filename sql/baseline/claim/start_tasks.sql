@@ -38,7 +38,7 @@ BEGIN
       AND t.status = 'queued'
     ORDER BY t.run_id, t.step_slug, t.task_index
     FOR UPDATE
---@include functions/claim/claim_tasks.sql lines=280-284
+--@include functions/claim/claim_tasks.sql lines=290-294
            last_worker_id = start_tasks.worker_id
       FROM locked AS l, pgflow.runs AS r, pgflow.step_states AS ss, pgflow.steps AS s, pgflow.flows AS f
      WHERE t.run_id = l.run_id AND t.step_slug = l.step_slug AND t.task_index = l.task_index
@@ -64,7 +64,7 @@ BEGIN
       v_changed, v_claimed, start_tasks.flow_slug
       USING ERRCODE = 'P0001',
             HINT = 'a claimed task''s message is missing from its queue; check for code that archives or deletes pgflow messages directly';
---@include functions/claim/claim_tasks.sql lines=357-359
+--@include functions/claim/claim_tasks.sql lines=377-379
   SELECT t.flow_slug,
          t.run_id,
          t.step_slug,

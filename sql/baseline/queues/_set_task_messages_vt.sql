@@ -12,4 +12,10 @@
     WHERE t.message_id IS NOT NULL
     GROUP BY t.flow_slug
     ORDER BY t.flow_slug
---@include functions/queues/_set_task_messages_vt.sql lines=31-44
+  LOOP
+    EXECUTE pg_catalog.format(
+      'UPDATE pgmq.%I AS q
+          SET vt = pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => v.vt_offset)
+         FROM ROWS FROM (pg_catalog.unnest($1::bigint[]), pg_catalog.unnest($2::integer[])) AS v (msg_id, vt_offset)
+        WHERE q.msg_id = v.msg_id',
+--@include functions/queues/_set_task_messages_vt.sql lines=39-46

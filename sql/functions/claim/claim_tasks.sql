@@ -123,13 +123,22 @@ BEGIN
   END IF;
 
   -- Lock what the classification reads, in the runtime's order.
-  PERFORM 1 FROM pgflow.runs AS r  -- by primary key (= ANY), never a scan of runs
-  WHERE r.run_id = ANY (ARRAY(SELECT t.run_id FROM pgflow.step_tasks AS t
-                              WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids)))
+  -- Every row is reached by its own unique-key probe (a LATERAL ... LIMIT 1 is never turned into
+  -- a join), so no statistics can make a lock scan step_tasks or runs; the driving arrays are in
+  -- lock order (the lock happens inside the probe, row by row).
+  PERFORM 1 FROM pg_catalog.unnest(ARRAY(
+    SELECT DISTINCT st.run_id FROM pg_catalog.unnest(v_ids) AS m CROSS JOIN LATERAL (
+      SELECT x.run_id FROM pgflow.step_tasks AS x WHERE x.queue_name = claim_tasks.queue_name AND x.message_id = m LIMIT 1) AS st
+    ORDER BY 1)) AS k (run_id)
+  CROSS JOIN LATERAL (SELECT x.run_id FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r
   ORDER BY r.run_id
   FOR SHARE;
-  PERFORM 1 FROM pgflow.step_tasks AS t
-  WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids)
+  PERFORM 1 FROM pg_catalog.unnest(ARRAY(
+    SELECT st.message_id FROM pg_catalog.unnest(v_ids) AS m CROSS JOIN LATERAL (
+      SELECT x.* FROM pgflow.step_tasks AS x WHERE x.queue_name = claim_tasks.queue_name AND x.message_id = m LIMIT 1) AS st
+    ORDER BY st.run_id, st.step_slug, st.task_index)) AS k (message_id)
+  CROSS JOIN LATERAL (SELECT x.run_id, x.step_slug, x.task_index FROM pgflow.step_tasks AS x
+                      WHERE x.queue_name = claim_tasks.queue_name AND x.message_id = k.message_id LIMIT 1) AS t
   ORDER BY t.run_id, t.step_slug, t.task_index
   FOR UPDATE;
 
@@ -168,8 +177,9 @@ BEGIN
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = t.run_id LIMIT 1) AS r ON true
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
                        WHERE x.run_id = t.run_id AND x.step_slug = t.step_slug LIMIT 1) AS ss ON true
-    LEFT JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
-    LEFT JOIN pgflow.flows AS f ON f.flow_slug = t.flow_slug
+    LEFT JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.steps AS x
+                       WHERE x.flow_slug = t.flow_slug AND x.step_slug = t.step_slug LIMIT 1) AS s ON true
+    LEFT JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.flows AS x WHERE x.flow_slug = t.flow_slug LIMIT 1) AS f ON true
   ), judged AS MATERIALIZED (  -- each verdict computed once, however often it is read
     SELECT j.*,
            CASE
@@ -283,16 +293,27 @@ BEGIN
            attempts_count = t.attempts_count + 1,
            started_at = pg_catalog.now(),
            last_worker_id = claim_tasks.worker_id
-      FROM candidates AS c, pgflow.steps AS s, pgflow.flows AS f
+      -- the step and flow by key, for the batch's route (a claimed task is on it); the task only by
+      -- its primary key: no join condition can lead the planner to another index of step_tasks
+      FROM candidates AS c
+      CROSS JOIN LATERAL (SELECT x.* FROM pgflow.steps AS x
+                          WHERE x.flow_slug = claim_tasks.flow_slug AND x.step_slug = c.step LIMIT 1) AS s
+      CROSS JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.flows AS x WHERE x.flow_slug = claim_tasks.flow_slug LIMIT 1) AS f
+      -- the run input, only where it is the flow input (a root single step)
+      LEFT JOIN LATERAL (SELECT x.input FROM pgflow.runs AS x
+                         WHERE x.run_id = c.run_id AND s.step_type = 'single' AND s.deps_count = 0 LIMIT 1) AS r ON true
      WHERE t.run_id = c.run_id AND t.step_slug = c.step AND t.task_index = c.task_index
        AND t.status = 'queued'
-       AND s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
-       AND f.flow_slug = t.flow_slug
     RETURNING t.run_id, t.step_slug, t.task_index, t.message_id, t.flow_slug,
               coalesce(s.opt_timeout, f.opt_timeout) + 2 AS vt_offset,
               CASE
-                WHEN s.step_type = 'map' AND s.deps_count = 0 THEN (
-                  SELECT r.input -> t.task_index FROM pgflow.runs AS r WHERE r.run_id = t.run_id)
+                -- a root map's element of its run's input: each run input is read (and detoasted) once
+                -- per claim into an array, not once per task (a 10,000-element input is large)
+                WHEN s.step_type = 'map' AND s.deps_count = 0 THEN
+                  (ARRAY(SELECT r.input FROM (SELECT DISTINCT x.run_id FROM candidates AS x) AS k
+                         LEFT JOIN LATERAL (SELECT y.input FROM pgflow.runs AS y WHERE y.run_id = k.run_id LIMIT 1) AS r ON true
+                         ORDER BY k.run_id))[pg_catalog.array_position(
+                    ARRAY(SELECT DISTINCT x.run_id FROM candidates AS x ORDER BY 1), t.run_id)] -> t.task_index
                 WHEN s.step_type = 'map' THEN (
                   SELECT ds.output -> t.task_index
                   FROM pgflow.deps AS d
@@ -307,8 +328,7 @@ BEGIN
                   WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug AND ds.status = 'completed'),
                   '{}'::jsonb)
               END AS input,
-              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN (
-                SELECT r.input FROM pgflow.runs AS r WHERE r.run_id = t.run_id) END AS flow_input
+              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END AS flow_input
   )
   SELECT pg_catalog.array_agg(c.run_id ORDER BY c.message_id), pg_catalog.array_agg(c.step_slug ORDER BY c.message_id),
          pg_catalog.array_agg(c.task_index ORDER BY c.message_id), pg_catalog.array_agg(c.vt_offset ORDER BY c.message_id),

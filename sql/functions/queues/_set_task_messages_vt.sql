@@ -29,11 +29,13 @@ CREATE OR REPLACE FUNCTION pgflow._set_task_messages_vt(
     ) AS k
     --@include functions/queues/parts/task_messages_lookup.sql
   LOOP
+    -- by primary key (= ANY), never a join that could hash a scan of the queue table; each
+    -- message takes the offset at its own position
     EXECUTE pg_catalog.format(
       'UPDATE pgmq.%I AS q
-          SET vt = pg_catalog.clock_timestamp() + pg_catalog.make_interval(secs => v.vt_offset)
-         FROM ROWS FROM (pg_catalog.unnest($1::bigint[]), pg_catalog.unnest($2::integer[])) AS v (msg_id, vt_offset)
-        WHERE q.msg_id = v.msg_id',
+          SET vt = pg_catalog.clock_timestamp()
+                   + pg_catalog.make_interval(secs => $2[pg_catalog.array_position($1, q.msg_id)])
+        WHERE q.msg_id = ANY ($1)',
       pgmq.format_table_name(v_queue, 'q'))
     USING v_msg_ids, v_offsets;
     GET DIAGNOSTICS v_count = ROW_COUNT;

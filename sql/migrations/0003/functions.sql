@@ -29,7 +29,7 @@
 
 --@include functions/queues/_archive_task_messages.sql
 
---@include functions/queues/_set_task_messages_vt.sql
+--@include released/0003/functions/queues/_set_task_messages_vt.sql
 
 ------------------------------------------------------------------------------------------------
 -- Definitions

@@ -13,21 +13,26 @@
   PERFORM 1 FROM pgflow.runs AS r
   WHERE r.run_id IN (SELECT t.run_id FROM pgflow.step_tasks AS t
                      WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids))
---@include functions/claim/claim_tasks.sql lines=129-136
+  ORDER BY r.run_id
+  FOR SHARE;
+  PERFORM 1 FROM pgflow.step_tasks AS t
+  WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids)
+--@include functions/claim/claim_tasks.sql lines=142-145
   -- by now). A queue without a table has no messages: every id is missing (or fatal by route).
   v_qtable := pgmq.format_table_name(claim_tasks.queue_name, 'q');
---@include functions/claim/claim_tasks.sql lines=138-166
+--@include functions/claim/claim_tasks.sql lines=147-175
     LEFT JOIN pgflow.runs AS r ON r.run_id = t.run_id
     LEFT JOIN pgflow.step_states AS ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
     LEFT JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
     LEFT JOIN pgflow.flows AS f ON f.flow_slug = t.flow_slug
   ), judged AS (
---@include functions/claim/claim_tasks.sql lines=174-285
+--@include functions/claim/claim_tasks.sql lines=184-295
       FROM candidates AS c, pgflow.steps AS s, pgflow.flows AS f, pgflow.runs AS r
---@include functions/claim/claim_tasks.sql lines=287-290
+     WHERE t.run_id = c.run_id AND t.step_slug = c.step AND t.task_index = c.task_index
+       AND t.status = 'queued'
+       AND s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
+       AND f.flow_slug = t.flow_slug
        AND r.run_id = t.run_id
---@include functions/claim/claim_tasks.sql lines=291-293
+--@include functions/claim/claim_tasks.sql lines=307-309
                 WHEN s.step_type = 'map' AND s.deps_count = 0 THEN r.input -> t.task_index
---@include functions/claim/claim_tasks.sql lines=296-309
-              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END AS flow_input
---@include functions/claim/claim_tasks.sql lines=312-372
+--@include functions/claim/claim_tasks.sql lines=317-392

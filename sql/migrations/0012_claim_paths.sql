@@ -1,0 +1,12 @@
+-- 0012 claim paths (issue 18): a claim locks, reads and hides every row by its own key, whatever
+-- the table sizes and statistics. Function files only: no table is altered, so no table lock.
+--
+-- The claim: runs (FOR SHARE) and tasks (FOR UPDATE) locked row by row through key probes, in
+-- run_id and task-key order; the classification reads each step and flow by key too; the claim
+-- UPDATE joins each task only by its primary key (a cached generic plan without statistics read
+-- every task of the flow through idx_step_tasks_flow_run_step); a root map's elements come from
+-- one copy of each run input per call, not one detoast per task.
+--@apply functions/claim/claim_tasks.sql sha256=54b9a4fe2a43c43447ed32755f076758a60793a470f8e61b3ee7278af65be619
+-- The visibility helper: one UPDATE per queue, msg_id = ANY (never a join that can hash a scan
+-- of the queue table).
+--@apply functions/queues/_set_task_messages_vt.sql sha256=9061ba4ffc81e6bae86a54e680280b6913fb0aab97c089b172e420628173a2ff
