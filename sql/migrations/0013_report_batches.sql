@@ -9,7 +9,7 @@
 -- _complete_task_progress, which manual completion and complete_tasks' elements keep using: 0009
 -- and 0010 grant on those functions, so no later migration may be the one that creates them in
 -- an upgrade from below 0009 / 0010 (each file runs once, in the last pending migration).
---@apply functions/runtime/_complete_worker_progress.sql sha256=83c9532fa97c2eafaac2f6976570e1a742be575228b5042387fdd8218998c021
+--@apply functions/runtime/_complete_worker_progress.sql sha256=796afcac3f953112327b29360959bae91c843c9fc0e797dc9c7f941f3f2b9f80
 --@apply functions/runtime/complete_task.sql sha256=a7950599e08143e80adbf3c6cd777247ef945ee1e40029bb7d2dbad4a27bef53
 -- Run advancement (every completion, complete_tasks' elements included): the flow's flags and
 -- the run's state in one look-up, ready steps looked for only while a step is left, and started

@@ -73,21 +73,7 @@ BEGIN
 
     -- Size of a map child that maps over this step's output (computed here: a CASE inside the
     -- UPDATE could be folded at plan time and evaluated for non-arrays).
-    IF pg_catalog.jsonb_typeof(v_state.output) = 'array' THEN
-      v_child_tasks := pg_catalog.jsonb_array_length(v_state.output);
-    END IF;
-
-    UPDATE pgflow.step_states AS cs
-       SET remaining_deps = cs.remaining_deps - 1,
-           initial_tasks = CASE
-             WHEN c.step_type = 'map' AND cs.initial_tasks IS NULL THEN v_child_tasks
-             ELSE cs.initial_tasks END
-      FROM pgflow.deps AS d
-      JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-     WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slug
-       AND cs.run_id = p_run_id AND cs.step_slug = d.step_slug AND cs.status = 'created';
-
-    UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = p_run_id;
+    --@include functions/runtime/parts/step_completed_release.sql
 
     PERFORM pgflow._broadcast_step(v_state);
     PERFORM pgflow._advance_run(p_run_id);

@@ -47,7 +47,8 @@
 --@include functions/runtime/_complete_task_progress.sql lines=59-69
                          ELSE complete_task.output END
      WHERE ss.run_id = complete_task.run_id AND ss.step_slug = complete_task.step_slug
---@include functions/runtime/_complete_task_progress.sql lines=72-86
+--@include functions/runtime/_complete_task_progress.sql lines=72-75
+--@include functions/runtime/parts/step_completed_release.sql lines=1-11
      WHERE d.flow_slug = v_run.flow_slug AND d.dep_slug = complete_task.step_slug
        AND cs.run_id = complete_task.run_id AND cs.step_slug = d.step_slug AND cs.status = 'created';
 
