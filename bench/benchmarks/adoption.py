@@ -32,7 +32,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from bench.benchmarks.migration import Prober
+from bench.benchmarks.migration import BARE_UPDATE, Prober, database_copy
 from bench.core import Context, Result
 from pgflow_cli import installer
 from pgflow_cli.upstream import adopt as adoption
@@ -97,15 +97,11 @@ def run(ctx: Context) -> list[Result]:
             results[name].details["database"] = built
         for sample in range(samples):
             for kind in ("bare", "total"):
-                copy = f"adopt_{kind}_{sample}"
-                admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(copy), sql.Identifier(source)))
-                conninfo = ctx.conninfo(copy)
-                try:
+                with database_copy(ctx, admin, source, f"adopt_{kind}_{sample}") as conninfo:
                     with psycopg.connect(conninfo, autocommit=True) as conn, Prober(conninfo, keys).running() as prober:
-                        time.sleep(0.2)
                         started = time.perf_counter()
                         if kind == "bare":
-                            conn.execute("UPDATE pgflow.step_tasks SET error_message = lower(flow_slug)")
+                            conn.execute(BARE_UPDATE)
                         else:
                             phases: dict[str, float] = {}
                             waits: dict[str, list[float]] = {}
@@ -133,7 +129,6 @@ def run(ctx: Context) -> list[Result]:
                             upgrade_waits = dict(prober.longest)
                             adoption.complete(conn, history=True, progress=progress)
                         seconds = time.perf_counter() - started
-                        time.sleep(0.2)
                     if kind == "bare":
                         results["bare"].samples.append(seconds)
                         results["bare_claim"].samples.append(prober.longest["claim"])
@@ -159,8 +154,6 @@ def run(ctx: Context) -> list[Result]:
                         ctx.log(f"  longest [claim, read] wait per phase, s: {waits}")
                     ctx.log(f"sample {sample + 1}/{samples} {kind}: {seconds:.1f}s total, longest claim wait "
                             f"{prober.longest['claim']:.3f}s, read {prober.longest['read']:.3f}s ({prober.count} probes)")
-                finally:
-                    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(copy)))
     finally:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(source)))
         admin.close()

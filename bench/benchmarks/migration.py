@@ -111,13 +111,32 @@ class Prober:
         self.window = {"read": 0.0, "claim": 0.0}
 
     @contextmanager
-    def running(self) -> Iterator[Prober]:
+    def running(self, settle: float = 0.2) -> Iterator[Prober]:
+        """Probe in a thread for the duration of the block: ``settle`` seconds of probes before
+        the block and after it, so a wait at either edge of the timed work is seen."""
         self._thread.start()
         try:
+            time.sleep(settle)
             yield self
+            time.sleep(settle)
         finally:
             self._stop.set()
             self._thread.join(60)
+
+
+BARE_UPDATE = "UPDATE pgflow.step_tasks SET error_message = lower(flow_slug)"
+"""The baseline of both upgrade benchmarks (this one and adoption): one statement rewriting every task row."""
+
+
+@contextmanager
+def database_copy(ctx: Context, admin: psycopg.Connection, source: str, name: str) -> Iterator[str]:
+    """A database ``name`` created from the template ``source`` for one sample (its conninfo),
+    dropped afterwards whatever happens; ``admin`` is an autocommit connection to another database."""
+    admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(source)))
+    try:
+        yield ctx.conninfo(name)
+    finally:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def run(ctx: Context) -> list[Result]:
@@ -149,15 +168,11 @@ def run(ctx: Context) -> list[Result]:
         try:
             for sample in range(samples):
                 for kind in ("bare", "migration"):
-                    copy = f"mig_{kind}_{sample}"
-                    admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(copy), sql.Identifier(source)))
-                    conninfo = ctx.conninfo(copy)
-                    try:
+                    with database_copy(ctx, admin, source, f"mig_{kind}_{sample}") as conninfo:
                         with psycopg.connect(conninfo, autocommit=True) as conn, Prober(conninfo, keys).running() as prober:
-                            time.sleep(0.2)
                             started = time.perf_counter()
                             if kind == "bare":
-                                conn.execute("UPDATE pgflow.step_tasks SET error_message = lower(flow_slug)")
+                                conn.execute(BARE_UPDATE)
                                 path = "one statement"
                             else:
                                 during_0009: dict[str, float] = {}
@@ -174,7 +189,6 @@ def run(ctx: Context) -> list[Result]:
                                 applied = installer.apply(conn, online="auto", progress=window)
                                 path = "phased" if applied and applied[-1].online else "one transaction"
                             seconds = time.perf_counter() - started
-                            time.sleep(0.2)
                         if kind == "bare":
                             results["bare"].samples.append(seconds)
                             results["bare_claim"].samples.append(prober.longest["claim"])
@@ -187,8 +201,6 @@ def run(ctx: Context) -> list[Result]:
                             results["read_0009"].samples.append(during_0009["read"])
                         ctx.log(f"sample {sample + 1}/{samples} {kind}: {seconds:.1f}s total, longest claim wait "
                                 f"{prober.longest['claim']:.3f}s, read {prober.longest['read']:.3f}s ({prober.count} probes)")
-                    finally:
-                        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(copy)))
         finally:
             admin.close()
     return list(results.values())
