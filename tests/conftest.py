@@ -15,6 +15,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from tests.support.server import Harness, TestDatabase, start_shared_server, sto
 BASELINE_VERSION = installer.BASELINE_VERSION
 SHARED_SERVER = "pgflow_test_server"
 """Key of the xdist worker input holding the shared server's base directory."""
+TERMINAL_ENV = "pgflow_terminal_env"
+"""Key of the xdist worker input holding the controller's COLUMNS and LINES (``None``: unset)."""
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -37,6 +40,28 @@ def pytest_configure_node(node):
     if not hasattr(config, "_pgflow_shared_server"):
         config._pgflow_shared_server = start_shared_server()
     node.workerinput[SHARED_SERVER] = str(config._pgflow_shared_server)
+    node.workerinput[TERMINAL_ENV] = {name: os.environ.get(name) for name in ("COLUMNS", "LINES")}
+
+
+def pytest_configure(config):
+    """xdist worker: the terminal size variables as the controller had them. A worker starts with
+    COLUMNS=80 and LINES=24 set, which every command a test runs would inherit (run_cli's default
+    width is 200 only where COLUMNS is unset)."""
+    for name, value in getattr(config, "workerinput", {}).get(TERMINAL_ENV, {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist: whole test files per worker (``--dist loadfile``), whatever ``--dist`` says. Module
+    fixtures (a sandbox server, a seeded database) are then built once, and the tests of one file that
+    use a fixed cluster-wide name (a role, a lock) never run at the same time."""
+    from xdist.scheduler import LoadFileScheduling
+
+    return LoadFileScheduling(config, log)
 
 
 def pytest_unconfigure(config):
