@@ -2,31 +2,78 @@
 
 Fixtures:
 
-* ``harness``: the session's server (see tests/support/server.py);
+* ``harness``: the session's server (see tests/support/server.py; under pytest-xdist one server
+  for all workers, started by the controller in :func:`pytest_configure_node`);
 * ``db``: a fresh database with PGMQ and every pgflow migration;
 * ``baseline_db``: PGMQ and only the baseline migrations (the pre-upgrade state);
 * ``empty_db``: a database with nothing installed;
+* ``client_role_names``: taken by tests that create and drop the fixed cluster-wide roles
+  ``anon``/``authenticated``, so two xdist workers never do it at the same time;
 * ``published_db``: a database built from the published ``@pgflow/core`` release
   (tests/support/published.py), holding exactly ``published.EXPECTED_FINDINGS``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from pgflow_cli import installer
 from tests.support import published
-from tests.support.server import Harness, TestDatabase
+from tests.support.server import Harness, TestDatabase, start_shared_server, stop_shared_server
 
 BASELINE_VERSION = installer.BASELINE_VERSION
+SHARED_SERVER = "pgflow_test_server"
+"""Key of the xdist worker input holding the shared server's base directory."""
+TERMINAL_ENV = "pgflow_terminal_env"
+"""Key of the xdist worker input holding the controller's COLUMNS and LINES (``None``: unset)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist controller, once per worker: start the run's one server (first call) and hand it over."""
+    config = node.config
+    if not hasattr(config, "_pgflow_shared_server"):
+        config._pgflow_shared_server = start_shared_server()
+    node.workerinput[SHARED_SERVER] = str(config._pgflow_shared_server)
+    node.workerinput[TERMINAL_ENV] = {name: os.environ.get(name) for name in ("COLUMNS", "LINES")}
+
+
+def pytest_configure(config):
+    """xdist worker: the terminal size variables as the controller had them. A worker starts with
+    COLUMNS=80 and LINES=24 set, which every command a test runs would inherit (run_cli's default
+    width is 200 only where COLUMNS is unset)."""
+    for name, value in getattr(config, "workerinput", {}).get(TERMINAL_ENV, {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist: whole test files per worker (``--dist loadfile``), whatever ``--dist`` says. Module
+    fixtures (a sandbox server, a seeded database) are then built once, and the tests of one file that
+    use a fixed cluster-wide name (a role, a lock) never run at the same time."""
+    from xdist.scheduler import LoadFileScheduling
+
+    return LoadFileScheduling(config, log)
+
+
+def pytest_unconfigure(config):
+    base = getattr(config, "_pgflow_shared_server", None)
+    if base is not None:
+        stop_shared_server(base)
 
 
 @pytest.fixture(scope="session")
-def harness():
-    h = Harness()
+def harness(request):
+    shared = getattr(request.config, "workerinput", {}).get(SHARED_SERVER)
+    h = Harness(Path(shared) if shared else None)
     try:
         yield h
     finally:
@@ -51,6 +98,19 @@ def baseline_db(harness, request) -> Iterator[TestDatabase]:
 @pytest.fixture
 def empty_db(harness, request) -> Iterator[TestDatabase]:
     yield from harness.fresh(None, request)
+
+
+CLIENT_ROLES_LOCK = 7310515
+"""Advisory-lock key held by :func:`client_role_names` (roles are per server, not per database)."""
+
+
+@pytest.fixture
+def client_role_names(harness) -> Iterator[tuple[str, str]]:
+    """``("anon", "authenticated")``, with a server-wide advisory lock held for the test: the roles are
+    shared by every database of the server, so only one test at a time may create and drop them."""
+    with psycopg.connect(harness.server.conninfo("postgres"), autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (CLIENT_ROLES_LOCK,))
+        yield ("anon", "authenticated")
 
 
 @pytest.fixture(scope="session")

@@ -54,8 +54,8 @@ def test_json_mode_stderr_is_one_json_document_when_locks_time_out(baseline_db):
 
 
 def _wait_for_lock_wait(conn, application_name: str, deadline: float) -> None:
-    while not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                           "AND wait_event_type = 'Lock'", (application_name,)).fetchone()[0]:
+    while not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND application_name = %s AND wait_event_type = 'Lock'", (application_name,)).fetchone()[0]:
         assert time.monotonic() < deadline, "the command never started waiting for the lock"
         time.sleep(0.05)
 
@@ -88,7 +88,8 @@ def test_ctrl_c_during_a_blocked_audit_is_exit_130_and_leaves_no_backend(db, fmt
     assert out == ""
     assert "Traceback" not in err
     deadline = time.monotonic() + 10
-    while observer.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgflow-cli'").fetchone()[0]:
+    while observer.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND application_name = 'pgflow-cli'").fetchone()[0]:
         assert time.monotonic() < deadline, "the audit's backend outlived the interrupted command"
         time.sleep(0.05)
 

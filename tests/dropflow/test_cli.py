@@ -36,6 +36,10 @@ def test_plan_refusal_and_forced_deletion(rt, db):
     assert "error: flow 'Doomed' is still active; nothing was deleted" in refused.stderr
     assert rt.val("SELECT count(*) FROM pgflow.runs") == 5
 
+    # the claiming worker is still alive: it beats, as a real one would every few seconds (on a busy
+    # machine the commands above can outlast the 30 s liveness window since its last beat)
+    rt.conn.execute("UPDATE pgflow.workers SET last_heartbeat_at = now() WHERE deprecated_at IS NULL "
+                    "AND stopped_at IS NULL")
     done = _cli(db, "Doomed", "--force", "--yes", "--confirm", "Doomed")
     assert done.code == ExitCode.OK, done.output
     assert "deleted flow Doomed" in done.stdout

@@ -113,11 +113,11 @@ def test_two_concurrent_drops_of_the_same_flow(rt, db):
     threads = [threading.Thread(target=attempt, args=(n,)) for n in (1, 2)]
     threads[0].start()
     # the first waits for the claim's run lock, the second for the first one's flow lock
-    _wait_for(lambda: rt.val("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                             "AND query LIKE 'SELECT pgflow.drop_flow%%'") == 1, "the first drop to wait")
+    _wait_for(lambda: rt.val("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND wait_event_type = 'Lock' AND query LIKE 'SELECT pgflow.drop_flow%%'") == 1, "the first drop to wait")
     threads[1].start()
-    _wait_for(lambda: rt.val("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                             "AND query LIKE 'SELECT pgflow.drop_flow%%'") == 2, "both drops to wait")
+    _wait_for(lambda: rt.val("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND wait_event_type = 'Lock' AND query LIKE 'SELECT pgflow.drop_flow%%'") == 2, "both drops to wait")
     holder.commit()
     for t in threads:
         t.join(DEADLINE)

@@ -39,15 +39,15 @@ def _role(conn, prefix: str) -> str:
 
 
 @pytest.fixture
-def client_roles(db):
+def client_roles(db, client_role_names):
     """Supabase's client roles, created for the test when the cluster has none."""
     admin = db.connect()
     created = []
-    for name in ("anon", "authenticated"):
+    for name in client_role_names:
         if admin.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (name,)).fetchone()[0] == 0:
             admin.execute(f'CREATE ROLE "{name}" NOLOGIN')
             created.append(name)
-    yield ("anon", "authenticated")
+    yield client_role_names
     for name in created:
         admin.execute(f'DROP ROLE "{name}"')
 

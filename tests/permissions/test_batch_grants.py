@@ -20,12 +20,12 @@ def _can(conn, role: str, signature: str) -> bool:
     return conn.execute("SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, signature)).fetchone()[0]
 
 
-def test_the_grants_follow_the_calls_they_extend_and_skip_client_roles(db):
+def test_the_grants_follow_the_calls_they_extend_and_skip_client_roles(db, client_role_names):
     admin = db.connect()
     suffix = uuid.uuid4().hex[:8]
     reporter, starter = f"reporter_{suffix}", f"starter_{suffix}"
     created = [reporter, starter]
-    for name in ("anon", "authenticated"):
+    for name in client_role_names:
         if admin.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (name,)).fetchone()[0] == 0:
             created.append(name)
     try:

@@ -2,7 +2,13 @@
 
 The server comes from :mod:`pgflow_cli.sandbox.embedded` (the same code as ``pgflow sandbox``).
 Templates are built once per run and cloned with ``CREATE DATABASE ... TEMPLATE`` (about
-0.1 s each), so every test gets a database nobody else touches.
+0.03 s each), so every test gets a database nobody else touches.
+
+With pytest-xdist (``-n 2``) the workers share the one server: the controller process starts it
+(:func:`start_shared_server`) and each worker attaches to it (``Harness(shared=...)``). A template
+is built by whichever worker asks first, under a PostgreSQL advisory lock; the others wait for that
+lock and then find it marked ``IS_TEMPLATE``. Database names carry the worker id, so two workers
+never pick the same name.
 """
 
 from __future__ import annotations
@@ -24,6 +30,33 @@ from psycopg import sql
 from pgflow_cli.sandbox import LocalServer
 
 _counter = itertools.count(1)
+
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+"""``gw0``, ``gw1``... under pytest-xdist, else empty: the per-worker part of database names."""
+_PREFIX = f"t{_WORKER.removeprefix('gw')}x" if _WORKER else "t"
+
+_TEMPLATE_LOCK = 7310514
+"""First key of the advisory lock that serialises template builds across xdist workers."""
+
+
+def start_shared_server() -> Path:
+    """Start the one server an xdist run shares; returns its base directory (for ``Harness(shared=...)``)."""
+    base = Path(tempfile.mkdtemp(prefix="pgflow-tests-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    server = LocalServer(base / "pg", tcp=True)
+    server.start()
+    server.wait_ready()
+    return base
+
+
+def stop_shared_server(base: Path) -> None:
+    """Stop and delete the server :func:`start_shared_server` started (kept with PGFLOW_TEST_KEEP_SERVER)."""
+    if os.environ.get("PGFLOW_TEST_KEEP_SERVER"):
+        print(f"\nkept test server in {base}")
+        return
+    LocalServer(base / "pg").destroy()
+    with contextlib.suppress(OSError):
+        os.rmdir(base)
 
 
 @dataclass
@@ -67,12 +100,11 @@ def label_of(request: Any, suffix: str = "") -> str:
 class Harness:
     """Owns the server, the admin connection and the templates of one test run."""
 
-    def __init__(self) -> None:
-        base = Path(tempfile.mkdtemp(prefix="pgflow-tests-", dir="/tmp"))
-        os.chmod(base, 0o755)
+    def __init__(self, shared: Path | None = None) -> None:
+        """Start a server of its own, or (``shared``: a :func:`start_shared_server` directory) use that one."""
+        self.owned = shared is None
+        base = start_shared_server() if shared is None else shared
         self.server = LocalServer(base / "pg", tcp=True)
-        self.server.start()
-        self.server.wait_ready()
         self.base = base
         self.admin = psycopg.connect(self.server.conninfo("postgres"), autocommit=True)
         self._templates: dict[str, str] = {}
@@ -82,32 +114,43 @@ class Harness:
         try:
             self.admin.close()
         finally:
-            if os.environ.get("PGFLOW_TEST_KEEP_SERVER"):
-                print(f"\nkept test server in {self.base}")
-            else:
-                self.server.destroy()
-                with contextlib.suppress(OSError):
-                    os.rmdir(self.base)
+            if self.owned:
+                stop_shared_server(self.base)
 
     def template(self, name: str, build: Callable[[str], None]) -> str:
-        """Return the name of template ``name``, building it once with ``build(conninfo)``."""
+        """Return the name of template ``name``, building it once per server with ``build(conninfo)``.
+
+        Marked ``IS_TEMPLATE`` only when the build finished, so a database of that name without the
+        mark (a build that failed or was interrupted) is dropped and built again.
+        """
         with self._lock:
             if name not in self._templates:
                 dbname = f"tmpl_{name}"
-                self.admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
-                self.admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-                build(self.server.conninfo(dbname))
-                # No session may stay connected to a template that is cloned.
-                self.admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                    (dbname,),
-                )
+                self.admin.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (_TEMPLATE_LOCK, dbname))
+                try:
+                    row = self.admin.execute("SELECT datistemplate FROM pg_database WHERE datname = %s",
+                                             (dbname,)).fetchone()
+                    if not (row and row[0]):
+                        self._build(dbname, build)
+                finally:
+                    self.admin.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (_TEMPLATE_LOCK, dbname))
                 self._templates[name] = dbname
             return self._templates[name]
 
+    def _build(self, dbname: str, build: Callable[[str], None]) -> None:
+        self.admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+        self.admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+        build(self.server.conninfo(dbname))
+        # No session may stay connected to a template that is cloned.
+        self.admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (dbname,),
+        )
+        self.admin.execute(sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE true").format(sql.Identifier(dbname)))
+
     def clone(self, template: str | None, label: str) -> TestDatabase:
         """Create a fresh database from ``template`` (``None``: an empty database)."""
-        name = f"t{next(_counter)}_{label}"[:60]
+        name = f"{_PREFIX}{next(_counter)}_{label}"[:60]
         if template:
             stmt = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template))
         else:

@@ -110,7 +110,8 @@ def test_killing_the_client_mid_migration_leaves_the_database_unchanged(pre_upgr
         deadline = time.monotonic() + 60
         while backend is None and time.monotonic() < deadline:
             row = conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgflow-cli' AND state = 'active' "
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'pgflow-cli' "
+                "AND state = 'active' "
                 "AND query LIKE '%%SET queue_name = pg_catalog.lower%%'").fetchone()
             backend = row[0] if row else None
             time.sleep(0.02)

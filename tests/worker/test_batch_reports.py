@@ -62,7 +62,8 @@ def _hold_reports(env, worker, release: threading.Event):
     release.set()
 
     def held() -> bool:
-        waiting = env.val("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgflow-worker-test' "
+        waiting = env.val("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                          "AND application_name = 'pgflow-worker-test' "
                           "AND wait_event_type = 'Lock'")
         return waiting >= 1 and worker.tasks_in_flight() == 0
 
