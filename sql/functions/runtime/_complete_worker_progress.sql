@@ -37,10 +37,7 @@ BEGIN
     RETURN pgflow._complete_task_progress(p_run_id, p_step_slug, p_task_index, p_output);
   END IF;
 
-  UPDATE pgflow.step_tasks AS t
-     SET status = 'completed', completed_at = pg_catalog.now(), output = p_output
-   WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index
-  RETURNING t.* INTO v_task;
+  --@include functions/runtime/parts/task_completed.sql
 
   UPDATE pgflow.step_states AS ss
      SET remaining_tasks = ss.remaining_tasks - 1,

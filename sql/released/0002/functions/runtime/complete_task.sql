@@ -37,17 +37,18 @@
     RETURNING t.* INTO v_task;
     PERFORM pgflow._fail_run(complete_task.run_id, complete_task.step_slug, v_error);
     RETURN NEXT v_task;
-    RETURN;
---@include functions/runtime/_complete_task_progress.sql lines=49-51
+--@include functions/runtime/_start_runs.sql lines=72-74
+  UPDATE pgflow.step_tasks AS t
      SET status = 'completed', completed_at = pg_catalog.now(), output = complete_task.output
    WHERE t.run_id = complete_task.run_id AND t.step_slug = complete_task.step_slug
      AND t.task_index = complete_task.task_index
---@include functions/runtime/_complete_task_progress.sql lines=54-57
+  RETURNING t.* INTO v_task;
+--@include functions/runtime/_complete_task_progress.sql lines=52-54
    WHERE ss.run_id = complete_task.run_id AND ss.step_slug = complete_task.step_slug
---@include functions/runtime/_complete_task_progress.sql lines=59-69
+--@include functions/runtime/_complete_task_progress.sql lines=56-66
                          ELSE complete_task.output END
      WHERE ss.run_id = complete_task.run_id AND ss.step_slug = complete_task.step_slug
---@include functions/runtime/_complete_task_progress.sql lines=72-75
+--@include functions/runtime/_complete_task_progress.sql lines=69-72
 --@include functions/runtime/parts/step_completed_release.sql lines=1-11
      WHERE d.flow_slug = v_run.flow_slug AND d.dep_slug = complete_task.step_slug
        AND cs.run_id = complete_task.run_id AND cs.step_slug = d.step_slug AND cs.status = 'created';
