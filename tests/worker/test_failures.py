@@ -54,7 +54,14 @@ def test_retries_until_success_count_every_attempt(env):
     assert all(c.input == {"go": True} for c in rec.for_step("shaky"))  # every attempt gets the run input
     nxt = env.task(run_id, "next")
     assert (nxt["status"], nxt["attempts_count"]) == ("completed", 1)
-    assert worker.stats.snapshot()["failed"] == 2 and worker.stats.snapshot()["completed"] == 2
+
+    # The worker counts a report once its transaction has committed, so the run can be seen
+    # finished a moment before the last report is counted: wait for the count, do not sample it.
+    def counted() -> tuple[int, int] | None:
+        stats = worker.stats.snapshot()
+        return (stats["failed"], stats["completed"]) if stats["completed"] >= 2 else None
+
+    assert wait_until(counted, "the worker to count its last report") == (2, 2)
     # the message kept its id across retries and was archived once, at completion
     assert [m["msg_id"] for m in env.archived_messages(worker.queue_name, shaky["message_id"])] == [shaky["message_id"]]
 
