@@ -10,7 +10,6 @@ not) and look at what the migration holds and who can go on, through pg_locks, n
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
@@ -21,19 +20,13 @@ from pgflow_cli import installer
 from pgflow_cli.installer.files import TableLock, parse_locks
 from pgflow_cli.installer.runner import LateLocksBusy, take_late_locks
 from tests.support.levels import versions_after
+from tests.worker.helpers import wait_until
 
 HELD = """
 SELECT c.relname::text, l.mode, l.granted
 FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
 WHERE l.pid = %s AND l.locktype = 'relation' AND c.relnamespace IN ('pgflow'::regnamespace, 'pgmq'::regnamespace)
 """
-
-
-def _until(predicate, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def _wait_for(observer: psycopg.Connection, pid: int, predicate, what: str) -> set:
@@ -44,7 +37,7 @@ def _wait_for(observer: psycopg.Connection, pid: int, predicate, what: str) -> s
         found[:] = [{tuple(r) for r in observer.execute(HELD, (pid,)).fetchall()}]
         return bool(predicate(found[0]))
 
-    _until(check, f"{what} (pid {pid})")
+    wait_until(check, f"{what} (pid {pid})", timeout=120)
     return found[0]
 
 
@@ -124,7 +117,7 @@ def test_the_late_locks_give_way_to_a_holder_that_waits_for_the_migration(pre_up
             writing.result(timeout=120)  # the migration gave way: the writer got its lock
             gave_way = ("late_locks_busy", {"migration": "0003_queue_identity", "phase": "prepare",
                                             "lock": "pgflow.step_tasks ACCESS EXCLUSIVE"})
-            _until(lambda: gave_way in events, "the migration to report that it gave way")
+            wait_until(lambda: gave_way in events, "the migration to report that it gave way", timeout=120)
             other.commit()
         finally:
             held.release()
