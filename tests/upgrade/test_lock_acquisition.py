@@ -22,6 +22,7 @@ from pgflow_cli import installer
 from pgflow_cli.installer.files import TableLock
 from pgflow_cli.worker import Flow
 from pgflow_cli.worker.protocol import ProtocolV2
+from tests.worker.helpers import wait_until
 
 DEADLOCK_TIMEOUT = 3.0
 PLAN = (TableLock("pgflow.steps", "ACCESS EXCLUSIVE"), TableLock("pgflow.step_tasks", "ACCESS EXCLUSIVE"))
@@ -36,13 +37,13 @@ def slow_deadlock_check(harness):
 
 
 def _wait_until(observer: psycopg.Connection, query: str, params: tuple, what: str, timeout: float = 60) -> tuple:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The first row of ``query`` whose columns are all set and not false, polled every 5 ms (the
+    waits here are measured against deadlock_timeout, so the state is seen as soon as it holds)."""
+    def ready() -> tuple | None:
         row = observer.execute(query, params).fetchone()
-        if row and all(v is not None and v is not False for v in row):
-            return row
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+        return row if row and all(v is not None and v is not False for v in row) else None
+
+    return wait_until(ready, what, timeout=timeout, interval=0.005)
 
 
 WAITING_ON = """
