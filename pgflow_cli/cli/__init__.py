@@ -4,8 +4,8 @@
 become messages and exit codes (docs/exit-codes.md): a :class:`PgflowError` prints its
 message, hint and detail on stderr; a psycopg error is first mapped by
 :func:`pgflow_cli.db.map_database_error` (the one mapping, which commands holding a connection
-use through :func:`pgflow_cli.cli.common.mapped_errors`, with their target for redaction); anything else is a bug (exit 70) and
-shows a traceback only with ``--debug``.
+use through :func:`pgflow_cli.cli.common.mapped_errors`, with their target for redaction);
+anything else is a bug (exit 70) and shows a traceback only with ``--debug``.
 
 The commands are in :data:`COMMANDS` and imported only when used (:mod:`pgflow_cli.cli.lazy`):
 this module imports neither psycopg nor rich, until an error is to be reported.

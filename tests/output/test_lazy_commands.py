@@ -62,7 +62,11 @@ def test_the_summaries_are_the_first_sentence_of_each_commands_help():
     for command in COMMANDS:
         real = loaded.get_command(ctx, command.name)
         assert real is not None and real is not standing.commands[command.name]
-        assert real.get_short_help_str(10**6) == command.summary == standing.commands[command.name].get_short_help_str(10**6)
+        first_sentence = real.get_short_help_str(10**6)
+        assert command.summary == first_sentence, (
+            f"COMMANDS in pgflow_cli/cli/__init__.py: the summary of {command.name} must be the first sentence "
+            f"of its help, {first_sentence!r}")
+        assert standing.commands[command.name].get_short_help_str(10**6) == first_sentence
 
 
 @pytest.mark.parametrize("width", [60, 80, 100, 200])
