@@ -109,6 +109,21 @@ def span(seconds: float | None, *, compact: bool = False) -> str:
                     for index in range(first, min(first + 2, len(values))))
 
 
+def size(value: int) -> str:
+    """A byte count for a table cell: ``812 B``, then one decimal in the largest binary unit below
+    1024 (``1.5 kB``, ``12.0 MB``, ... ``TB``).
+
+    Args:
+        value: bytes (0 or more).
+    """
+    amount = float(value)
+    for unit in ("B", "kB", "MB", "GB"):
+        if amount < 1024:
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    return f"{amount:.1f} TB"
+
+
 def ascii_only(stream: Any = None) -> bool:
     """True when ``stream`` (default stdout) cannot encode Unicode: ASCII borders and punctuation then,
     and ``\\xNN`` escapes for other characters (the CLI sets ``errors="backslashreplace"``)."""

@@ -11,11 +11,16 @@ Fixtures:
   ``anon``/``authenticated``, so two xdist workers never do it at the same time;
 * ``published_db``: a database built from the published ``@pgflow/core`` release
   (tests/support/published.py), holding exactly ``published.EXPECTED_FINDINGS``.
+
+The process that owns the server (the xdist controller, or the only process) stops and deletes it
+however the run ends: normally, on Ctrl-C, and on SIGTERM or SIGHUP, which end the run as Ctrl-C
+does (:func:`_end_the_run_on_termination`); an xdist worker that crashes does not own it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +29,7 @@ import pytest
 
 from pgflow_cli import installer
 from tests.support import published
-from tests.support.server import Harness, TestDatabase, start_shared_server, stop_shared_server
+from tests.support.server import TERMINATING, Harness, TestDatabase, start_shared_server, stop_shared_server
 
 BASELINE_VERSION = installer.BASELINE_VERSION
 SHARED_SERVER = "pgflow_test_server"
@@ -43,10 +48,28 @@ def pytest_configure_node(node):
     node.workerinput[TERMINAL_ENV] = {name: os.environ.get(name) for name in ("COLUMNS", "LINES")}
 
 
+def _end_the_run_on_termination(config) -> None:
+    """SIGTERM and SIGHUP end the run as Ctrl-C does (``pytest.exit``, exit status 128 + the signal):
+    fixtures are torn down and :func:`pytest_unconfigure` runs, so the server is stopped and deleted.
+    A second signal meanwhile is ignored. The previous handlers are restored at unconfigure."""
+
+    def end(signum: int, _frame) -> None:
+        for other in TERMINATING:
+            signal.signal(other, signal.SIG_IGN)
+        pytest.exit(f"{signal.Signals(signum).name}: ending the run, stopping the test server",
+                    returncode=128 + signum)
+
+    config._pgflow_signal_handlers = {signum: signal.signal(signum, end) for signum in TERMINATING}
+
+
 def pytest_configure(config):
-    """xdist worker: the terminal size variables as the controller had them. A worker starts with
+    """The process owning the server (controller or only process): :func:`_end_the_run_on_termination`.
+
+    xdist worker: the terminal size variables as the controller had them. A worker starts with
     COLUMNS=80 and LINES=24 set, which every command a test runs would inherit (run_cli's default
     width is 200 only where COLUMNS is unset)."""
+    if not hasattr(config, "workerinput"):
+        _end_the_run_on_termination(config)
     for name, value in getattr(config, "workerinput", {}).get(TERMINAL_ENV, {}).items():
         if value is None:
             os.environ.pop(name, None)
@@ -65,9 +88,12 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_unconfigure(config):
+    """Controller: stop and delete the shared server; then the signal handlers as they were."""
     base = getattr(config, "_pgflow_shared_server", None)
     if base is not None:
         stop_shared_server(base)
+    for signum, handler in getattr(config, "_pgflow_signal_handlers", {}).items():
+        signal.signal(signum, handler)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 import pytest
 
+from pgflow_cli.cli import COMMANDS
 from pgflow_cli.errors import ExitCode
 from tests.support.cli import run_cli
 
@@ -37,3 +38,12 @@ def test_sandbox_not_running_is_exit_3(tmp_path, args):
     assert result.code == ExitCode.CONNECTION
     assert "pgflow sandbox up" in result.stderr
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", [c.name for c in COMMANDS])
+def test_no_command_uses_a_deprecated_typer_api(command):
+    """typer warns (DeprecationWarning) when a command is built with an API it will remove, e.g. the
+    optional-value option ``is_flag=False, flag_value=``; as errors here, such a warning fails."""
+    result = run_cli(command, "--help", env={"PYTHONWARNINGS": "error::DeprecationWarning"})
+    assert result.code == 0, result.output
+    assert "Warning" not in result.output

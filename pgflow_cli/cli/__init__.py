@@ -3,9 +3,12 @@
 :func:`main` is the console-script entry point. It is the only place where exceptions
 become messages and exit codes (docs/exit-codes.md): a :class:`PgflowError` prints its
 message, hint and detail on stderr; a psycopg error is first mapped by
-:func:`pgflow_cli.cli.common.mapped_errors` (the one mapping, which commands holding a
-connection also use, with their target for redaction); anything else is a bug (exit 70) and
-shows a traceback only with ``--debug``.
+:func:`pgflow_cli.db.map_database_error` (the one mapping, which commands holding a connection
+use through :func:`pgflow_cli.cli.common.mapped_errors`, with their target for redaction);
+anything else is a bug (exit 70) and shows a traceback only with ``--debug``.
+
+The commands are in :data:`COMMANDS` and imported only when used (:mod:`pgflow_cli.cli.lazy`):
+this module imports neither psycopg nor rich, until an error is to be reported.
 """
 
 from __future__ import annotations
@@ -16,9 +19,52 @@ from typing import Annotated
 
 import typer
 
-from pgflow_cli import __version__, render
-from pgflow_cli.cli.common import STATE, OutputFormat, mapped_errors, with_target
+from pgflow_cli import __version__
+from pgflow_cli.cli.lazy import LazyCommand, LazyGroup
+from pgflow_cli.cli.state import STATE, OutputFormat
 from pgflow_cli.errors import ExitCode, PgflowError, exit_code_table
+
+COMMANDS = (
+    LazyCommand("audit", "pgflow_cli.cli.audit",
+                "Read-only pre-upgrade report: every flow and step name the queue-identity release rejects (with every "
+                "reason), case-only conflicts, PGMQ queue hazards, and the data at stake per flow."),
+    LazyCommand("drop-flow", "pgflow_cli.cli.drop_flow",
+                "Delete one concrete flow for good: its runs, step states and tasks, its definition, and its private "
+                "PGMQ queues with their archives, in one transaction and in the runtime's lock order."),
+    LazyCommand("worker", "pgflow_cli.cli.worker", "Run the reference worker for a flow defined in your Python module."),
+    LazyCommand("coverage", "pgflow_cli.cli.coverage",
+                "Persisted routes versus live workers: for every route (a plain flow's queue, or each step's private "
+                "queue) the live workers and the versions they reported, deprecated workers still draining, killed "
+                "workers (stale), fenced functions, and the queue's backlog and oldest message."),
+    LazyCommand("status", "pgflow_cli.cli.status",
+                "What runs, per flow, in one read-only snapshot: runs by state, tasks by state, the oldest queued task "
+                "and how long it has waited, stalled tasks (what the next pgflow.requeue_stalled_tasks() call would take "
+                "back, and tasks it gave up on), each queue's backlog (what pgmq.metrics() reports, counted from the "
+                "queue's own table; plain flow queues and private step queues) and the workers (live, deprecated, "
+                "stale)."),
+    LazyCommand("sandbox", "pgflow_cli.cli.sandbox",
+                "A private local PostgreSQL (Unix socket only) with real PGMQ and the pgflow schema, so every command "
+                "runs without a database of your own."),
+    LazyCommand("migrate", "pgflow_cli.cli.migrate",
+                "Apply pgflow's SQL migrations in order, each in one transaction recorded with its checksum in "
+                "pgflow.schema_migrations."),
+    LazyCommand("fence", "pgflow_cli.cli.fence",
+                "The rollout fence on worker functions: disable them (their workers refuse to register, the HTTP starter "
+                "skips them), drain what their workers still run, and later restore exactly the recorded values."),
+    LazyCommand("task", "pgflow_cli.cli.task",
+                "Manual tasks: the tasks of queue-less steps (Flow.step(..., manual=True)) that trusted code completes "
+                "or fails instead of a worker (pgflow.complete_manual_task / pgflow.fail_manual_task)."),
+    LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them (read-only)."),
+)
+"""Every command of ``pgflow``, in the order ``pgflow --help`` lists them: name, the module whose
+``register(app)`` attaches it (imported only when the command is used, :mod:`pgflow_cli.cli.lazy`), and
+the first sentence of its help text (tests/output/test_lazy_commands.py checks it). A new command is
+one entry here."""
+
+
+class _Commands(LazyGroup):
+    lazy_commands = COMMANDS
+
 
 EXIT_CODES_HELP = "\b\nExit codes (every command; docs/exit-codes.md):\n" + exit_code_table()
 
@@ -31,6 +77,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,  # pgflow --install-completion [SHELL] / --show-completion [SHELL] (README)
     rich_markup_mode=None,
+    cls=_Commands,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
 )
 
@@ -51,41 +98,18 @@ def _root(
     STATE.debug = STATE.debug or debug
 
 
-def _register() -> None:
-    from pgflow_cli.cli import audit as audit_cli
-    from pgflow_cli.cli import drop_flow as drop_flow_cli
-    from pgflow_cli.cli import fence as fence_cli
-    from pgflow_cli.cli import migrate as migrate_cli
-    from pgflow_cli.cli import sandbox as sandbox_cli
-    from pgflow_cli.cli import task as task_cli
-
-    app.add_typer(sandbox_cli.app, name="sandbox")
-    audit_cli.register(app)
-    migrate_cli.register(app)
-    drop_flow_cli.register(app)
-    fence_cli.register(app)
-    task_cli.register(app)
-    from pgflow_cli.cli import coverage as coverage_cli
-    from pgflow_cli.cli import worker as worker_cli
-
-    worker_cli.register(app)
-    coverage_cli.register(app)
-    from pgflow_cli.cli import runs as runs_cli
-    from pgflow_cli.cli import status as status_cli
-
-    status_cli.register(app)
-    runs_cli.register(app)
-
-
-_register()
-
-
 def report_error(error: PgflowError) -> None:
     """Print an error on stderr: JSON when ``--format json`` was chosen, else readable text.
 
     Commands named in the hint and detail repeat the target option the user gave
     (:func:`pgflow_cli.cli.common.with_target`), so they work when pasted.
+
+    Args:
+        error: what to report (its message, hint and detail never hold a password).
     """
+    from pgflow_cli import render
+    from pgflow_cli.cli.common import with_target
+
     hint = with_target(error.hint) if error.hint else error.hint
     detail = [with_target(line) for line in error.detail]
     if STATE.output_format == OutputFormat.json:
@@ -113,10 +137,43 @@ def _lift_debug(args: list[str]) -> list[str]:
 
 def _ascii_safe_streams() -> None:
     """On a stdout/stderr that cannot encode Unicode, characters it cannot encode become ``\\xNN``
-    escapes instead of a UnicodeEncodeError (render.display already gives ASCII punctuation)."""
+    escapes instead of a UnicodeEncodeError (render.display already gives ASCII punctuation).
+
+    A UTF-8 stream (the usual case) is left as it is without importing :mod:`pgflow_cli.render`
+    (rich); any other encoding is judged by :func:`pgflow_cli.render.ascii_only`.
+    """
     for stream in (sys.stdout, sys.stderr):
+        if (getattr(stream, "encoding", None) or "utf-8").lower() in ("utf-8", "utf8"):
+            continue
+        from pgflow_cli import render
+
         if render.ascii_only(stream) and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+
+
+def _reported(exc: Exception) -> int:
+    """Report what a command raised and return the exit code: a :class:`PgflowError` as it is, a
+    psycopg error as :func:`pgflow_cli.db.map_database_error` maps it (what
+    :func:`pgflow_cli.cli.common.mapped_errors` does), anything else as a bug (exit 70; its
+    traceback with ``--debug``)."""
+    import psycopg
+
+    from pgflow_cli import db
+
+    if isinstance(exc, psycopg.Error):
+        exc = db.map_database_error(exc, target=None)
+    if isinstance(exc, PgflowError):
+        report_error(exc)
+        return int(exc.exit_code)
+    if STATE.debug:  # a bug: say so plainly
+        traceback.print_exception(exc)
+    report_error(
+        PgflowError(
+            f"internal error: {type(exc).__name__}: {exc}",
+            hint="this is a bug in pgflow-cli; rerun with --debug and report the traceback",
+        )
+    )
+    return int(ExitCode.INTERNAL)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,25 +186,15 @@ def main(argv: list[str] | None = None) -> None:
     _ascii_safe_streams()
     args = _lift_debug(list(sys.argv[1:] if argv is None else argv))
     try:
-        with mapped_errors():
-            command.main(args=args, prog_name="pgflow", standalone_mode=True)
+        command.main(args=args, prog_name="pgflow", standalone_mode=True)
         code: int = ExitCode.OK
     except SystemExit as exc:  # typer/click finished: --help, a usage error, typer.Exit(n)
         code = exc.code if isinstance(exc.code, int) else (ExitCode.OK if exc.code is None else ExitCode.USAGE)
     except KeyboardInterrupt:
+        from pgflow_cli import render
+
         render.stderr_console().print("interrupted")
         code = ExitCode.INTERRUPTED
-    except PgflowError as exc:
-        report_error(exc)
-        code = exc.exit_code
-    except Exception as exc:  # a bug: say so plainly
-        if STATE.debug:
-            traceback.print_exc()
-        report_error(
-            PgflowError(
-                f"internal error: {type(exc).__name__}: {exc}",
-                hint="this is a bug in pgflow-cli; rerun with --debug and report the traceback",
-            )
-        )
-        code = ExitCode.INTERNAL
+    except Exception as exc:
+        code = _reported(exc)
     sys.exit(int(code))

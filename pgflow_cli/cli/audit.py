@@ -216,7 +216,7 @@ def _impact_line(impact: audit_op.FlowImpact) -> str:
     if impact.queues_unreadable:
         parts.append(f"{impact.queues_unreadable} queue table(s) not readable")
     rows = f"rows {render.UNKNOWN}" if impact.archive_rows_estimate is None else f"~{impact.archive_rows_estimate} rows"
-    size = "-" if impact.archive_bytes is None else _bytes(impact.archive_bytes)
+    size = "-" if impact.archive_bytes is None else render.size(impact.archive_bytes)
     parts.append(f"archive {rows}, {size}")
     if impact.shares_queue_with:
         parts.append("shares its queue with " + ", ".join(impact.shares_queue_with))
@@ -241,17 +241,6 @@ def _render_summary(report: audit_op.AuditReport, fail_on: str, page: render.Pag
         page.print(render.text(f"exit 1: {len(failing)} finding(s) at or above --fail-on {fail_on}", "bold"))
     style = "bold red" if s.blocking else ("yellow" if (s.errors or s.warnings) else "bold green")
     page.line(common.with_target("next: " + report.next_step()), style)
-
-
-
-
-def _bytes(value: int) -> str:
-    size = float(value)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{value} B"  # pragma: no cover
 
 
 def _installed(schema: audit_op.SchemaInfo) -> str:

@@ -2,7 +2,9 @@
 
 Every command that touches a database accepts ``--dsn``, ``--sandbox`` and
 ``--connect-timeout`` (one :class:`TargetOptions` parameter, shown to typer by
-:func:`option_groups`); every command that reports accepts ``--format``.
+:func:`option_groups`); every command that reports accepts ``--format``. The per-invocation
+:data:`STATE` and :class:`OutputFormat` live in the light :mod:`pgflow_cli.cli.state` (the root
+command needs them) and are re-exported here, where every command imports them from.
 """
 
 from __future__ import annotations
@@ -22,24 +24,10 @@ import psycopg
 import typer
 
 from pgflow_cli import db, render
+from pgflow_cli.cli.state import STATE as STATE
+from pgflow_cli.cli.state import OutputFormat as OutputFormat
+from pgflow_cli.cli.state import State as State
 from pgflow_cli.errors import UsageError
-
-
-class OutputFormat(str, enum.Enum):
-    """Report formats (docs/commands/README.md): ``table`` for a terminal, ``plain`` for pipes and grep
-    (the default when stdout is not a terminal), ``markdown`` for tickets, ``json`` (versioned) and
-    ``csv`` for automation."""
-
-    table = "table"
-    plain = "plain"
-    markdown = "markdown"
-    json = "json"
-    csv = "csv"
-
-    @property
-    def human(self) -> bool:
-        """A format for people (``table``, ``plain``, ``markdown``): progress lines go to stderr."""
-        return self.value in render.TEXT_FORMATS
 
 
 def _default_format(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
@@ -157,16 +145,6 @@ def option_groups(command: Callable[..., R]) -> Callable[..., R]:
     return grouped
 
 
-@dataclass
-class State:
-    """What the top-level callback learned (``--debug``) and what commands set (format)."""
-
-    debug: bool = False
-    output_format: OutputFormat = OutputFormat.table
-    target: db.Target | None = None
-
-
-STATE = State()
 
 _COMMAND = re.compile(
     r"(?P<cmd>\bpgflow (?:audit|coverage|drop-flow|status|worker"

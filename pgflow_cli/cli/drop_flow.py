@@ -13,7 +13,6 @@ from rich.console import Console
 
 from pgflow_cli import render
 from pgflow_cli.cli import common
-from pgflow_cli.cli.audit import _bytes
 from pgflow_cli.cli.common import STATE, OutputFormat
 from pgflow_cli.errors import ExitCode, PgflowError, UsageError
 from pgflow_cli.operations import drop_flow as drop_op
@@ -201,7 +200,7 @@ def render_plan(plan: drop_op.DropPlan, page: render.Page) -> None:
     page.table(QUEUE_COLUMNS, [
         {"queue": q.queue_name, "problems": bool(q.problems), "meta": q.listed_as or "-",
          "tables": "missing" if q.state == "missing" else "present", "messages": _count(q.messages),
-         "archived": _count(q.archived), "size": _bytes(q.bytes), "used_by": ", ".join(q.origins)}
+         "archived": _count(q.archived), "size": render.size(q.bytes), "used_by": ", ".join(q.origins)}
         for q in plan.queues], style=_plan_style)
     for q in plan.queues:
         if q.state == "missing":

@@ -20,6 +20,12 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
+
+def register(root: typer.Typer) -> None:
+    """Attach the ``sandbox`` group to the root command."""
+    root.add_typer(app, name="sandbox")
+
+
 SeedOption = Annotated[
     str | None,
     typer.Option(

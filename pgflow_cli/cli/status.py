@@ -19,13 +19,44 @@ queued task and how long it has waited, stalled tasks (what the next pgflow.requ
 call would take back, and tasks it gave up on), each queue's backlog (what pgmq.metrics() reports, counted
 from the queue's own table; plain flow queues and private step queues) and the workers (live, deprecated, stale).
 
---watch redraws every SECONDS (default 2) until Ctrl-C; with --format json it writes one document per
-line. Read-only: SELECT on the pgflow and pgmq tables suffices.
+--watch redraws every 2 seconds, or every --interval SECONDS, until Ctrl-C (`--watch SECONDS` works
+too); with --format json it writes one document per line. Read-only: SELECT on the pgflow and pgmq
+tables suffices.
 
 Exit 0: shown. Exit 3: cannot connect or no pgflow schema. Exit 6: a --flow that names no flow.
 Exit 130: --watch stopped with Ctrl-C (the normal end of a watch)."""
 
 WATCH_DEFAULT = 2.0
+"""Seconds between the snapshots of ``--watch`` when no interval is given."""
+WATCH_MINIMUM = 0.2
+"""The shortest interval ``--watch`` accepts, in seconds."""
+
+
+def watch_interval(watch: bool, seconds: float | None, interval: float | None) -> float | None:
+    """The seconds between snapshots, or None for one snapshot, from ``--watch``, the number that may
+    follow it (``--watch 5``, the form documented before ``--interval``) and ``--interval``.
+
+    Args:
+        watch: ``--watch`` was given.
+        seconds: the SECONDS argument (``--watch 5``), or None.
+        interval: ``--interval SECONDS``, or None.
+
+    Returns:
+        None without ``--watch``; else the interval given, or :data:`WATCH_DEFAULT`.
+
+    Raises:
+        UsageError: an interval without ``--watch``, or two intervals.
+    """
+    if not watch:
+        if seconds is not None or interval is not None:
+            value = seconds if seconds is not None else interval
+            given = f"SECONDS {value:g}" if seconds is not None else f"--interval {value:g}"
+            raise UsageError(f"{given} without --watch: an interval is for watching only",
+                             hint=f"to redraw every {value:g} s: pgflow status --watch --interval {value:g}")
+        return None
+    if seconds is not None and interval is not None:
+        raise UsageError("give the --watch interval once: --watch --interval SECONDS (or --watch SECONDS)")
+    return next((value for value in (seconds, interval) if value is not None), WATCH_DEFAULT)
 
 
 def register(app: typer.Typer) -> None:
@@ -36,9 +67,14 @@ def register(app: typer.Typer) -> None:
 def status(
     flow: Annotated[str | None, typer.Option("--flow", metavar="SLUG", show_default=False,
                                                 help="Only this flow (exact slug).")] = None,
-    watch: Annotated[float | None, typer.Option(
-        "--watch", metavar="[SECONDS]", is_flag=False, flag_value=WATCH_DEFAULT, min=0.2, show_default=False,
-        help=f"Redraw every SECONDS (default {WATCH_DEFAULT:g}) until Ctrl-C.")] = None,
+    seconds: Annotated[float | None, typer.Argument(
+        metavar="SECONDS", min=WATCH_MINIMUM, show_default=False,
+        help="After --watch: the same as --interval SECONDS (`pgflow status --watch 5`).")] = None,
+    watch: Annotated[bool, typer.Option(
+        "--watch", help=f"Redraw every {WATCH_DEFAULT:g} seconds (or --interval) until Ctrl-C.")] = False,
+    interval: Annotated[float | None, typer.Option(
+        "--interval", metavar="SECONDS", min=WATCH_MINIMUM, show_default=False,
+        help=f"Seconds between the snapshots of --watch (default {WATCH_DEFAULT:g}).")] = None,
     output_format: common.FormatOption = OutputFormat.table,
     heartbeat_window: Annotated[float, typer.Option(
         "--heartbeat-window", min=0.1, metavar="SECONDS",
@@ -48,16 +84,17 @@ def status(
 ) -> None:
     if output_format == OutputFormat.csv:
         raise UsageError("pgflow status has no csv format: use table, plain, markdown or json")
+    every = watch_interval(watch, seconds, interval)
     stop = threading.Event()
     with where.connected() as (conn, target):
         try:
             while True:
                 report = status_op.collect(conn, flow, heartbeat_window=heartbeat_window)
-                show(report, output_format, target, redraw=watch is not None)
-                if watch is None or stop.wait(watch):
+                show(report, output_format, target, redraw=every is not None)
+                if every is None or stop.wait(every):
                     return
         except KeyboardInterrupt:
-            if watch is None:
+            if every is None:
                 raise
             render.stderr_console().print("stopped watching")
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None

@@ -34,8 +34,26 @@ SELECT pg_catalog.to_jsonb(r)::text AS line FROM pgflow.runs AS r
 WHERE r.flow_slug = %(flow_slug)s ORDER BY r.started_at, r.run_id;
 
 --@name export_step_states
-SELECT pg_catalog.to_jsonb(ss)::text AS line FROM pgflow.step_states AS ss
-WHERE ss.flow_slug = %(flow_slug)s ORDER BY ss.run_id, ss.step_slug;
+-- One step state row per line, in (run_id, step_slug) order. The steps of a run with a completed step
+-- whose output was never stored (it finished before an adoption of pgflow 0.8-0.12, and the history
+-- backfill has not stored the outputs yet) are the "steps" of pgflow.get_run_with_states (migration
+-- 0011), which computes such an output from the tasks: the computation keeps its one home there,
+-- and is asked only for those runs (one call per run). Every other line is the row itself.
+WITH computed AS (
+  SELECT DISTINCT ss.run_id FROM pgflow.step_states AS ss
+  WHERE ss.flow_slug = %(flow_slug)s AND ss.status = 'completed' AND ss.output IS NULL
+)
+SELECT x.line
+FROM (
+  SELECT ss.run_id, ss.step_slug, pg_catalog.to_jsonb(ss)::text AS line
+  FROM pgflow.step_states AS ss
+  WHERE ss.flow_slug = %(flow_slug)s AND ss.run_id NOT IN (SELECT c.run_id FROM computed AS c)
+  UNION ALL
+  SELECT c.run_id, step ->> 'step_slug', step::text
+  FROM computed AS c
+  CROSS JOIN LATERAL pg_catalog.jsonb_array_elements(pgflow.get_run_with_states(c.run_id) -> 'steps') AS step
+) AS x
+ORDER BY x.run_id, x.step_slug;
 
 --@name export_step_tasks
 -- Task rows with their outputs and errors; queue messages are not exported (a pgflow message only

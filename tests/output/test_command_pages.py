@@ -6,15 +6,13 @@ from __future__ import annotations
 import pytest
 
 from pgflow_cli import installer
-from pgflow_cli.cli import app
+from pgflow_cli.cli import COMMANDS as ROOT_COMMANDS
 from tests.conftest import _install
 from tests.output import examples as ex
 from tests.output.helpers import fixed_database, seed, seed_baseline
 
 EXAMPLES = ex.examples()
-COMMANDS = sorted({group.name or "" for group in app.registered_groups} |
-                  {command.name or (command.callback.__name__ if command.callback else "")
-                   for command in app.registered_commands})
+COMMANDS = sorted(command.name for command in ROOT_COMMANDS)
 
 
 @pytest.fixture

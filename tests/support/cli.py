@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 
@@ -43,6 +45,32 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
         input=input,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+_IMPORTS_DRIVER = """\
+import atexit, json, sys
+atexit.register(lambda: open(sys.argv[1], "w").write(json.dumps(sorted(sys.modules))))
+from pgflow_cli.cli import main
+main(sys.argv[2:])
+"""
+
+
+def run_cli_imports(*args: str, workdir: Path) -> tuple[CliResult, set[str]]:
+    """Run the command line's entry point (:func:`pgflow_cli.cli.main`) with ``ARGS`` in a fresh
+    interpreter, as :func:`run_cli` does, and also return every module it had imported when it exited.
+
+    Args:
+        args: the command line after ``pgflow``.
+        workdir: a directory for the list of modules (one file, ``imports.json``).
+
+    Returns:
+        The result and the names in the child's ``sys.modules`` at exit.
+    """
+    listing = workdir / "imports.json"
+    env = {**_clean_env(), "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS_DRIVER, str(listing), *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr), set(json.loads(listing.read_text()))
 
 
 def sigint_as_at_a_terminal() -> None:

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import os
 import re
+import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -39,24 +40,54 @@ _TEMPLATE_LOCK = 7310514
 """First key of the advisory lock that serialises template builds across xdist workers."""
 
 
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+"""The signals that end a test run early besides Ctrl-C; the process owning the server then still
+stops and deletes it (tests/conftest.py, :func:`stop_shared_server`)."""
+
+
 def start_shared_server() -> Path:
-    """Start the one server an xdist run shares; returns its base directory (for ``Harness(shared=...)``)."""
+    """Start the one server an xdist run shares; returns its base directory (for ``Harness(shared=...)``).
+
+    Interrupted while starting (Ctrl-C, or SIGTERM/SIGHUP, which tests/conftest.py turns into
+    ``pytest.exit``), it deletes what it made before passing the interruption on.
+    """
     base = Path(tempfile.mkdtemp(prefix="pgflow-tests-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    server = LocalServer(base / "pg", tcp=True)
-    server.start()
-    server.wait_ready()
+    try:
+        os.chmod(base, 0o755)
+        server = LocalServer(base / "pg", tcp=True)
+        server.start()
+        server.wait_ready()
+    except BaseException:
+        stop_shared_server(base)
+        raise
     return base
 
 
+@contextlib.contextmanager
+def termination_held() -> Iterator[None]:
+    """In the block, SIGTERM and SIGHUP are ignored (in the main thread; elsewhere nothing changes),
+    so a stop in progress is never cut short; the previous handlers are back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in TERMINATING}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def stop_shared_server(base: Path) -> None:
-    """Stop and delete the server :func:`start_shared_server` started (kept with PGFLOW_TEST_KEEP_SERVER)."""
+    """Stop and delete the server :func:`start_shared_server` started (kept with PGFLOW_TEST_KEEP_SERVER),
+    ignoring SIGTERM and SIGHUP meanwhile (:func:`termination_held`)."""
     if os.environ.get("PGFLOW_TEST_KEEP_SERVER"):
         print(f"\nkept test server in {base}")
         return
-    LocalServer(base / "pg").destroy()
-    with contextlib.suppress(OSError):
-        os.rmdir(base)
+    with termination_held():
+        LocalServer(base / "pg").destroy()
+        with contextlib.suppress(OSError):
+            os.rmdir(base)
 
 
 @dataclass
@@ -106,7 +137,12 @@ class Harness:
         base = start_shared_server() if shared is None else shared
         self.server = LocalServer(base / "pg", tcp=True)
         self.base = base
-        self.admin = psycopg.connect(self.server.conninfo("postgres"), autocommit=True)
+        try:
+            self.admin = psycopg.connect(self.server.conninfo("postgres"), autocommit=True)
+        except BaseException:  # also an interruption: a server of its own is not left behind
+            if self.owned:
+                stop_shared_server(base)
+            raise
         self._templates: dict[str, str] = {}
         self._lock = threading.Lock()
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import uuid
 
 import psycopg
 
@@ -22,8 +21,7 @@ from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
 from tests.support.cli import kill_cli_when, run_cli
 from tests.support.upstream_shapes import LOAD_STEPS, load_finished_runs
-from tests.upgrade.conftest import BaselineDriver
-from tests.upstream.conftest import FLOWS_081
+from tests.upstream.history import OUTPUTS, finish_runs
 
 RUNS = 3000
 """30,000 completed steps: several hundred step_states pages, more than the first batch takes."""
@@ -131,25 +129,9 @@ def test_get_run_with_states_shows_the_same_outputs_before_and_after_the_history
     the history backfill (``--fill-history``) then stores; the document does not change when it
     runs, and ``pgflow runs show --show-output`` shows the same."""
     with psycopg.connect(release_db.conninfo, autocommit=True) as conn:
-        conn.execute(FLOWS_081)
-        worker = uuid.uuid4()
-        conn.execute("INSERT INTO pgflow.workers (worker_id, queue_name, function_name) VALUES (%s, 'orderFlow', "
-                     "'legacy-worker')", (str(worker),))
-        d = BaselineDriver(conn, worker)
-        single = d.start("orderFlow", {"order": 1})
-        for step, output in (("validate", {"ok": True}), ("charge", {"charged": 10}), ("ship", {"parcel": "p1"})):
-            d.finish("orderFlow", single, step, output)
-        mapped = d.start("fanOut", {})
-        d.finish("fanOut", mapped, "list", [1, 2, 3])
-        for task in d.claim("fanOut", mapped, "process"):
-            d.complete(task, task["input"] * 10)
-        d.finish("fanOut", mapped, "collect", 60)
-        empty = d.start("fanOut", {})  # a map over an empty list completes with no task
-        d.finish("fanOut", empty, "list", [])
-        d.finish("fanOut", empty, "collect", 0)
+        named = finish_runs(conn)
+        single, mapped, empty = named["single"], named["mapped"], named["empty"]
         runs = (single, mapped, empty)
-        assert conn.execute("SELECT count(*) FROM pgflow.runs WHERE run_id = ANY(%s) AND status = 'completed'",
-                            (list(runs),)).fetchone()[0] == 3
 
         adoption.adopt(conn, rec.recognise(conn), online="always")
         installer.apply(conn)
@@ -162,9 +144,7 @@ def test_get_run_with_states_shows_the_same_outputs_before_and_after_the_history
             return {s["step_slug"]: s["output"] for s in document["steps"]}
 
         shown = documents()
-        assert outputs(shown[single]) == {"validate": {"ok": True}, "charge": {"charged": 10}, "ship": {"parcel": "p1"}}
-        assert outputs(shown[mapped]) == {"list": [1, 2, 3], "process": [10, 20, 30], "collect": 60}
-        assert outputs(shown[empty]) == {"list": [], "process": [], "collect": 0}
+        assert {name: outputs(shown[run]) for name, run in named.items()} == OUTPUTS
         # `pgflow runs show --show-output` shows the same for the stored NULLs
         listed = run_cli("runs", "show", str(mapped), "--show-output", "--format", "json", "--dsn", release_db.conninfo)
         assert listed.code == ExitCode.OK, listed.output
