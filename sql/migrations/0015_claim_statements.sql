@@ -1,0 +1,12 @@
+-- 0015 claim statements (issue 18): a claim classifies its batch and claims its queued work in
+-- one statement, and hides its messages with one more. Function files only: no table is altered,
+-- so no table lock.
+--
+-- The claim: one look-up for the batch, the worker and the route; the two lock statements as in
+-- 0012; one statement that classifies every message and, only when none is fatal, claims the
+-- queued tasks (each task row reached by its ctid, which the transaction's lock keeps in place,
+-- so a 10,000-task map costs what a 100-task map does); each run input or dependency output a
+-- map's tasks index into read once per call; one UPDATE of the queue rows by primary key for the
+-- claimed and the duplicate messages (no helper call). Outcomes, reasons, locks, lock order,
+-- visibility and errors are 0012's.
+--@apply functions/claim/claim_tasks.sql sha256=3d9700eacb1b92327309d1a93e7dbb58b49b0d4439d5a7df9ce0b36c6038f93b
