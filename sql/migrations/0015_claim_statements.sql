@@ -9,4 +9,4 @@
 -- map's tasks index into read once per call; one UPDATE of the queue rows by primary key for the
 -- claimed and the duplicate messages (no helper call). Outcomes, reasons, locks, lock order,
 -- visibility and errors are 0012's.
---@apply functions/claim/claim_tasks.sql sha256=3d9700eacb1b92327309d1a93e7dbb58b49b0d4439d5a7df9ce0b36c6038f93b
+--@apply functions/claim/claim_tasks.sql sha256=ba2ea6d0fad557dcfe6b12682d4a52efe76eab5da4cc57425cf9d364d414c27e

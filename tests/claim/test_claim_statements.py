@@ -8,6 +8,9 @@
 * A map task is updated through the row its lock found (a TID scan), never through
   ``idx_step_tasks_queued``, whose entries for (run_id, step_slug) are shared by every queued
   sibling of a 10,000-task map (0012's UPDATE took that index before any ANALYZE).
+* Every statement is planned once per session (generic plans from the first call): PL/pgSQL's five
+  custom plans re-planned every statement of the first five claims of each session, about half of
+  such a claim's CPU (a fresh worker connection, or the claim_scaling bench's map samples).
 * The array a map's tasks index into (a root map's run input, a dependent map's dependency output)
   is read from its TOAST table once per claim, not once per claimed task (0012 read a dependent
   map's output once per task).
@@ -69,6 +72,23 @@ def test_a_batch_of_queued_work_is_classified_and_claimed_in_one_statement(db):
     assert conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE status = 'started' AND attempts_count = 1").fetchone()[0] == 10
     hidden = conn.execute("SELECT count(*) FROM pgmq.q_plain WHERE vt > clock_timestamp() + interval '40 seconds'").fetchone()[0]
     assert hidden == 10  # effective timeout (60 s default) + 2 s, beyond the read's 30 s
+
+
+def test_the_first_claims_of_a_session_use_generic_plans(db):
+    """A custom plan shows the values of the call (the worker id, the queue name) in its conditions;
+    a generic plan, made once and kept for the session, shows parameters instead."""
+    conn = db.connect()
+    conn.execute("SELECT pgflow.create_flow('fresh')")
+    conn.execute("SELECT pgflow.add_step('fresh', 'only')")
+    worker = _worker(conn, "fresh")
+    conn.execute("SELECT count(*) FROM generate_series(1, 20) AS i, LATERAL pgflow.start_flow('fresh', jsonb_build_object('i', i))")
+    session = db.connect()  # a new backend: nothing planned yet
+    plans = nested_plans(session, CLAIM, ("fresh", _read(session, "fresh"), worker, "fresh"))
+    plans += nested_plans(session, CLAIM, ("fresh", _read(session, "fresh"), worker, "fresh"))
+
+    literal = [p for p in plans if f"'{worker}'::uuid" in p or "'fresh'::text" in p]
+    assert not literal, "\n=====\n".join(literal)
+    assert session.execute("SELECT count(*) FROM pgflow.step_tasks WHERE status = 'started'").fetchone()[0] == 20
 
 
 def test_a_10k_map_task_is_updated_by_its_row_even_with_generic_plans_and_no_statistics(db):

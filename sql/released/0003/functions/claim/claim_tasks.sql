@@ -6,7 +6,8 @@
 --@include functions/claim/claim_tasks.sql lines=15-19
 -- Ordinary database errors still raise (and roll back): they are retryable. Notices carry
 -- queue names and message ids, never message bodies.
---@include functions/claim/claim_tasks.sql lines=29-46
+--@include functions/claim/claim_tasks.sql lines=29-42
+--@include functions/claim/claim_tasks.sql lines=47-50
   v_worker pgflow.workers;
   v_mode text;
   v_route_reason text;
@@ -39,14 +40,14 @@
 BEGIN
   SELECT pg_catalog.array_agg(DISTINCT m ORDER BY m) INTO v_ids
   FROM pg_catalog.unnest(claim_tasks.msg_ids) AS m WHERE m IS NOT NULL;
---@include functions/claim/claim_tasks.sql lines=85-87
+--@include functions/claim/claim_tasks.sql lines=89-91
 
   SELECT w.* INTO v_worker FROM pgflow.workers AS w WHERE w.worker_id = claim_tasks.worker_id;
   IF NOT FOUND THEN
---@include functions/claim/claim_tasks.sql lines=89-94
+--@include functions/claim/claim_tasks.sql lines=93-98
   SELECT f.queue_mode INTO v_mode FROM pgflow.flows AS f WHERE f.flow_slug = claim_tasks.flow_slug;
   IF NOT FOUND THEN
---@include functions/claim/claim_tasks.sql lines=96-100
+--@include functions/claim/claim_tasks.sql lines=100-104
   ELSIF v_mode = 'step' AND NOT EXISTS (
           SELECT 1 FROM pgflow.steps AS s
           WHERE s.flow_slug = claim_tasks.flow_slug AND s.step_slug = claim_tasks.step_slug
@@ -57,7 +58,7 @@ BEGIN
             IS DISTINCT FROM (claim_tasks.flow_slug, claim_tasks.queue_name, claim_tasks.step_slug) THEN
     -- the route the worker registered is the one it may claim from (coverage trusts it)
     v_route_reason := 'queue_not_owned_by_route';
---@include functions/claim/claim_tasks.sql lines=127-129
+--@include functions/claim/claim_tasks.sql lines=131-133
   PERFORM 1 FROM pgflow.runs AS r
   WHERE r.run_id IN (SELECT t.run_id FROM pgflow.step_tasks AS t
                      WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids))
@@ -65,26 +66,26 @@ BEGIN
   FOR SHARE;
   PERFORM 1 FROM pgflow.step_tasks AS t
   WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids)
---@include functions/claim/claim_tasks.sql lines=146-149
+--@include functions/claim/claim_tasks.sql lines=150-153
   -- by now). A queue without a table has no messages: every id is missing (or fatal by route).
   v_qtable := pgmq.format_table_name(claim_tasks.queue_name, 'q');
   IF pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', v_qtable)) IS NOT NULL THEN
---@include functions/claim/claim_tasks.sql lines=152-158
---@include functions/claim/claim_tasks.sql lines=162-170
+--@include functions/claim/claim_tasks.sql lines=156-162
+--@include functions/claim/claim_tasks.sql lines=166-174
            t.flow_slug AS task_flow, t.run_id, t.step_slug AS task_step, t.task_index, t.status, t.started_at,
            t.permanently_stalled_at,
            r.status AS run_status, ss.status AS step_status,
---@include functions/claim/claim_tasks.sql lines=175-177
+--@include functions/claim/claim_tasks.sql lines=179-181
     -- one unique-index probe per message, whatever the table size (a join here may hash a full scan)
     LEFT JOIN LATERAL (
       SELECT st.* FROM pgflow.step_tasks AS st
---@include functions/claim/claim_tasks.sql lines=182-184
+--@include functions/claim/claim_tasks.sql lines=186-188
     LEFT JOIN pgflow.runs AS r ON r.run_id = t.run_id
     LEFT JOIN pgflow.step_states AS ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
     LEFT JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
     LEFT JOIN pgflow.flows AS f ON f.flow_slug = t.flow_slug
   ), judged AS (
---@include functions/claim/claim_tasks.sql lines=193-228
+--@include functions/claim/claim_tasks.sql lines=197-232
   )
   SELECT pg_catalog.array_agg(jd.msg_id ORDER BY jd.msg_id),
          pg_catalog.array_agg(jd.verdict[1] ORDER BY jd.msg_id),
@@ -101,14 +102,14 @@ BEGIN
          pg_catalog.count(*) FILTER (WHERE jd.verdict[1] = 'fatal')::integer
   INTO v_msg, v_verdict, v_reason, v_flow, v_run, v_step, v_index, v_defer, v_fatal
   FROM judged AS jd;
---@include functions/claim/claim_tasks.sql lines=303-310
+--@include functions/claim/claim_tasks.sql lines=307-314
              pg_catalog.string_agg(pg_catalog.format('message %s %s', x.msg_id, x.reason), ', ' ORDER BY x.msg_id))
     INTO v_pause
     FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason)) AS x (msg_id, verdict, reason)
     WHERE x.verdict = 'fatal';
     INSERT INTO pgflow.worker_functions AS wf (function_name, enabled, paused_at, paused_reason, updated_at)
     VALUES (v_worker.function_name, false, pg_catalog.clock_timestamp(), v_pause, pg_catalog.clock_timestamp())
---@include functions/claim/claim_tasks.sql lines=317-331
+--@include functions/claim/claim_tasks.sql lines=321-335
     RAISE WARNING 'pgflow: %; nothing was claimed, the batch is visible again and worker function "%" is paused', v_pause, v_worker.function_name
       USING HINT = 'inspect the messages by id (SELECT msg_id, read_ct, enqueued_at FROM pgmq.q_<queue> WHERE msg_id = ...), fix the cause, then enable the function again (docs/claim-protocol.md)';
 
@@ -121,7 +122,7 @@ BEGIN
                     pg_catalog.unnest(v_flow), pg_catalog.unnest(v_run), pg_catalog.unnest(v_step),
                     pg_catalog.unnest(v_index)) AS x (msg_id, verdict, reason, flow, run_id, step, task_index)
     ORDER BY x.msg_id;
---@include functions/claim/claim_tasks.sql lines=336-338
+--@include functions/claim/claim_tasks.sql lines=340-342
   -- Claim: a guarded update of exactly the eligible tasks (they are locked and queued). Each
   -- task's handler input is built in the same statement: a map task gets its array element (the
   -- run input for a root map, else its single dependency's output); a single step gets
@@ -174,7 +175,7 @@ BEGIN
 
   IF v_claimed > 0 THEN
     v_changed := pgflow._set_task_messages_vt(v_c_run, v_c_step, v_c_index, v_c_offset);
---@include functions/claim/claim_tasks.sql lines=360-367
+--@include functions/claim/claim_tasks.sql lines=364-371
   -- Duplicates: defer toward the existing recovery deadline (never a fresh full timeout).
   IF 'duplicate' = ANY (v_verdict) THEN
     PERFORM pgflow._set_task_messages_vt(
@@ -190,11 +191,11 @@ BEGIN
       ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'archived_terminal'),
       ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'archived_terminal'),
       ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'archived_terminal'));
---@include functions/claim/claim_tasks.sql lines=374-376
+--@include functions/claim/claim_tasks.sql lines=378-380
   SELECT pg_catalog.array_agg(x.msg_id ORDER BY x.msg_id) INTO v_foreign
   FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict)) AS x (msg_id, verdict)
   WHERE x.verdict = 'archived_foreign';
---@include functions/claim/claim_tasks.sql lines=377-383
+--@include functions/claim/claim_tasks.sql lines=381-387
   RETURN QUERY
   SELECT 'claimed'::text, c.message_id, NULL::text, c.flow_slug, c.run_id, c.step_slug, c.task_index, c.input, c.flow_input
   FROM ROWS FROM (pg_catalog.unnest(v_c_msg), pg_catalog.unnest(v_c_flow), pg_catalog.unnest(v_c_run),
