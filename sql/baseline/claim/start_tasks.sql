@@ -41,7 +41,7 @@ BEGIN
     ORDER BY t.run_id, t.step_slug, t.task_index
     FOR UPDATE
   ), claimed AS (
---@include functions/claim/claim_tasks.sql lines=254-257
+--@include functions/claim/claim_tasks.sql lines=260-263
            last_worker_id = start_tasks.worker_id
       FROM locked AS l, pgflow.runs AS r, pgflow.step_states AS ss, pgflow.steps AS s, pgflow.flows AS f
      WHERE t.run_id = l.run_id AND t.step_slug = l.step_slug AND t.task_index = l.task_index
@@ -58,7 +58,7 @@ BEGIN
   FROM claimed AS c;
 
   IF v_claimed = 0 THEN
---@include functions/claim/claim_tasks.sql lines=340-342
+--@include functions/claim/claim_tasks.sql lines=350-352
   v_changed := pgflow._set_task_messages_vt(v_run_ids, v_step_slugs, v_task_indexes, v_offsets);
   IF v_changed < v_claimed THEN
     RAISE EXCEPTION 'start_tasks(): visibility updated % of % claimed messages in queue "%"; the claim was rolled back and no attempt was consumed',

@@ -23,9 +23,9 @@
 -- queue names and message ids, never message bodies.
 -- Every lookup is by a unique key (from 0010 the run and step state too), so a claim costs the
 -- same next to 1,000 or 1,000,000 rows, with or without statistics. From 0015 one statement
--- classifies the whole batch and claims its queued work (only when no message is fatal), and one
--- dynamic UPDATE hides the claimed and duplicate messages: a batch of plain queued work runs the
--- route check, the two lock statements, the body read, that statement and the visibility change.
+-- classifies the whole batch and claims its queued work (only when no message is fatal): a batch
+-- of plain queued work runs the route check, the two lock statements, the body read, that
+-- statement and the visibility helper.
 -- Lock order: runs (FOR SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
 -- messages are read after the task locks, so a claim that waited for a concurrent claim of
 -- the same tasks sees that claim's result (duplicates), not the state before it.
@@ -65,10 +65,16 @@ DECLARE
   v_result pgflow.claim_result[];
   v_fatal integer;
   v_pause text;
-  -- visibility changes: claimed (effective timeout + 2 s) and duplicates (toward their deadline)
-  v_vt_msg bigint[];
-  v_vt_offset integer[];
-  v_c_msg bigint[];
+  -- visibility changes through the helper: claimed tasks (effective timeout + 2 s) and
+  -- duplicates (toward their recovery deadline)
+  v_c_run uuid[];
+  v_c_step text[];
+  v_c_index integer[];
+  v_c_offset integer[];
+  v_d_run uuid[];
+  v_d_step text[];
+  v_d_index integer[];
+  v_d_offset integer[];
   v_claimable integer;
   v_claimed integer;
   v_changed integer;
@@ -288,19 +294,23 @@ BEGIN
            j.msg_id,
            CASE WHEN b.fatal > 0 AND j.verdict[1] <> 'fatal' THEN 'batch_released' ELSE j.verdict[2] END,
            j.task_flow, j.run_id, j.task_step, j.task_index, cl.input, cl.flow_input)::pgflow.claim_result ORDER BY j.msg_id),
-         pg_catalog.array_agg(j.msg_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] IN ('claim', 'duplicate')),
-         pg_catalog.array_agg(
-           CASE WHEN j.verdict[1] = 'claim' THEN j.timeout + 2
-                ELSE GREATEST(2, pg_catalog.ceil(EXTRACT(epoch FROM (
-                       j.started_at + pg_catalog.make_interval(secs => j.timeout + 30) - pg_catalog.clock_timestamp())))::integer)
-           END) FILTER (WHERE b.fatal = 0 AND j.verdict[1] IN ('claim', 'duplicate')),
-         pg_catalog.array_agg(j.msg_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.timeout + 2) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
+         pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
+         pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
+         pg_catalog.array_agg(GREATEST(2, pg_catalog.ceil(EXTRACT(epoch FROM (
+           j.started_at + pg_catalog.make_interval(secs => j.timeout + 30) - pg_catalog.clock_timestamp())))::integer))
+           FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
          pg_catalog.count(*) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim')::integer,
          pg_catalog.count(cl.message_id)::integer,
          pg_catalog.count(*) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'archived_terminal')::integer,
          pg_catalog.array_agg(j.msg_id ORDER BY j.msg_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'archived_foreign'),
          pg_catalog.min(b.fatal)
-  INTO v_result, v_vt_msg, v_vt_offset, v_c_msg, v_claimable, v_claimed, v_terminal, v_foreign, v_fatal
+  INTO v_result, v_c_run, v_c_step, v_c_index, v_c_offset, v_d_run, v_d_step, v_d_index, v_d_offset,
+       v_claimable, v_claimed, v_terminal, v_foreign, v_fatal
   FROM judged AS j
   CROSS JOIN batch AS b
   LEFT JOIN claimed AS cl ON cl.message_id = j.msg_id;
@@ -347,26 +357,19 @@ BEGIN
       USING ERRCODE = 'P0001';
   END IF;
 
-  -- Visibility: claimed messages for the effective timeout + 2 s; duplicates deferred toward their
-  -- existing recovery deadline (never a fresh full timeout). Every message of the batch is in this
-  -- queue (a task owns it by (queue_name, message_id)), so one UPDATE by primary key does both.
-  IF v_vt_msg IS NOT NULL THEN
-    EXECUTE pg_catalog.format(
-      'WITH changed AS (
-         UPDATE pgmq.%I AS q
-            SET vt = pg_catalog.clock_timestamp()
-                     + pg_catalog.make_interval(secs => $2[pg_catalog.array_position($1, q.msg_id)])
-          WHERE q.msg_id = ANY ($1)
-         RETURNING q.msg_id)
-       SELECT pg_catalog.count(*) FILTER (WHERE c.msg_id = ANY ($3))::integer FROM changed AS c', v_qtable)
-    INTO v_changed
-    USING v_vt_msg, v_vt_offset, v_c_msg;
+  IF v_claimed > 0 THEN
+    v_changed := pgflow._set_task_messages_vt(v_c_run, v_c_step, v_c_index, v_c_offset);
     IF v_changed < v_claimed THEN
       RAISE EXCEPTION 'claim_tasks(): visibility updated % of % claimed messages in queue "%"; the claim was rolled back and no attempt was consumed',
         v_changed, v_claimed, claim_tasks.queue_name
         USING ERRCODE = 'P0001',
               HINT = 'a claimed task''s message is missing from its queue; check for code that archives or deletes pgflow messages directly';
     END IF;
+  END IF;
+
+  -- Duplicates: defer toward the existing recovery deadline (never a fresh full timeout).
+  IF v_d_run IS NOT NULL THEN
+    PERFORM pgflow._set_task_messages_vt(v_d_run, v_d_step, v_d_index, v_d_offset);
   END IF;
 
   -- Late messages of finished tasks: archive (idempotent).
