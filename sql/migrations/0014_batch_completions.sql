@@ -1,0 +1,35 @@
+-- 0014 batch completions (issue 18): complete_tasks applies a batch of independent worker
+-- completions with one statement per table instead of a chain of calls per element. Function
+-- files only: no table is altered, so no table lock.
+--
+-- A batch whose elements name different runs, all started, with started queue tasks, no
+-- [TYPE_VIOLATION] possible and no realtime.send goes through _complete_worker_tasks: every
+-- element's step state and task locked in array order, then tasks, step states, children and
+-- runs updated set-wise, and each run moved on in array order. Any other batch, or one whose
+-- set-based pass raises, goes element by element as before (the error then names its element).
+-- An element completes through _complete_worker_progress (0013's progression of complete_task:
+-- one step-state update), no longer 0009's shared core.
+-- complete_tasks and fail_tasks share their text (parts/report_worker_tasks.sql): both are applied.
+-- (0010 creates these files' functions and grants them: in an upgrade from below 0010 the
+-- installer creates them there and replaces them here, docs/architecture.md "Function files in a run".)
+--@apply functions/runtime/_complete_worker_tasks.sql sha256=8b001325275dfa9fcc169557782015cab163ad585dcc833933c72496275ac148
+--@apply functions/runtime/_complete_worker_task.sql sha256=68453115c97ab6fcb63f7da23d57a13b2c343e933acb7d58bf77b8f5ad51409b
+--@apply functions/runtime/complete_tasks.sql sha256=16e81b89f8c59da4894f8753cc1de0cdfe60039a3551ee6d83a2a567dedf6da2
+--@apply functions/runtime/fail_tasks.sql sha256=ff34fba898a805f5aacf05f9234bd77ce0cf1f258868020c64e73e7eb3a996ab
+
+-- Grants: a role that can report batches today can run what a batch now reaches; PUBLIC and
+-- Supabase's client roles get nothing.
+DO $grants$
+BEGIN
+  EXECUTE coalesce((
+    SELECT pg_catalog.string_agg(pg_catalog.format(
+             CASE WHEN r.rolname IN ('anon', 'authenticated') THEN 'REVOKE ALL ON FUNCTION %2$s FROM %1$I'
+                  ELSE 'GRANT EXECUTE ON FUNCTION %2$s TO %1$I' END,
+             r.rolname, 'pgflow._complete_worker_tasks(uuid[], text[], integer[], jsonb[]), '
+                        'pgflow._complete_worker_progress(uuid, text, integer, jsonb)'), '; ' ORDER BY r.rolname)
+    FROM pg_catalog.pg_roles AS r
+    WHERE r.rolname IN ('anon', 'authenticated')
+       OR (pg_catalog.has_function_privilege(r.oid, 'pgflow.complete_tasks(jsonb)', 'EXECUTE')
+           AND NOT r.rolsuper AND r.rolname <> current_user AND r.rolname !~ '^pg_')), 'SELECT 1');
+END
+$grants$;
