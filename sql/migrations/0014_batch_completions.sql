@@ -10,15 +10,12 @@
 -- An element completes through _complete_worker_progress (0013's progression of complete_task:
 -- one step-state update), no longer 0009's shared core.
 -- complete_tasks and fail_tasks share their text (parts/report_worker_tasks.sql): both are applied.
--- Starting a run's ready steps (every completion and start): one UPDATE checks the run is started,
--- starts the ready steps and reads their definitions (no look-up per run and per started step).
 -- (0010 creates these files' functions and grants them: in an upgrade from below 0010 the
 -- installer creates them there and replaces them here, docs/architecture.md "Function files in a run".)
 --@apply functions/runtime/_complete_worker_tasks.sql sha256=8b001325275dfa9fcc169557782015cab163ad585dcc833933c72496275ac148
 --@apply functions/runtime/_complete_worker_task.sql sha256=68453115c97ab6fcb63f7da23d57a13b2c343e933acb7d58bf77b8f5ad51409b
 --@apply functions/runtime/complete_tasks.sql sha256=16e81b89f8c59da4894f8753cc1de0cdfe60039a3551ee6d83a2a567dedf6da2
 --@apply functions/runtime/fail_tasks.sql sha256=ff34fba898a805f5aacf05f9234bd77ce0cf1f258868020c64e73e7eb3a996ab
---@apply functions/runtime/start_ready_steps.sql sha256=b06e6a54af9613f96abee560c79b1d14813de6d776707f6b4516ed8c7c54faf2
 
 -- Grants: a role that can report batches today can run what a batch now reaches; PUBLIC and
 -- Supabase's client roles get nothing.

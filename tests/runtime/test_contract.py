@@ -233,8 +233,6 @@ def test_upgraded_runtime_reaches_pgmq_only_through_the_helpers_and_documented_e
         assert "flow_slug" not in code, helper
     # start_ready_steps sends to the step's persisted route and snapshots that same name on the task
     send = _code_only(functions["start_ready_steps"])
-    # (from 0014 the started steps' routes come back from the UPDATE that starts them)
-    assert re.search(r"RETURNING ss\.step_slug,[^;]*\bs\.queue_name\b", send)
-    assert re.search(r"v_queue := v_queues\[v_i\]", send)
+    assert re.search(r"s\.queue_name(, s\.execution_mode)?\s+INTO v_tasks, v_delay, v_queue", send)
     assert re.search(r"pgmq\.send_batch\(\s*v_queue", send)
     assert re.search(r"v_step, \(m\.n - 1\)::integer, v_queue, m\.msg_id", send)

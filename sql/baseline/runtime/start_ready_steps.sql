@@ -5,14 +5,9 @@
 -- task. One PGMQ message per task ({flow_slug, run_id, step_slug, task_index}) goes to the
 -- flow's queue in one send_batch per step, delayed by the step's start_delay; message ids are
 -- paired with task indexes by ordinality; one queued step_tasks row per task.
---@include functions/runtime/start_ready_steps.sql lines=1-10
---@include functions/runtime/start_ready_steps.sql lines=15-17
+--@include functions/runtime/start_ready_steps.sql lines=1-13
   v_state pgflow.step_states;
-BEGIN
-  SELECT r.flow_slug INTO v_flow FROM pgflow.runs AS r
-  WHERE r.run_id = start_ready_steps.run_id AND r.status = 'started';
-  IF v_flow IS NULL THEN
---@include functions/runtime/_start_runs.sql lines=72-74
+--@include functions/runtime/start_ready_steps.sql lines=18-24
   WITH ready AS (
     SELECT ss.step_slug
     FROM pgflow.step_states AS ss
@@ -25,23 +20,17 @@ BEGIN
        SET status = 'started', started_at = pg_catalog.now(), remaining_tasks = ss.initial_tasks
       FROM ready
      WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = ready.step_slug
-    RETURNING ss.step_slug
-  )
-  SELECT pg_catalog.array_agg(s.step_slug ORDER BY s.step_slug) INTO v_started FROM started AS s;
---@include functions/runtime/start_ready_steps.sql lines=42-46
-  FOREACH v_step IN ARRAY v_started LOOP
+--@include functions/runtime/start_ready_steps.sql lines=32-40
     SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0)
     INTO v_tasks, v_delay
-    FROM pgflow.step_states AS ss
-    JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug
-    WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
+--@include functions/runtime/start_ready_steps.sql lines=43-45
 
     INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id)
     SELECT v_flow, start_ready_steps.run_id, v_step, (m.n - 1)::integer, m.msg_id
     FROM pgmq.send_batch(
            v_flow,
---@include functions/runtime/start_ready_steps.sql lines=63-70
+--@include functions/runtime/start_ready_steps.sql lines=56-63
     SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
     WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
     PERFORM pgflow._broadcast_step(v_state);
---@include functions/runtime/start_ready_steps.sql lines=76-78
+--@include functions/runtime/start_ready_steps.sql lines=69-71

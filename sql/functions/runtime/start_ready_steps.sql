@@ -8,10 +8,6 @@ AS $$
 DECLARE
   v_flow text;
   v_started text[];
-  v_counts integer[];
-  v_delays integer[];
-  v_queues text[];
-  v_modes text[];
   v_step text;
   v_tasks integer;
   v_delay integer;
@@ -20,36 +16,33 @@ DECLARE
   v_state pgflow.step_states;
   v_realtime boolean := pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL;
 BEGIN
+  SELECT r.flow_slug INTO v_flow FROM pgflow.runs AS r
+  WHERE r.run_id = start_ready_steps.run_id AND r.status = 'started';
+  IF v_flow IS NULL THEN
+    RETURN;
+  END IF;
+
   -- One UPDATE (0013): every caller holds the run row lock (or created the run), so the ready
-  -- steps need no separate ordered lock first. From 0014 the same statement checks the run is
-  -- started and reads each started step's definition (no look-up per run and per step).
+  -- steps need no separate ordered lock first.
   WITH started AS (
     UPDATE pgflow.step_states AS ss
        SET status = 'started', started_at = pg_catalog.now(), remaining_tasks = ss.initial_tasks
-      FROM pgflow.runs AS r, pgflow.steps AS s
      WHERE ss.run_id = start_ready_steps.run_id
        AND ss.status = 'created' AND ss.remaining_deps = 0 AND ss.initial_tasks > 0
-       AND r.run_id = ss.run_id AND r.status = 'started'
-       AND s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug
-    RETURNING ss.step_slug, r.flow_slug, ss.initial_tasks, coalesce(s.opt_start_delay, 0) AS delay, s.queue_name,
-              s.execution_mode
+    RETURNING ss.step_slug
   )
-  SELECT pg_catalog.min(x.flow_slug), pg_catalog.array_agg(x.step_slug ORDER BY x.step_slug),
-         pg_catalog.array_agg(x.initial_tasks ORDER BY x.step_slug), pg_catalog.array_agg(x.delay ORDER BY x.step_slug),
-         pg_catalog.array_agg(x.queue_name ORDER BY x.step_slug), pg_catalog.array_agg(x.execution_mode ORDER BY x.step_slug)
-  INTO v_flow, v_started, v_counts, v_delays, v_queues, v_modes
-  FROM started AS x;
+  SELECT pg_catalog.array_agg(s.step_slug ORDER BY s.step_slug) INTO v_started FROM started AS s;
 
   IF v_started IS NULL THEN
     RETURN;
   END IF;
 
-  FOR v_i IN 1 .. pg_catalog.cardinality(v_started) LOOP
-    v_step := v_started[v_i];
-    v_tasks := v_counts[v_i];
-    v_delay := v_delays[v_i];
-    v_queue := v_queues[v_i];
-    v_mode := v_modes[v_i];
+  FOREACH v_step IN ARRAY v_started LOOP
+    SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0), s.queue_name, s.execution_mode
+    INTO v_tasks, v_delay, v_queue, v_mode
+    FROM pgflow.step_states AS ss
+    JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug
+    WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
     IF v_mode = 'manual' THEN
       -- no queue, no message (docs/manual-tasks.md)
       PERFORM pgflow._start_manual_tasks(start_ready_steps.run_id, v_step);
