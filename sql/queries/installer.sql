@@ -107,13 +107,15 @@ SELECT pg_advisory_unlock(1885824631, 0) AS unlocked;
 
 --@name migrator_lock_holder
 -- The session holding the migrator lock; it takes the lock right after connecting, so its
--- connection time is when it started migrating.
+-- connection time is when it started migrating. Advisory locks belong to one database: a
+-- migrator of another database on the same server holds its own.
 SELECT a.pid, a.application_name, a.usename AS user_name, a.state,
        to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC' AS since,
        extract(epoch FROM (clock_timestamp() - a.backend_start))::integer AS connected_seconds
 FROM pg_locks AS l
 JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid = 1885824631 AND l.objid = 0 AND l.granted
+  AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
   AND l.pid <> pg_backend_pid();
 
 --@name lock_table
