@@ -35,17 +35,24 @@ pytestmark = pytest.mark.upgraded_only(reason="complete_tasks' set-based pass ex
 DEADLINE = 60.0
 ELEMENT = "pgflow._complete_worker_task(uuid, text, integer, jsonb)"
 SET_BASED = "pgflow._complete_worker_tasks(uuid[], text[], integer[], jsonb[])"
+ONE_RUN_START = "pgflow.start_ready_steps(uuid)"
 CALLS = "SELECT coalesce(pg_stat_get_xact_function_calls(%s::regprocedure), 0) AS n"
 
 
-def _batch(conn: psycopg.Connection, tasks: list[tuple[dict, Any]]) -> tuple[list[dict], str]:
+def _batch(conn: psycopg.Connection, tasks: list[tuple[dict, Any]], starts: list[int] | None = None,
+           ) -> tuple[list[dict], str]:
     """One ``complete_tasks`` call in its own transaction: (returned rows, path taken). The path is
-    ``set`` when no element went through ``_complete_worker_task``, else ``elements``."""
+    ``set`` when no element went through ``_complete_worker_task``, else ``elements``. ``starts``,
+    when given, receives how many runs started their ready steps one by one
+    (``start_ready_steps(uuid)`` calls; 0 when the pass started them together)."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute("SET LOCAL track_functions = 'all'")
         before = cur.execute(CALLS, (ELEMENT,)).fetchone()["n"]
+        one_by_one = cur.execute(CALLS, (ONE_RUN_START,)).fetchone()["n"]
         rows = cur.execute("SELECT * FROM pgflow.complete_tasks(%s)", (Jsonb([_element(t, v) for t, v in tasks]),)).fetchall()
         elements = cur.execute(CALLS, (ELEMENT,)).fetchone()["n"] - before
+        if starts is not None:
+            starts.append(cur.execute(CALLS, (ONE_RUN_START,)).fetchone()["n"] - one_by_one)
         assert cur.execute(CALLS, (SET_BASED,)).fetchone()["n"] >= 1  # the pass is always asked first
     return rows, ("set" if elements == 0 else "elements")
 
@@ -74,15 +81,20 @@ class Twin:
         return next(t for t in self.pool[batch]
                     if t["run_id"] == run_id and t["step_slug"] == step and t["task_index"] == index)
 
-    def complete(self, picks: list[tuple[int, str, int, Any]], path: str | None = None) -> None:
-        """Report ``(run, step, task_index, output)`` picks on both sides; the batch must take ``path``."""
+    def complete(self, picks: list[tuple[int, str, int, Any]], path: str | None = None,
+                 one_by_one: int | None = None) -> None:
+        """Report ``(run, step, task_index, output)`` picks on both sides; the batch must take ``path``
+        and start ``one_by_one`` runs' ready steps one run at a time (0: all together)."""
         for batch in (False, True):
             tasks = [(self.pick(batch, r, s, i), v) for r, s, i, v in picks]
             if batch:
-                rows, taken = _batch(self.rt.conn, tasks)
+                starts: list[int] = []
+                rows, taken = _batch(self.rt.conn, tasks, starts)
                 self.paths.append(taken)
                 if path is not None:
                     assert taken == path, (picks, taken)
+                if one_by_one is not None:
+                    assert starts == [one_by_one], (picks, starts)
             else:
                 rows = [row for t, v in tasks
                         if (row := self.rt.complete(t["run_id"], t["step_slug"], t["task_index"], v))]
@@ -109,16 +121,31 @@ LINEAR = [{"slug": "a"}, {"slug": "b", "deps": ["a"]}, {"slug": "c", "deps": ["b
 def test_independent_elements_take_the_set_based_pass_and_end_like_single_calls(rt):
     twin = Twin(rt, LINEAR, runs=4)
     twin.poll()
-    twin.complete([(r, "a", 0, {"a": r}) for r in range(4)], path="set")
+    # the next steps of the four runs start together (one send for the batch)
+    twin.complete([(r, "a", 0, {"a": r}) for r in range(4)], path="set", one_by_one=0)
     twin.poll()
     # reversed run order: the next steps' messages go out in array order, as one call per element sends them
-    twin.complete([(r, "b", 0, {"b": r}) for r in (3, 1, 0, 2)], path="set")
+    twin.complete([(r, "b", 0, {"b": r}) for r in (3, 1, 0, 2)], path="set", one_by_one=0)
     twin.poll()
     # every run's last task: the runs complete in the pass
-    twin.complete([(r, "c", 0, {"c": r}) for r in (2, 0, 3, 1)], path="set")
+    twin.complete([(r, "c", 0, {"c": r}) for r in (2, 0, 3, 1)], path="set", one_by_one=0)
     twin.assert_same()
     assert [rt.run(r)["status"] for r in twin.runs[True]] == ["completed"] * 4
     assert rt.run(twin.runs[True][1])["output"] == {"c": {"c": 1}}
+
+
+def test_next_steps_with_different_start_delays_start_run_by_run(rt):
+    """One message per send: steps with two start delays cannot share one pgmq.send_batch."""
+    shape = [{"slug": "a"}, {"slug": "b", "deps": ["a"]}, {"slug": "c", "deps": ["b"], "start_delay": 30}]
+    twin = Twin(rt, shape, runs=3)
+    twin.poll()
+    twin.complete([(0, "a", 0, "a0"), (1, "a", 0, "a1")], path="set", one_by_one=0)
+    twin.poll()
+    # run 0 starts c (30 s delay), run 2 starts b (none): run by run, in array order
+    twin.complete([(0, "b", 0, "b0"), (2, "a", 0, "a2")], path="set", one_by_one=2)
+    twin.complete([(1, "b", 0, "b1")], path="set", one_by_one=0)
+    twin.assert_same()
+    assert [t["status"] for t in rt.tasks(twin.runs[True][0], "c")] == ["queued"]
 
 
 def test_a_mixed_batch_goes_element_by_element_and_the_independent_ones_after_it_take_the_pass(rt):

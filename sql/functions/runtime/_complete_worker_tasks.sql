@@ -14,8 +14,8 @@
 -- element in array order; the rows are then addressed by their locked ctid, so no statement
 -- depends on the planner's estimates): tasks completed, step states decremented and completed
 -- in one UPDATE (map output in task_index order), children released, remaining_steps of the runs
--- whose step completed decremented, and each of those runs moved on (_advance_run), in array
--- order. Returns true when it applied the batch; false when it applied nothing (the caller then
+-- whose step completed decremented, and those runs moved on as _advance_run moves each in array
+-- order (together when their flows have no condition and no map step, below). Returns true when it applied the batch; false when it applied nothing (the caller then
 -- applies the elements one by one). No PGMQ call: the caller archives the messages.
 CREATE OR REPLACE FUNCTION pgflow._complete_worker_tasks(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[],
                                                          p_outputs jsonb[])
@@ -30,6 +30,9 @@ DECLARE
   v_types text[];
   v_flows text[];
   v_done_runs uuid[];
+  v_cascades boolean;
+  v_finished uuid[];
+  v_going uuid[];
 BEGIN
   IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL
      OR (SELECT pg_catalog.count(DISTINCT u.run_id) FROM pg_catalog.unnest(p_run_ids) AS u (run_id))
@@ -103,10 +106,39 @@ BEGIN
   FROM done
   WHERE done.remaining_tasks = 0;
 
-  IF v_done_runs IS NOT NULL THEN
-    UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = ANY (v_done_runs);
+  IF v_done_runs IS NULL THEN
+    RETURN true;
+  END IF;
+  UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = ANY (v_done_runs);
+
+  -- Moving the runs on. When no flow of them has a condition or a map step, _advance_run would
+  -- only complete the runs with no step left and start the others' ready steps: the runs that
+  -- go on start together (_start_ready_steps_of_runs: one UPDATE, one send, one INSERT) when
+  -- their steps share a queue and a start delay. Otherwise each run moves on by itself, in array order.
+  SELECT pg_catalog.bool_or(s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL
+                            OR s.step_type = 'map'),
+         pg_catalog.array_agg(DISTINCT d.run_id) FILTER (WHERE d.remaining_steps = 0)
+  INTO v_cascades, v_finished
+  FROM (SELECT r.run_id, r.flow_slug, r.remaining_steps
+        FROM pgflow.runs AS r WHERE r.run_id = ANY (v_done_runs)) AS d
+  JOIN pgflow.steps AS s ON s.flow_slug = d.flow_slug;
+  IF v_cascades THEN
     FOR v_i IN 1 .. pg_catalog.cardinality(v_done_runs) LOOP
       PERFORM pgflow._advance_run(v_done_runs[v_i]);
+    END LOOP;
+    RETURN true;
+  END IF;
+  -- (a run completing sends nothing, so completing them first keeps the message order)
+  SELECT pg_catalog.array_agg(u.run_id ORDER BY u.n) FILTER (WHERE u.run_id = ANY (coalesce(v_finished, '{}'))),
+         pg_catalog.array_agg(u.run_id ORDER BY u.n) FILTER (WHERE u.run_id <> ALL (coalesce(v_finished, '{}')))
+  INTO v_finished, v_going
+  FROM ROWS FROM (pg_catalog.unnest(v_done_runs)) WITH ORDINALITY AS u (run_id, n);
+  FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(v_finished), 0) LOOP
+    PERFORM pgflow.maybe_complete_run(v_finished[v_i]);
+  END LOOP;
+  IF v_going IS NOT NULL AND NOT pgflow._start_ready_steps_of_runs(v_going) THEN
+    FOR v_i IN 1 .. pg_catalog.cardinality(v_going) LOOP
+      PERFORM pgflow.start_ready_steps(v_going[v_i]);
     END LOOP;
   END IF;
   RETURN true;
