@@ -16,7 +16,7 @@
 -- (0010 creates these files' functions and grants them: in an upgrade from below 0010 the
 -- installer creates them there and replaces them here, docs/architecture.md "Function files in a run".)
 --@apply functions/runtime/_start_ready_steps_of_runs.sql sha256=51970a16a772ed68abf821703adc8fe144bbadd3ddc5c1a99bc3cae068cb4692
---@apply functions/runtime/_complete_worker_tasks.sql sha256=d13771761a70ea225f89e3b9ce283fe02ace93aed22496a52e1fd9029aece8fe
+--@apply functions/runtime/_complete_worker_tasks.sql sha256=81eb5b2f328221f042efb9968cdfd0b6b3d3fd18077af9693fe7d5deefbff374
 --@apply functions/runtime/_complete_worker_task.sql sha256=68453115c97ab6fcb63f7da23d57a13b2c343e933acb7d58bf77b8f5ad51409b
 --@apply functions/runtime/complete_tasks.sql sha256=16e81b89f8c59da4894f8753cc1de0cdfe60039a3551ee6d83a2a567dedf6da2
 --@apply functions/runtime/fail_tasks.sql sha256=ff34fba898a805f5aacf05f9234bd77ce0cf1f258868020c64e73e7eb3a996ab

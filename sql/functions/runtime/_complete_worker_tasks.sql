@@ -15,8 +15,9 @@
 -- depends on the planner's estimates): tasks completed, step states decremented and completed
 -- in one UPDATE (map output in task_index order), children released, remaining_steps of the runs
 -- whose step completed decremented, and those runs moved on as _advance_run moves each in array
--- order (together when their flows have no condition and no map step, below). Returns true when it applied the batch; false when it applied nothing (the caller then
--- applies the elements one by one). No PGMQ call: the caller archives the messages.
+-- order (together when their flows have no condition and no map step, below). Returns true when
+-- it applied the batch; false when it applied nothing (the caller then applies the elements one
+-- by one). Its only PGMQ call is the send of the runs started together; the caller archives.
 CREATE OR REPLACE FUNCTION pgflow._complete_worker_tasks(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[],
                                                          p_outputs jsonb[])
 RETURNS boolean
