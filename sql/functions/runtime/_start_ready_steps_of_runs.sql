@@ -1,11 +1,12 @@
--- The ready steps of several runs at once (0014, complete_tasks' set-based pass): what
+-- The ready steps of several runs at once (0014: complete_tasks' set-based pass, start_flows): what
 -- start_ready_steps(run_id) for each run of run_ids, in array order, does, when every step that
 -- starts is queue-backed and all of them send to one queue with one start delay and realtime.send
 -- does not exist. Then the step states are started with one UPDATE and every task's message goes
 -- out in one pgmq.send_batch, in the order the calls per run would send them (runs in array
 -- order, steps by slug, tasks by index), and the tasks are created with one INSERT. Otherwise it
 -- changes nothing and returns false (the caller starts the runs one by one). The caller holds
--- every run's row lock. Returns true when it started the runs' ready steps (or none was ready).
+-- every run's row lock or created the runs (_start_runs). Returns true when it started the runs'
+-- ready steps (or none was ready).
 CREATE OR REPLACE FUNCTION pgflow._start_ready_steps_of_runs(run_ids uuid[])
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
