@@ -75,3 +75,28 @@ def test_a_bad_element_is_named_and_nothing_starts(rt):
     assert unknown.value.sqlstate == "PF006"
     assert rt.val("SELECT count(*) FROM pgflow.runs") == 0
     assert _start_flows(rt, "mapped", []) == []
+
+
+def _sent_order(rt, runs: list) -> list[tuple]:
+    """The runs' tasks in message_id order (the order their messages were sent): (run, step, index)."""
+    order = {r: i for i, r in enumerate(runs)}
+    rows = rt.rows("SELECT run_id, step_slug, task_index FROM pgflow.step_tasks WHERE run_id = ANY (%s) "
+                   "ORDER BY message_id", (runs,))
+    return [(order[r["run_id"]], r["step_slug"], r["task_index"]) for r in rows]
+
+
+def test_runs_of_a_plain_flow_start_their_root_steps_together_as_start_flow_would(rt):
+    """0014: the root steps share a queue and a start delay, so every run's messages go out in one
+    send (no start_ready_steps call per run), with the same rows and the same message order as one
+    start_flow per element."""
+    rt.flow("roots", [{"slug": "b"}, {"slug": "a"}, {"slug": "c", "deps": ["a", "b"]}])
+    inputs = [{"n": i} for i in range(4)]
+    with rt.conn.transaction():
+        rt.conn.execute("SET LOCAL track_functions = 'all'")
+        count = "SELECT coalesce(pg_stat_get_xact_function_calls('pgflow.start_ready_steps(uuid)'::regprocedure), 0) AS n"
+        before = rt.val(count)
+        started = [r["run_id"] for r in _start_flows(rt, "roots", inputs)]
+        assert rt.val(count) == before  # started together
+    singles = [rt.start("roots", value) for value in inputs]
+    assert [_shape(rt, r) for r in started] == [_shape(rt, r) for r in singles]
+    assert _sent_order(rt, started) == _sent_order(rt, singles) == [(i, s, 0) for i in range(4) for s in ("a", "b")]

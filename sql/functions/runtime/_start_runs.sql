@@ -25,6 +25,7 @@ DECLARE
   v_inputs jsonb[];
   v_run pgflow.runs;
   v_realtime boolean := pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL;
+  v_together boolean := false;
 BEGIN
   PERFORM pg_catalog.pg_advisory_xact_lock_shared(1, pg_catalog.hashtext(p_flow_slug));
 
@@ -90,7 +91,14 @@ BEGIN
   -- Per run, in array order: run:started, then what start_flow did after it. A flow without
   -- conditions, map steps or manual steps only starts its root steps (no cascade can apply and
   -- a run with steps cannot be complete yet); any other flow goes through _advance_run.
+  -- From 0014 several runs of such a flow start their root steps together when those share a
+  -- queue and a start delay (_start_ready_steps_of_runs: one send for all, the same messages in
+  -- the same order), unless realtime.send exists (each run's events come before the next run's).
+  IF v_simple AND v_steps > 0 AND NOT v_realtime AND pg_catalog.cardinality(v_run_ids) > 1 THEN
+    v_together := pgflow._start_ready_steps_of_runs(v_run_ids);
+  END IF;
   FOR v_i IN 1 .. pg_catalog.cardinality(v_run_ids) LOOP
+    EXIT WHEN v_together;
     IF v_realtime THEN
       SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = v_run_ids[v_i];
       PERFORM pgflow._broadcast_run(v_run);

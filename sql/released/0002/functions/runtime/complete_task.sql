@@ -37,8 +37,8 @@
     RETURNING t.* INTO v_task;
     PERFORM pgflow._fail_run(complete_task.run_id, complete_task.step_slug, v_error);
     RETURN NEXT v_task;
---@include functions/runtime/_start_runs.sql lines=72-74
-  UPDATE pgflow.step_tasks AS t
+    RETURN;
+--@include functions/runtime/_complete_worker_tasks.sql lines=69-71
      SET status = 'completed', completed_at = pg_catalog.now(), output = complete_task.output
    WHERE t.run_id = complete_task.run_id AND t.step_slug = complete_task.step_slug
      AND t.task_index = complete_task.task_index
@@ -49,7 +49,9 @@
                          ELSE complete_task.output END
      WHERE ss.run_id = complete_task.run_id AND ss.step_slug = complete_task.step_slug
 --@include functions/runtime/_complete_task_progress.sql lines=69-72
---@include functions/runtime/parts/step_completed_release.sql lines=1-11
+--@include functions/runtime/parts/step_completed_release.sql lines=1-4
+--@include functions/runtime/_complete_worker_tasks.sql lines=94-96
+--@include functions/runtime/parts/step_completed_release.sql lines=8-11
      WHERE d.flow_slug = v_run.flow_slug AND d.dep_slug = complete_task.step_slug
        AND cs.run_id = complete_task.run_id AND cs.step_slug = d.step_slug AND cs.status = 'created';
 

@@ -32,7 +32,7 @@ BEGIN
   END IF;
   IF v_has_root_map THEN
     v_root_tasks := pg_catalog.jsonb_array_length(start_flow.input);
---@include functions/runtime/_start_runs.sql lines=73-75
+--@include functions/runtime/_start_runs.sql lines=74-76
   SELECT coalesce(start_flow.run_id, pg_catalog.gen_random_uuid()), start_flow.flow_slug, start_flow.input,
          (SELECT pg_catalog.count(*)::integer FROM pgflow.steps AS s WHERE s.flow_slug = start_flow.flow_slug)
   RETURNING * INTO v_run;
