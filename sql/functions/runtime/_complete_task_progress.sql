@@ -41,7 +41,7 @@ BEGIN
 
     -- the failed task keeps the offending output, for diagnosis (docs/compatibility.md item 4)
     UPDATE pgflow.step_tasks AS t
-       SET status = 'failed', failed_at = pg_catalog.now(), error_message = v_error, output = p_output
+       SET status = 'failed', failed_at = GREATEST(pg_catalog.now(), t.started_at), error_message = v_error, output = p_output
      WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index
     RETURNING t.* INTO v_task;
     PERFORM pgflow._fail_run(p_run_id, p_step_slug, v_error);

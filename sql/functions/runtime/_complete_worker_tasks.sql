@@ -69,7 +69,7 @@ BEGIN
   END IF;
 
   UPDATE pgflow.step_tasks AS t
-     SET status = 'completed', completed_at = pg_catalog.now(), output = u.output
+     SET status = 'completed', completed_at = GREATEST(pg_catalog.now(), t.started_at), output = u.output
     FROM ROWS FROM (pg_catalog.unnest(v_task_tids), pg_catalog.unnest(p_outputs)) AS u (tid, output)
    WHERE t.ctid = u.tid;
 

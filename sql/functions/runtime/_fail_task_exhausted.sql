@@ -24,7 +24,7 @@ BEGIN
   WHERE r.run_id = p_run_id;
 
   UPDATE pgflow.step_tasks AS t
-     SET status = 'failed', failed_at = pg_catalog.now(), error_message = p_error_message
+     SET status = 'failed', failed_at = GREATEST(pg_catalog.now(), t.started_at), error_message = p_error_message
    WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index
   RETURNING t.* INTO v_task;
 

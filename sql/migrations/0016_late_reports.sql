@@ -1,0 +1,14 @@
+-- 0016 late reports (issue 18): a report that waited behind a newer claim of its task is
+-- recorded, not refused. Function files only: no table is altered, so no table lock.
+--
+-- A report's statement takes now() when its transaction starts. When it waits for a run lock
+-- while another worker claims the same task again (its previous attempt failed or stalled) and
+-- commits first, the task's started_at is later than that now(), and completed_at = now()
+-- (or failed_at) broke step_tasks' CHECK that a task ends after it started: SQLSTATE 23514
+-- instead of a result. A task's end time is now the later of now() and its started_at, in every
+-- path that ends a task (single and batch completion, the type-violation failure, a failure
+-- with no attempt left).
+--@apply functions/runtime/_complete_task_progress.sql sha256=89b4a646a00bce1d494ac1896c9d7c56f3b807008ab3afc85d9a0d11b2852b61
+--@apply functions/runtime/_complete_worker_progress.sql sha256=c1b1bfb18afcbbb3665e1ddd5a952ffd9779476c8ec7d5121aa3299318db90c8
+--@apply functions/runtime/_fail_task_exhausted.sql sha256=35268c168e210ee37d8ef1e261fc51d437728441fb775388fd6088e9a5020b42
+--@apply functions/runtime/_complete_worker_tasks.sql sha256=dc38355cdcca8c4d783f0a11226ad02c51d21955e9f91afb2fe20c52d5a6b08b
