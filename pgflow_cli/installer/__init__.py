@@ -15,8 +15,10 @@ Rules:
   backfills) plus ``--@apply functions/<area>/<name>.sql sha256=<hex>`` lines: the function
   files it (re)applies, in its transaction, at the line's place. The pin is the SHA-256 of
   the file's text when the migration was written; the newest migration applying a file pins
-  its current text. In one run each file runs once, in the last pending migration that
-  applies it, and the ledger records the checksum of every file run
+  its current text. In one run each file runs in full in the last pending migration that
+  applies it; an earlier pending migration that applies it keeps only what the file creates
+  (:func:`~pgflow_cli.installer.files.create_only`), so its own grants and triggers find the
+  function. The ledger records the checksum of every file run in full
   (``pgflow.schema_migration_files``). A target below a later change of a file it would
   apply is refused: that level's text of the file is not shipped (docs/architecture.md);
 * a ledger row the tool does not know means the database is newer than the tool:

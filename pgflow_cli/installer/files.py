@@ -315,8 +315,9 @@ class Migration:
         return self.executed()
 
     def executed(self, skip: frozenset[str] = frozenset()) -> str:
-        """The text to execute: each ``--@apply`` line replaced by its file, except the files in
-        ``skip`` (a later migration of the same run applies them; the line stays, a comment)."""
+        """The text to execute: each ``--@apply`` line replaced by its file; for the files in
+        ``skip`` (a later migration of the same run applies them in full) by
+        :func:`create_only`, which keeps of the file only what it creates (the line stays, a comment)."""
         if not self.applies:
             return self.text
 
@@ -324,7 +325,8 @@ class Migration:
             path = _APPLY_LINE.match(match.group("rest"))
             assert path is not None  # parse_applies checked every line
             if path["path"] in skip:
-                return f"{match.group(0)} -- runs in a later migration of this run"
+                return (f"{match.group(0)} -- runs in full in a later migration of this run; here only if it "
+                        f"creates something\n{create_only(path['path'])};")
             return sqlfiles.load(path["path"]).rstrip("\n")
 
         return _APPLY.sub(expand, self.text)
@@ -443,6 +445,37 @@ def parse_applies(text: str, label: str) -> tuple[FileApply, ...]:
     if len(paths) != len(set(paths)):
         raise RuntimeError(f"{label}: a function file is applied twice")
     return tuple(found)
+
+
+CREATE_ONLY_QUOTE = "$pgflow_file$"
+"""The dollar quote :func:`create_only` wraps a file's text in (no function file may contain it)."""
+
+
+def create_only(path: str) -> str:
+    """The statement an earlier migration of a run executes for a function file that a later
+    migration of the same run applies in full (docs/architecture.md "Function files in a run").
+
+    It runs the file's current text with ``check_function_bodies`` off (the text may name
+    columns or functions that only the later migration brings) in a subtransaction, and keeps
+    what it did only if it created a function or trigger that did not exist; otherwise it undoes
+    it, so an existing function keeps its installed text until the later migration replaces it.
+    The migration's own SQL after the line (grants, a trigger) finds every function the file
+    creates, with the signature the file has now.
+
+    Args:
+        path: the function file below ``sql/`` (``functions/<area>/<name>.sql``).
+
+    Returns:
+        One ``DO`` statement (no trailing semicolon).
+
+    Raises:
+        RuntimeError: the file's text contains :data:`CREATE_ONLY_QUOTE` (a packaging error).
+    """
+    text = sqlfiles.load(path).rstrip("\n")
+    if CREATE_ONLY_QUOTE in text:
+        raise RuntimeError(f"sql/{path} contains {CREATE_ONLY_QUOTE}, which the installer quotes it with")
+    template = sqlfiles.statement(QUERIES, "apply_create_only")
+    return template.replace("{{path}}", path).replace("{{text}}", f"{CREATE_ONLY_QUOTE}\n{text}\n{CREATE_ONLY_QUOTE}")
 
 
 @lru_cache(maxsize=1)

@@ -40,15 +40,17 @@ from pgflow_cli.installer.pgmq_bootstrap import ensure_pgmq
 
 
 def file_runs(migrations: Sequence[Migration], todo: Sequence[Migration]) -> dict[int, frozenset[str]]:
-    """Which ``--@apply`` files each migration of ``todo`` skips: each file runs once, in the last
-    migration of ``todo`` that applies it.
+    """Which ``--@apply`` files each migration of ``todo`` leaves to a later one: each file runs in
+    full in the last migration of ``todo`` that applies it; an earlier one that applies it runs
+    only what the file creates there (:meth:`Migration.executed`, :func:`~pgflow_cli.installer.files.create_only`).
 
     Args:
         migrations: every shipped migration (to tell whether a later one changes a file again).
         todo: the migrations this run applies, in order.
 
     Returns:
-        version -> paths that migration leaves to a later migration of the run.
+        version -> paths that migration leaves to a later migration of the run (it runs them
+        create-only; the ledger records them for the later one).
 
     Raises:
         StateConflict: the run stops below a later change of a file it applies, so the file's

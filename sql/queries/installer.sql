@@ -107,13 +107,15 @@ SELECT pg_advisory_unlock(1885824631, 0) AS unlocked;
 
 --@name migrator_lock_holder
 -- The session holding the migrator lock; it takes the lock right after connecting, so its
--- connection time is when it started migrating.
+-- connection time is when it started migrating. Advisory locks belong to one database: a
+-- migrator of another database on the same server holds its own.
 SELECT a.pid, a.application_name, a.usename AS user_name, a.state,
        to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC' AS since,
        extract(epoch FROM (clock_timestamp() - a.backend_start))::integer AS connected_seconds
 FROM pg_locks AS l
 JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid = 1885824631 AND l.objid = 0 AND l.granted
+  AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
   AND l.pid <> pg_backend_pid();
 
 --@name lock_table
@@ -194,3 +196,27 @@ SELECT set_config('lock_timeout', %(value)s, false);
 -- The migrators' advisory lock (key as migrator_try_lock), held to the end of the transaction:
 -- `migrate apply --sql` scripts wait for any running migrator, and it for them.
 SELECT pg_advisory_xact_lock(1885824631, 0)
+
+--@name apply_create_only
+-- An --@apply line of an earlier migration of a run, for a file a later migration of the run
+-- applies in full (installer.files.create_only): the file's text runs without body checks in a
+-- subtransaction, kept only if it created a function or trigger that did not exist before it.
+DO $pgflow_create_only$
+DECLARE
+  v_procs oid[] := ARRAY(SELECT p.oid FROM pg_catalog.pg_proc AS p);
+  v_triggers oid[] := ARRAY(SELECT t.oid FROM pg_catalog.pg_trigger AS t);
+  v_checks text := pg_catalog.current_setting('check_function_bodies');
+BEGIN
+  BEGIN
+    PERFORM pg_catalog.set_config('check_function_bodies', 'off', true);
+    EXECUTE {{text}};
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p WHERE p.oid <> ALL (v_procs))
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t WHERE t.oid <> ALL (v_triggers)) THEN
+      RAISE EXCEPTION USING ERRCODE = 'PFI01', MESSAGE = 'sql/{{path}} creates nothing here';
+    END IF;
+    PERFORM pg_catalog.set_config('check_function_bodies', v_checks, true);
+  EXCEPTION WHEN SQLSTATE 'PFI01' THEN
+    NULL;  -- it would only replace what exists: undone, the existing text stays until the later migration
+  END;
+END
+$pgflow_create_only$;

@@ -119,13 +119,16 @@ def test_the_doc_lists_exactly_these_grants():
         assert line.format(role="pgflow_approvals") in doc, line
 
 
-def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db):
+def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db, client_role_names):
     """A role granted every pgflow function before the upgrade (docs/permissions.md worker recipe)
     can still call everything the worker paths reach afterwards: 0009 grants the internal
     functions complete_task/fail_task/start_ready_steps/compilation now call, and, in a run from
     below 0005, the step-queue provisioning functions 0005 left to 0009 (each file runs once, in
     the last pending migration). Only the manual entry points and their lock stay out of reach.
-    Before the fix the upgrade itself failed (0005 granting a function not created yet)."""
+    Before the fix the upgrade itself failed (0005 granting a function not created yet).
+    ``client_role_names`` holds the server-wide lock of the tests that create and drop ``anon``
+    and ``authenticated``: the upgrade's grant blocks name every role, and one dropped by another
+    test between the catalog read and the GRANT/REVOKE would fail it."""
     from pgflow_cli import installer
 
     admin = baseline_db.connect()

@@ -361,3 +361,26 @@ def commit_when_blocked(observer: psycopg.Connection, holder: psycopg.Connection
     thread.join(30)
     assert not thread.is_alive(), "the blocked call never finished"
     return result
+
+
+def concurrently(database: Any, calls: list[Callable[[psycopg.Connection], Any]], *, deadline: float = 60.0) -> list[Any]:
+    """Run each call on its own new connection to ``database``, all released at once (a barrier),
+    and return each call's value in order. A call still running after ``deadline`` seconds (a
+    deadlock the server did not break, a lost wake-up) fails the test; a call's error is raised."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    conns = [database.connect() for _ in calls]
+    gate = threading.Barrier(len(calls))
+
+    def run(conn: psycopg.Connection, call: Callable[[psycopg.Connection], Any]) -> Any:
+        gate.wait(timeout=deadline)
+        return call(conn)
+
+    try:
+        with ThreadPoolExecutor(len(calls)) as pool:
+            futures = [pool.submit(run, c, f) for c, f in zip(conns, calls, strict=True)]
+            return [f.result(timeout=deadline) for f in futures]
+    finally:
+        for conn in conns:
+            conn.close()

@@ -20,6 +20,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.runtime.driver import concurrently
+
 pytestmark = pytest.mark.upgraded_only(reason="complete_tasks / fail_tasks exist from migration 0010 on")
 
 DEADLINE = 60.0
@@ -179,22 +181,13 @@ def test_not_an_array_is_refused(rt):
 
 
 def _report_concurrently(db, payloads: list[list[dict]], function: str = "complete_tasks") -> list[list[dict]]:
-    """Each payload from its own connection, all released at once; returns each call's rows."""
-    conns = [db.connect() for _ in payloads]
-    gate = threading.Barrier(len(payloads))
-
+    """Each payload from its own connection, all released at once; returns each call's rows
+    (a deadlock would raise: tests/runtime/driver.py ``concurrently``)."""
     def call(conn: psycopg.Connection, payload: list[dict]) -> list[dict]:
-        gate.wait(timeout=DEADLINE)
         with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
             return cur.execute(f"SELECT * FROM pgflow.{function}(%s)", (Jsonb(payload),)).fetchall()
 
-    try:
-        with ThreadPoolExecutor(len(payloads)) as pool:
-            futures = [pool.submit(call, c, p) for c, p in zip(conns, payloads, strict=True)]
-            return [f.result(timeout=DEADLINE) for f in futures]  # a deadlock would raise here
-    finally:
-        for conn in conns:
-            conn.close()
+    return concurrently(db, [lambda c, p=p: call(c, p) for p in payloads], deadline=DEADLINE)
 
 
 def test_concurrent_batches_over_many_runs_never_deadlock_and_finish_each_task_once(rt, db):

@@ -22,6 +22,7 @@ ALLOWED = {
     "_set_task_messages_vt": "the visibility helper",
     "set_vt_batch": "upstream-compatible utility on an explicit queue name; the runtime never calls it",
     "start_ready_steps": "the initial send (pgmq.send_batch)",
+    "_start_ready_steps_of_runs": "the initial send for several runs at once (complete_tasks' set-based pass, 0014)",
     "create_flow": "creates the flow's queue",
     "_create_private_queue": "creates one private step queue of a step-queued flow being provisioned",
     "delete_flow_and_data": "drops the flow's queue",
@@ -150,6 +151,7 @@ UPGRADED_ALLOWED = {
     "_archive_task_messages": {"archive"},  # the archive helper
     "_set_task_messages_vt": {"update_rows"},  # the visibility helper
     "start_ready_steps": {"send_batch"},  # the initial send, to steps.queue_name
+    "_start_ready_steps_of_runs": {"send_batch"},  # the same initial send for several runs (0014)
     # claim_tasks: reads the batch it classifies, archives clearly foreign messages (no task to
     # go through a helper), and on a fatal batch makes the whole batch visible again
     "claim_tasks": {"select_rows", "archive", "update_rows"},
@@ -236,3 +238,8 @@ def test_upgraded_runtime_reaches_pgmq_only_through_the_helpers_and_documented_e
     assert re.search(r"s\.queue_name(, s\.execution_mode)?\s+INTO v_tasks, v_delay, v_queue", send)
     assert re.search(r"pgmq\.send_batch\(\s*v_queue", send)
     assert re.search(r"v_step, \(m\.n - 1\)::integer, v_queue, m\.msg_id", send)
+    # ... and so does its form for several runs (0014): one route for all of them, or nothing sent
+    several = _code_only(functions["_start_ready_steps_of_runs"])
+    assert re.search(r"pg_catalog\.min\(s\.queue_name\)", several)
+    assert re.search(r"pgmq\.send_batch\(\s*v_queue", several)
+    assert re.search(r"t\.task_index::integer, v_queue, m\.msg_id", several)

@@ -127,3 +127,20 @@ def test_killing_the_client_mid_migration_leaves_the_database_unchanged(pre_upgr
             proc.kill()
     assert fingerprint(database.conninfo).differences(before) == []
     assert [s.state for s in installer.make_plan(conn).statuses] == ["applied", "applied"] + ["pending"] * (1 + len(versions_after(3)))
+
+
+def test_a_migrator_of_another_database_is_not_named_as_the_holder(baseline_db, empty_db):
+    """Advisory locks belong to one database: the refusal names this database's migrator only
+    (before the fix it named whichever holder of the server pg_locks listed first)."""
+    elsewhere = empty_db.connect()
+    elsewhere.execute("SELECT pg_advisory_lock(1885824631, 0)")
+    holder = baseline_db.connect()
+    holder.execute("SELECT pg_advisory_lock(1885824631, 0)")
+    conn = baseline_db.connect()
+    with pytest.raises(StateConflict) as info:
+        installer.apply(conn, lock_wait=1.0)
+    named = " ".join([info.value.message, *(info.value.detail or [])])
+    assert f"pid {holder.info.backend_pid}" in named
+    assert f"pid {elsewhere.info.backend_pid}" not in named
+    holder.execute("SELECT pg_advisory_unlock(1885824631, 0)")
+    elsewhere.execute("SELECT pg_advisory_unlock(1885824631, 0)")

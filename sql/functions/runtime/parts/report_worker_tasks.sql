@@ -22,6 +22,7 @@ DECLARE
   v_message text;
   v_detail text;
   v_hint text;
+  v_batched boolean := false;
 BEGIN
   IF pg_catalog.jsonb_typeof({{kind}}_tasks.tasks) IS DISTINCT FROM 'array' THEN
     RAISE EXCEPTION '%(): tasks must be a JSON array of {"run_id", "step_slug", "task_index", "%"} objects, not %',
@@ -70,7 +71,37 @@ BEGIN
   -- Every run of the batch, in run_id order, before any element: the lock order of claims.
   PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (v_runs) ORDER BY r.run_id FOR UPDATE;
 
+  IF v_kind = 'complete' THEN
+    -- completions that need no element-by-element handling go through in one set-based pass (0014)
+    BEGIN
+      v_batched := pgflow._complete_worker_tasks(v_runs, v_steps, v_indexes, v_values);
+    EXCEPTION WHEN OTHERS THEN
+      GET STACKED DIAGNOSTICS v_sqlstate = RETURNED_SQLSTATE;
+      IF v_sqlstate IN ('40001', '40P01', '55P03') THEN
+        RAISE;  -- a deadlock or lock timeout is the caller's to retry, as in the element path
+      END IF;
+      -- anything else is undone; the element path below raises it again, naming its element
+      v_batched := false;
+    END;
+  END IF;
+
   BEGIN
+    IF v_batched THEN
+      RETURN QUERY
+      SELECT t.*
+      FROM ROWS FROM (pg_catalog.unnest(v_runs), pg_catalog.unnest(v_steps), pg_catalog.unnest(v_indexes))
+             WITH ORDINALITY AS k (run_id, step_slug, task_index, n)
+      CROSS JOIN LATERAL (
+        SELECT x.* FROM pgflow.step_tasks AS x
+        WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug AND x.task_index = k.task_index
+        LIMIT 1  -- the primary key
+      ) AS t
+      ORDER BY k.n;
+      v_archive_runs := v_runs;
+      v_archive_steps := v_steps;
+      v_archive_indexes := v_indexes;
+      v_runs := '{}';  -- nothing left for the element loop
+    END IF;
     FOR v_i IN 1 .. pg_catalog.cardinality(v_runs) LOOP
       v_at := v_i;
       IF v_kind = 'complete' THEN

@@ -1,0 +1,40 @@
+-- 0014 batch completions (issue 18): complete_tasks applies a batch of independent worker
+-- completions with one statement per table instead of a chain of calls per element. Function
+-- files only: no table is altered, so no table lock.
+--
+-- A batch whose elements name different runs, all started, with started queue tasks, no
+-- [TYPE_VIOLATION] possible and no realtime.send goes through _complete_worker_tasks: every
+-- element's step state and task locked in array order, then tasks, step states, children and
+-- runs updated set-wise, and each run moved on in array order. Any other batch, or one whose
+-- set-based pass raises, goes element by element as before (the error then names its element).
+-- An element completes through _complete_worker_progress (0013's progression of complete_task:
+-- one step-state update), no longer 0009's shared core.
+-- complete_tasks and fail_tasks share their text (parts/report_worker_tasks.sql): both are applied.
+-- The runs the pass moves on start their ready steps together when their flows have no condition
+-- and no map step and those steps share a queue and a start delay: _start_ready_steps_of_runs (one
+-- UPDATE, one pgmq.send_batch, one INSERT), the only sender besides start_ready_steps.
+-- (0010 creates these files' functions and grants them: in an upgrade from below 0010 the
+-- installer creates them there and replaces them here, docs/architecture.md "Function files in a run".)
+--@apply functions/runtime/_start_ready_steps_of_runs.sql sha256=51970a16a772ed68abf821703adc8fe144bbadd3ddc5c1a99bc3cae068cb4692
+--@apply functions/runtime/_complete_worker_tasks.sql sha256=d13771761a70ea225f89e3b9ce283fe02ace93aed22496a52e1fd9029aece8fe
+--@apply functions/runtime/_complete_worker_task.sql sha256=68453115c97ab6fcb63f7da23d57a13b2c343e933acb7d58bf77b8f5ad51409b
+--@apply functions/runtime/complete_tasks.sql sha256=16e81b89f8c59da4894f8753cc1de0cdfe60039a3551ee6d83a2a567dedf6da2
+--@apply functions/runtime/fail_tasks.sql sha256=ff34fba898a805f5aacf05f9234bd77ce0cf1f258868020c64e73e7eb3a996ab
+
+-- Grants: a role that can report batches today can run what a batch now reaches; PUBLIC and
+-- Supabase's client roles get nothing.
+DO $grants$
+BEGIN
+  EXECUTE coalesce((
+    SELECT pg_catalog.string_agg(pg_catalog.format(
+             CASE WHEN r.rolname IN ('anon', 'authenticated') THEN 'REVOKE ALL ON FUNCTION %2$s FROM %1$I'
+                  ELSE 'GRANT EXECUTE ON FUNCTION %2$s TO %1$I' END,
+             r.rolname, 'pgflow._complete_worker_tasks(uuid[], text[], integer[], jsonb[]), '
+                        'pgflow._complete_worker_progress(uuid, text, integer, jsonb), pgflow._start_ready_steps_of_runs(uuid[])'),
+             '; ' ORDER BY r.rolname)
+    FROM pg_catalog.pg_roles AS r
+    WHERE r.rolname IN ('anon', 'authenticated')
+       OR (pg_catalog.has_function_privilege(r.oid, 'pgflow.complete_tasks(jsonb)', 'EXECUTE')
+           AND NOT r.rolsuper AND r.rolname <> current_user AND r.rolname !~ '^pg_')), 'SELECT 1');
+END
+$grants$;
