@@ -30,6 +30,39 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+
+def nested_plans(conn: psycopg.Connection, statement: str, params: Any, *, analyze: bool = False) -> list[str]:
+    """Every plan of ``statement``, its nested statements included, as auto_explain reports them.
+
+    Args:
+        conn: the session to run it in (auto_explain is loaded into it, and switched off after).
+        statement: the SQL, with ``params`` (psycopg placeholders); its rows are fetched.
+        analyze: also report actual rows, loops and times (``auto_explain.log_analyze``).
+
+    Returns:
+        One text per executed statement, in execution order (plan-shape assertions only, never times).
+    """
+    plans: list[str] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.message_primary and "plan:" in diag.message_primary:
+            plans.append(diag.message_primary)
+
+    conn.add_notice_handler(keep)
+    conn.execute("LOAD 'auto_explain'")
+    for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                    "auto_explain.log_level = notice", "client_min_messages = notice",
+                    f"auto_explain.log_analyze = {'on' if analyze else 'off'}"):
+        conn.execute(f"SET {setting}")
+    try:
+        conn.execute(statement, params).fetchall()
+    finally:
+        conn.execute("SET auto_explain.log_min_duration = -1")
+        conn.remove_notice_handler(keep)
+    assert plans, "auto_explain reported no plan"
+    return plans
+
+
 OUTCOMES = ("claimed", "duplicate", "archived_terminal", "archived_foreign", "missing", "fatal", "released")
 
 

@@ -147,3 +147,30 @@ def test_one_batch_of_root_map_tasks_from_several_runs_gets_each_run_s_elements(
     expected = {(run, "items", i): (element, None) for run, value in zip(runs, inputs, strict=True) for i, element in enumerate(value)}
     expected |= {(run, "solo", 0): ({}, value) for run, value in zip(runs, inputs, strict=True)}
     assert got == expected
+
+
+def test_one_batch_of_dependent_map_tasks_from_several_runs_and_maps_gets_each_run_s_elements(cl):
+    """From 0015 a claim reads each dependency output a map's tasks index into once per call (one
+    per run and map step): tasks of two dependent maps of two runs, claimed in one batch, must each
+    get the element of their own run's dependency output."""
+    cl.flow("fans", [{"slug": "lists"}, {"slug": "words"},
+                     {"slug": "each", "deps": ["lists"], "step_type": "map"},
+                     {"slug": "spell", "deps": ["words"], "step_type": "map"}])
+    worker = cl.worker("fans")
+    outputs = {}
+    for n in (2, 3):
+        run = cl.start("fans", {"n": n})
+        outputs[run] = {"lists": list(range(10 * n, 11 * n)), "words": [f"w{n}-{i}" for i in range(n + 1)]}
+    roots = cl.claim("fans", cl.read("fans", qty=10), worker, "fans")
+    assert len(roots.claimed) == 4
+    for row in roots.claimed:
+        cl.complete(row["run_id"], row["step_slug"], 0, outputs[row["run_id"]][row["step_slug"]])
+    ids = cl.read("fans", qty=30)
+
+    result = cl.claim("fans", ids, worker, "fans")
+
+    assert {r["outcome"] for r in result.rows} == {"claimed"}
+    got = {(r["run_id"], r["step_slug"], r["task_index"]): (r["input"], r["flow_input"]) for r in result.rows}
+    source = {"each": "lists", "spell": "words"}
+    assert got == {(run, step, i): (element, None) for run, out in outputs.items() for step, dep in source.items()
+                   for i, element in enumerate(out[dep])}

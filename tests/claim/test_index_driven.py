@@ -16,6 +16,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.claim.helpers import nested_plans as _plans
+
 HISTORY = 100_000
 BIG_TABLES = ("runs", "step_states", "step_tasks")
 
@@ -51,28 +53,6 @@ def _fill_history(conn: psycopg.Connection) -> None:
         "SELECT c.relname, c.reltuples FROM pg_class c WHERE c.relnamespace = 'pgflow'::regnamespace "
         "AND c.relname = ANY (%s)", (list(BIG_TABLES),)).fetchall()
     assert all(tuples < 0 for _, tuples in stats), f"the tables must have no statistics yet: {stats}"
-
-
-def _plans(conn: psycopg.Connection, statement: str, params) -> list[str]:
-    """Every plan (nested statements included) of ``statement``, as auto_explain reports them."""
-    plans: list[str] = []
-
-    def keep(diag: psycopg.errors.Diagnostic) -> None:
-        if diag.message_primary and "plan:" in diag.message_primary:
-            plans.append(diag.message_primary)
-
-    conn.add_notice_handler(keep)
-    conn.execute("LOAD 'auto_explain'")
-    for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
-                    "auto_explain.log_level = notice", "client_min_messages = notice"):
-        conn.execute(f"SET {setting}")
-    try:
-        conn.execute(statement, params).fetchall()
-    finally:
-        conn.execute("SET auto_explain.log_min_duration = -1")
-        conn.remove_notice_handler(keep)
-    assert plans, "auto_explain reported no plan"
-    return plans
 
 
 def _assert_index_driven(plans: list[str]) -> None:

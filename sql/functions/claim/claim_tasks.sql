@@ -22,7 +22,10 @@
 -- Ordinary database errors still raise (and roll back): they are retryable. Notices carry
 -- queue names and message ids, never message bodies.
 -- Every lookup is by a unique key (from 0010 the run and step state too), so a claim costs the
--- same next to 1,000 or 1,000,000 rows, with or without statistics.
+-- same next to 1,000 or 1,000,000 rows, with or without statistics. From 0015 one statement
+-- classifies the whole batch and claims its queued work (only when no message is fatal): a batch
+-- of plain queued work runs the route check, the two lock statements, the body read, that
+-- statement and the visibility helper.
 -- Lock order: runs (FOR SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
 -- messages are read after the task locks, so a claim that waited for a concurrent claim of
 -- the same tasks sees that claim's result (duplicates), not the state before it.
@@ -37,76 +40,86 @@ RETURNS SETOF pgflow.claim_result
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = ''
+-- Every statement is key-driven whatever the planner knows (tests/claim/test_index_driven.py), so
+-- each is planned once per session instead of five custom plans first (each call of a fresh
+-- session otherwise re-planned every statement: about half of its CPU).
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
   v_ids bigint[];
-  v_worker pgflow.workers;
+  v_registered boolean;
+  v_function text;
+  v_w_flow text;
+  v_w_queue text;
+  v_w_step text;
+  v_flow_found boolean;
   v_mode text;
+  v_step_owned boolean;
   v_route_reason text;
   v_qtable text;
+  v_has_qtable boolean;
   v_found bigint[];
   v_bodies jsonb[];
-  -- the classification, one element per requested id
-  v_msg bigint[];
-  v_verdict text[];
-  v_reason text[];
-  v_flow text[];
-  v_run uuid[];
-  v_step text[];
-  v_index integer[];
-  v_defer integer[];
+  -- the whole batch's answer, one row per requested id in message-id order
+  v_result pgflow.claim_result[];
   v_fatal integer;
   v_pause text;
-  -- claimed tasks
+  -- visibility changes through the helper: claimed tasks (effective timeout + 2 s) and
+  -- duplicates (toward their recovery deadline)
   v_c_run uuid[];
   v_c_step text[];
   v_c_index integer[];
   v_c_offset integer[];
-  v_c_msg bigint[];
-  v_c_flow text[];
-  v_c_input jsonb[];
-  v_c_flow_input jsonb[];
+  v_d_run uuid[];
+  v_d_step text[];
+  v_d_index integer[];
+  v_d_offset integer[];
+  v_claimable integer;
   v_claimed integer;
   v_changed integer;
+  v_terminal integer;
   v_foreign bigint[];
 BEGIN
-  SELECT pg_catalog.array_agg(DISTINCT m ORDER BY m) INTO v_ids
-  FROM pg_catalog.unnest(claim_tasks.msg_ids) AS m WHERE m IS NOT NULL;
+  -- The batch, the worker's registration and the route, in one look-up.
+  SELECT (SELECT pg_catalog.array_agg(DISTINCT m ORDER BY m) FROM pg_catalog.unnest(claim_tasks.msg_ids) AS m WHERE m IS NOT NULL),
+         w.worker_id IS NOT NULL, w.function_name, w.flow_slug, w.queue_name, w.step_slug,
+         f.flow_slug IS NOT NULL, f.queue_mode,
+         EXISTS (SELECT 1 FROM pgflow.steps AS s
+                 WHERE s.flow_slug = claim_tasks.flow_slug AND s.step_slug = claim_tasks.step_slug
+                   AND s.queue_name = claim_tasks.queue_name)
+  INTO v_ids, v_registered, v_function, v_w_flow, v_w_queue, v_w_step, v_flow_found, v_mode, v_step_owned
+  FROM (SELECT) AS one
+  LEFT JOIN pgflow.workers AS w ON w.worker_id = claim_tasks.worker_id
+  LEFT JOIN pgflow.flows AS f ON f.flow_slug = claim_tasks.flow_slug;
   IF v_ids IS NULL THEN
     RETURN;
   END IF;
-
-  SELECT w.* INTO v_worker FROM pgflow.workers AS w WHERE w.worker_id = claim_tasks.worker_id;
-  IF NOT FOUND THEN
+  IF NOT v_registered THEN
     RAISE EXCEPTION 'worker % is not registered; register it (pgflow.register_worker) before claiming', claim_tasks.worker_id
       USING ERRCODE = 'PF007';
   END IF;
 
   -- The worker's route: a plain flow's worker polls lower(flow_slug) and selects no step; a
   -- step worker polls exactly its step's persisted queue.
-  SELECT f.queue_mode INTO v_mode FROM pgflow.flows AS f WHERE f.flow_slug = claim_tasks.flow_slug;
-  IF NOT FOUND THEN
+  IF NOT v_flow_found THEN
     v_route_reason := 'unknown_flow';
   ELSIF v_mode = 'flow' AND claim_tasks.step_slug IS NOT NULL THEN
     v_route_reason := 'step_selector_on_plain_flow';
   ELSIF v_mode = 'flow' AND claim_tasks.queue_name IS DISTINCT FROM pg_catalog.lower(claim_tasks.flow_slug COLLATE "C") THEN
     v_route_reason := 'queue_not_owned_by_route';
-  ELSIF v_mode = 'step' AND NOT EXISTS (
-          SELECT 1 FROM pgflow.steps AS s
-          WHERE s.flow_slug = claim_tasks.flow_slug AND s.step_slug = claim_tasks.step_slug
-            AND s.queue_name = claim_tasks.queue_name) THEN
+  ELSIF v_mode = 'step' AND NOT v_step_owned THEN
     v_route_reason := 'queue_not_owned_by_route';
-  ELSIF v_worker.flow_slug IS NOT NULL
-        AND (v_worker.flow_slug, v_worker.queue_name, v_worker.step_slug)
+  ELSIF v_w_flow IS NOT NULL
+        AND (v_w_flow, v_w_queue, v_w_step)
             IS DISTINCT FROM (claim_tasks.flow_slug, claim_tasks.queue_name, claim_tasks.step_slug) THEN
     -- The route the worker registered is the one it may claim from (coverage trusts it). A
     -- consistent call for another route under this id is a stale process (the row was pruned
     -- and the id registered again) or a misconfigured one: refused, and nothing is paused or
     -- deprecated, because the row belongs to whoever registered it last.
     RAISE EXCEPTION 'worker id % is registered for flow "%" (queue "%"%), not for flow "%" (queue "%"%) this call claims for: nothing was claimed',
-      claim_tasks.worker_id, v_worker.flow_slug, v_worker.queue_name,
-      coalesce(', step "' || v_worker.step_slug || '"', ''), claim_tasks.flow_slug, claim_tasks.queue_name,
+      claim_tasks.worker_id, v_w_flow, v_w_queue,
+      coalesce(', step "' || v_w_step || '"', ''), claim_tasks.flow_slug, claim_tasks.queue_name,
       coalesce(', step "' || claim_tasks.step_slug || '"', '')
       USING ERRCODE = 'PF007',
             HINT = 'this process is stale or misconfigured: stop it; a worker id belongs to one registration (docs/claim-protocol.md)';
@@ -115,7 +128,8 @@ BEGIN
   -- The queue's own tables: without the queue table nothing can be read, without the archive
   -- table no task could ever be completed or failed; both stop the worker before any handler runs.
   v_qtable := pgmq.format_table_name(claim_tasks.queue_name, 'q');
-  IF v_route_reason IS NULL AND pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', v_qtable)) IS NULL THEN
+  v_has_qtable := pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', v_qtable)) IS NOT NULL;
+  IF v_route_reason IS NULL AND NOT v_has_qtable THEN
     v_route_reason := 'queue_table_missing';
   ELSIF v_route_reason IS NULL AND pg_catalog.to_regclass(
           pg_catalog.format('pgmq.%I', pgmq.format_table_name(claim_tasks.queue_name, 'a'))) IS NULL THEN
@@ -144,7 +158,7 @@ BEGIN
 
   -- The messages, read after the task locks (a concurrent claim of the same tasks has committed
   -- by now). A queue without a table has no messages (the batch is fatal, see above).
-  IF pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', v_qtable)) IS NOT NULL THEN
+  IF v_has_qtable THEN
     EXECUTE pg_catalog.format(
       'SELECT pg_catalog.array_agg(q.msg_id ORDER BY q.msg_id), pg_catalog.array_agg(q.message ORDER BY q.msg_id)
          FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1)', v_qtable)
@@ -152,6 +166,9 @@ BEGIN
     USING v_ids;
   END IF;
 
+  -- Classify the whole batch and, only when no message is fatal, claim its queued work, in one
+  -- statement: the claim UPDATE reads the classification it belongs to, so nothing changes
+  -- before every message has its verdict.
   WITH requested AS (
     SELECT m AS msg_id FROM pg_catalog.unnest(v_ids) AS m
   ), body AS (
@@ -161,15 +178,17 @@ BEGIN
     SELECT rq.msg_id,
            b.msg_id IS NOT NULL AS present,
            b.message,
-           t.flow_slug AS task_flow, t.run_id, t.step_slug AS task_step, t.task_index, t.status, t.started_at,
+           t.tid, t.flow_slug AS task_flow, t.run_id, t.step_slug AS task_step, t.task_index, t.status, t.started_at,
            t.permanently_stalled_at,
            r.status AS run_status, ss.status AS step_status,
+           s.step_type, s.deps_count,
            coalesce(s.opt_timeout, f.opt_timeout) AS timeout
     FROM requested AS rq
     LEFT JOIN body AS b ON b.msg_id = rq.msg_id
-    -- one unique-index probe per message, whatever the table size (a join here may hash a full scan)
+    -- one unique-index probe per message, whatever the table size (a join here may hash a full scan);
+    -- the task row is locked by this transaction, so its ctid is the row the claim updates
     LEFT JOIN LATERAL (
-      SELECT st.* FROM pgflow.step_tasks AS st
+      SELECT st.ctid AS tid, st.* FROM pgflow.step_tasks AS st
       WHERE st.queue_name = claim_tasks.queue_name AND st.message_id = rq.msg_id
       LIMIT 1  -- unique anyway; keeps the planner from flattening this into a hash join
     ) AS t ON true
@@ -177,7 +196,7 @@ BEGIN
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = t.run_id LIMIT 1) AS r ON true
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
                        WHERE x.run_id = t.run_id AND x.step_slug = t.step_slug LIMIT 1) AS ss ON true
-    LEFT JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.steps AS x
+    LEFT JOIN LATERAL (SELECT x.opt_timeout, x.step_type, x.deps_count FROM pgflow.steps AS x
                        WHERE x.flow_slug = t.flow_slug AND x.step_slug = t.step_slug LIMIT 1) AS s ON true
     LEFT JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.flows AS x WHERE x.flow_slug = t.flow_slug LIMIT 1) AS f ON true
   ), judged AS MATERIALIZED (  -- each verdict computed once, however often it is read
@@ -217,22 +236,84 @@ BEGIN
              ELSE ARRAY['archived_foreign', 'not_pgflow_work']
            END AS verdict
     FROM joined AS j
+  ), batch AS (
+    SELECT pg_catalog.count(*) FILTER (WHERE x.verdict[1] = 'fatal')::integer AS fatal FROM judged AS x
+  ), sources AS MATERIALIZED (
+    -- what the batch's map tasks index into, one row per (run, map step): the run input of a root
+    -- map, else the output of the map's single dependency (read by key)
+    SELECT k.run_id::text || k.task_step AS key,
+           CASE WHEN k.deps_count = 0
+                THEN (SELECT x.input FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1)
+                ELSE (SELECT ds.output FROM pgflow.deps AS d
+                      CROSS JOIN LATERAL (SELECT y.output FROM pgflow.step_states AS y
+                                          WHERE y.run_id = k.run_id AND y.step_slug = d.dep_slug LIMIT 1) AS ds
+                      WHERE d.flow_slug = k.task_flow AND d.step_slug = k.task_step LIMIT 1)
+           END AS doc
+    FROM (SELECT DISTINCT x.run_id, x.task_flow, x.task_step, x.deps_count FROM judged AS x
+          WHERE x.verdict[1] = 'claim' AND x.step_type = 'map') AS k
+  ), claimed AS (
+    -- Claim: a guarded update of exactly the eligible tasks (they are locked and queued). Each
+    -- task's handler input is built in the same statement: a map task gets its array element (the
+    -- run input for a root map, else its single dependency's output); a single step gets
+    -- {dependency: output} of its completed dependencies ({} for a root step); flow_input is the
+    -- run input for root single steps only.
+    UPDATE pgflow.step_tasks AS t
+       SET status = 'started',
+           attempts_count = t.attempts_count + 1,
+           started_at = pg_catalog.now(),
+           last_worker_id = claim_tasks.worker_id
+      -- the task row by its ctid (locked above, so it cannot move): no index choice is left to the
+      -- planner, however many queued siblings share the task's (run_id, step_slug)
+      FROM judged AS c
+      -- the run input, only where it is the flow input (a root single step)
+      LEFT JOIN LATERAL (SELECT x.input FROM pgflow.runs AS x
+                         WHERE x.run_id = c.run_id AND c.step_type = 'single' AND c.deps_count = 0 LIMIT 1) AS r ON true
+     WHERE t.ctid = c.tid AND c.verdict[1] = 'claim' AND (SELECT b.fatal FROM batch AS b) = 0
+       AND t.status = 'queued'
+    RETURNING t.message_id,
+              CASE
+                -- a map task's element: each run input or dependency output is read (and detoasted)
+                -- once per claim into an array, not once per task (a 10,000-element array is large)
+                WHEN c.step_type = 'map' THEN
+                  (ARRAY(SELECT so.doc FROM sources AS so ORDER BY so.key))[pg_catalog.array_position(
+                    ARRAY(SELECT so.key FROM sources AS so ORDER BY so.key), c.run_id::text || c.task_step)] -> t.task_index
+                WHEN c.deps_count = 0 THEN '{}'::jsonb
+                ELSE coalesce((
+                  SELECT pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
+                  FROM pgflow.deps AS d
+                  JOIN pgflow.step_states AS ds ON ds.run_id = t.run_id AND ds.step_slug = d.dep_slug
+                  WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug AND ds.status = 'completed'),
+                  '{}'::jsonb)
+              END AS input,
+              r.input AS flow_input
   )
-  SELECT pg_catalog.array_agg(jd.msg_id ORDER BY jd.msg_id),
-         pg_catalog.array_agg(jd.verdict[1] ORDER BY jd.msg_id),
-         pg_catalog.array_agg(jd.verdict[2] ORDER BY jd.msg_id),
-         pg_catalog.array_agg(jd.task_flow ORDER BY jd.msg_id),
-         pg_catalog.array_agg(jd.run_id ORDER BY jd.msg_id),
-         pg_catalog.array_agg(jd.task_step ORDER BY jd.msg_id),
-         pg_catalog.array_agg(jd.task_index ORDER BY jd.msg_id),
-         pg_catalog.array_agg(
-           CASE WHEN jd.verdict[1] = 'duplicate' THEN
-             GREATEST(2, pg_catalog.ceil(EXTRACT(epoch FROM (
-               jd.started_at + pg_catalog.make_interval(secs => jd.timeout + 30) - pg_catalog.clock_timestamp())))::integer)
-           END ORDER BY jd.msg_id),
-         pg_catalog.count(*) FILTER (WHERE jd.verdict[1] = 'fatal')::integer
-  INTO v_msg, v_verdict, v_reason, v_flow, v_run, v_step, v_index, v_defer, v_fatal
-  FROM judged AS jd;
+  SELECT pg_catalog.array_agg(ROW(
+           CASE WHEN b.fatal > 0 THEN CASE WHEN j.verdict[1] = 'fatal' THEN 'fatal' ELSE 'released' END
+                WHEN j.verdict[1] = 'claim' THEN 'claimed'
+                ELSE j.verdict[1] END,
+           j.msg_id,
+           CASE WHEN b.fatal > 0 AND j.verdict[1] <> 'fatal' THEN 'batch_released' ELSE j.verdict[2] END,
+           j.task_flow, j.run_id, j.task_step, j.task_index, cl.input, cl.flow_input)::pgflow.claim_result ORDER BY j.msg_id),
+         pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.timeout + 2) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
+         pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
+         pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
+         pg_catalog.array_agg(GREATEST(2, pg_catalog.ceil(EXTRACT(epoch FROM (
+           j.started_at + pg_catalog.make_interval(secs => j.timeout + 30) - pg_catalog.clock_timestamp())))::integer))
+           FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
+         pg_catalog.count(*) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim')::integer,
+         pg_catalog.count(cl.message_id)::integer,
+         pg_catalog.count(*) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'archived_terminal')::integer,
+         pg_catalog.array_agg(j.msg_id ORDER BY j.msg_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'archived_foreign'),
+         pg_catalog.min(b.fatal)
+  INTO v_result, v_c_run, v_c_step, v_c_index, v_c_offset, v_d_run, v_d_step, v_d_index, v_d_offset,
+       v_claimable, v_claimed, v_terminal, v_foreign, v_fatal
+  FROM judged AS j
+  CROSS JOIN batch AS b
+  LEFT JOIN claimed AS cl ON cl.message_id = j.msg_id;
 
   IF v_fatal > 0 THEN
     -- Safety writes only: the batch becomes visible again and the function is paused.
@@ -241,12 +322,12 @@ BEGIN
       USING v_found;
     END IF;
     SELECT pg_catalog.format('fatal claim by worker %s in queue "%s": %s', claim_tasks.worker_id, claim_tasks.queue_name,
-             pg_catalog.string_agg(pg_catalog.format('message %s %s', x.msg_id, x.reason), ', ' ORDER BY x.msg_id))
+             pg_catalog.string_agg(pg_catalog.format('message %s %s', x.message_id, x.reason), ', ' ORDER BY x.message_id))
     INTO v_pause
-    FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason)) AS x (msg_id, verdict, reason)
-    WHERE x.verdict = 'fatal';
+    FROM pg_catalog.unnest(v_result) AS x
+    WHERE x.outcome = 'fatal';
     INSERT INTO pgflow.worker_functions AS wf (function_name, enabled, paused_at, paused_reason, updated_at)
-    VALUES (v_worker.function_name, false, pg_catalog.clock_timestamp(), v_pause, pg_catalog.clock_timestamp())
+    VALUES (v_function, false, pg_catalog.clock_timestamp(), v_pause, pg_catalog.clock_timestamp())
     -- A function already paused by a fatal claim (another of its workers) keeps its first pause
     -- time and collects every reason, so the operator sees every preserved message at once
     -- (bounded: a reason that would grow past 8000 characters is not extended).
@@ -262,81 +343,19 @@ BEGIN
           updated_at = EXCLUDED.updated_at;
     UPDATE pgflow.workers AS w SET deprecated_at = coalesce(w.deprecated_at, pg_catalog.now())
     WHERE w.worker_id = claim_tasks.worker_id;
-    RAISE WARNING 'pgflow: %; nothing was claimed, the batch is visible again and worker function "%" is paused', v_pause, v_worker.function_name
+    RAISE WARNING 'pgflow: %; nothing was claimed, the batch is visible again and worker function "%" is paused', v_pause, v_function
       USING HINT = 'inspect the messages by id (SELECT msg_id, read_ct, enqueued_at FROM pgmq.q_<queue> WHERE msg_id = ...), fix the cause, then enable the function again (docs/claim-protocol.md)';
 
-    RETURN QUERY
-    SELECT CASE WHEN x.verdict = 'fatal' THEN 'fatal' ELSE 'released' END,
-           x.msg_id,
-           CASE WHEN x.verdict = 'fatal' THEN x.reason ELSE 'batch_released' END,
-           x.flow, x.run_id, x.step, x.task_index, NULL::jsonb, NULL::jsonb
-    FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason),
-                    pg_catalog.unnest(v_flow), pg_catalog.unnest(v_run), pg_catalog.unnest(v_step),
-                    pg_catalog.unnest(v_index)) AS x (msg_id, verdict, reason, flow, run_id, step, task_index)
-    ORDER BY x.msg_id;
+    RETURN QUERY SELECT * FROM pg_catalog.unnest(v_result) AS x ORDER BY x.message_id;
     RETURN;
   END IF;
 
-  -- Claim: a guarded update of exactly the eligible tasks (they are locked and queued). Each
-  -- task's handler input is built in the same statement: a map task gets its array element (the
-  -- run input for a root map, else its single dependency's output); a single step gets
-  -- {dependency: output} of its completed dependencies ({} for a root step); flow_input is the
-  -- run input for root single steps only.
-  WITH candidates AS (
-    SELECT x.run_id, x.step, x.task_index
-    FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run), pg_catalog.unnest(v_step),
-                    pg_catalog.unnest(v_index)) AS x (verdict, run_id, step, task_index)
-    WHERE x.verdict = 'claim'
-  ), claimed AS (
-    UPDATE pgflow.step_tasks AS t
-       SET status = 'started',
-           attempts_count = t.attempts_count + 1,
-           started_at = pg_catalog.now(),
-           last_worker_id = claim_tasks.worker_id
-      -- the step and flow by key, for the batch's route (a claimed task is on it); the task only by
-      -- its primary key: no join condition can lead the planner to another index of step_tasks
-      FROM candidates AS c
-      CROSS JOIN LATERAL (SELECT x.* FROM pgflow.steps AS x
-                          WHERE x.flow_slug = claim_tasks.flow_slug AND x.step_slug = c.step LIMIT 1) AS s
-      CROSS JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.flows AS x WHERE x.flow_slug = claim_tasks.flow_slug LIMIT 1) AS f
-      -- the run input, only where it is the flow input (a root single step)
-      LEFT JOIN LATERAL (SELECT x.input FROM pgflow.runs AS x
-                         WHERE x.run_id = c.run_id AND s.step_type = 'single' AND s.deps_count = 0 LIMIT 1) AS r ON true
-     WHERE t.run_id = c.run_id AND t.step_slug = c.step AND t.task_index = c.task_index
-       AND t.status = 'queued'
-    RETURNING t.run_id, t.step_slug, t.task_index, t.message_id, t.flow_slug,
-              coalesce(s.opt_timeout, f.opt_timeout) + 2 AS vt_offset,
-              CASE
-                -- a root map's element of its run's input: each run input is read (and detoasted) once
-                -- per claim into an array, not once per task (a 10,000-element input is large)
-                WHEN s.step_type = 'map' AND s.deps_count = 0 THEN
-                  (ARRAY(SELECT r.input FROM (SELECT DISTINCT x.run_id FROM candidates AS x) AS k
-                         LEFT JOIN LATERAL (SELECT y.input FROM pgflow.runs AS y WHERE y.run_id = k.run_id LIMIT 1) AS r ON true
-                         ORDER BY k.run_id))[pg_catalog.array_position(
-                    ARRAY(SELECT DISTINCT x.run_id FROM candidates AS x ORDER BY 1), t.run_id)] -> t.task_index
-                WHEN s.step_type = 'map' THEN (
-                  SELECT ds.output -> t.task_index
-                  FROM pgflow.deps AS d
-                  JOIN pgflow.step_states AS ds ON ds.run_id = t.run_id AND ds.step_slug = d.dep_slug
-                  WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug
-                  LIMIT 1)
-                WHEN s.deps_count = 0 THEN '{}'::jsonb
-                ELSE coalesce((
-                  SELECT pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
-                  FROM pgflow.deps AS d
-                  JOIN pgflow.step_states AS ds ON ds.run_id = t.run_id AND ds.step_slug = d.dep_slug
-                  WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug AND ds.status = 'completed'),
-                  '{}'::jsonb)
-              END AS input,
-              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END AS flow_input
-  )
-  SELECT pg_catalog.array_agg(c.run_id ORDER BY c.message_id), pg_catalog.array_agg(c.step_slug ORDER BY c.message_id),
-         pg_catalog.array_agg(c.task_index ORDER BY c.message_id), pg_catalog.array_agg(c.vt_offset ORDER BY c.message_id),
-         pg_catalog.array_agg(c.message_id ORDER BY c.message_id), pg_catalog.array_agg(c.flow_slug ORDER BY c.message_id),
-         pg_catalog.array_agg(c.input ORDER BY c.message_id), pg_catalog.array_agg(c.flow_input ORDER BY c.message_id),
-         pg_catalog.count(*)::integer
-  INTO v_c_run, v_c_step, v_c_index, v_c_offset, v_c_msg, v_c_flow, v_c_input, v_c_flow_input, v_claimed
-  FROM claimed AS c;
+  IF v_claimed <> v_claimable THEN
+    -- cannot happen: every claimable task is locked by this transaction and was queued
+    RAISE EXCEPTION 'claim_tasks(): claimed % of % claimable tasks in queue "%"; the claim was rolled back',
+      v_claimed, v_claimable, claim_tasks.queue_name
+      USING ERRCODE = 'P0001';
+  END IF;
 
   IF v_claimed > 0 THEN
     v_changed := pgflow._set_task_messages_vt(v_c_run, v_c_step, v_c_index, v_c_offset);
@@ -349,26 +368,19 @@ BEGIN
   END IF;
 
   -- Duplicates: defer toward the existing recovery deadline (never a fresh full timeout).
-  IF 'duplicate' = ANY (v_verdict) THEN
-    PERFORM pgflow._set_task_messages_vt(
-      ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'duplicate'),
-      ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'duplicate'),
-      ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'duplicate'),
-      ARRAY(SELECT x.defer FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_defer)) AS x (verdict, defer) WHERE x.verdict = 'duplicate'));
+  IF v_d_run IS NOT NULL THEN
+    PERFORM pgflow._set_task_messages_vt(v_d_run, v_d_step, v_d_index, v_d_offset);
   END IF;
 
   -- Late messages of finished tasks: archive (idempotent).
-  IF 'archived_terminal' = ANY (v_verdict) THEN
+  IF v_terminal > 0 THEN
     PERFORM pgflow._archive_task_messages(
-      ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'archived_terminal'),
-      ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'archived_terminal'),
-      ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'archived_terminal'));
+      ARRAY(SELECT x.run_id FROM pg_catalog.unnest(v_result) AS x WHERE x.outcome = 'archived_terminal'),
+      ARRAY(SELECT x.step_slug FROM pg_catalog.unnest(v_result) AS x WHERE x.outcome = 'archived_terminal'),
+      ARRAY(SELECT x.task_index FROM pg_catalog.unnest(v_result) AS x WHERE x.outcome = 'archived_terminal'));
   END IF;
 
   -- Clearly foreign messages: archive, warn with ids only.
-  SELECT pg_catalog.array_agg(x.msg_id ORDER BY x.msg_id) INTO v_foreign
-  FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict)) AS x (msg_id, verdict)
-  WHERE x.verdict = 'archived_foreign';
   IF v_foreign IS NOT NULL THEN
     PERFORM pgmq.archive(claim_tasks.queue_name, v_foreign);
     RAISE WARNING 'pgflow: archived % foreign message(s) in queue "%" (message ids %): not pgflow work',
@@ -376,17 +388,6 @@ BEGIN
       USING HINT = 'applications must not send to pgflow-owned queues; the archived messages stay in the queue''s archive table';
   END IF;
 
-  RETURN QUERY
-  SELECT 'claimed'::text, c.message_id, NULL::text, c.flow_slug, c.run_id, c.step_slug, c.task_index, c.input, c.flow_input
-  FROM ROWS FROM (pg_catalog.unnest(v_c_msg), pg_catalog.unnest(v_c_flow), pg_catalog.unnest(v_c_run),
-                  pg_catalog.unnest(v_c_step), pg_catalog.unnest(v_c_index), pg_catalog.unnest(v_c_input),
-                  pg_catalog.unnest(v_c_flow_input)) AS c (message_id, flow_slug, run_id, step_slug, task_index, input, flow_input)
-  UNION ALL
-  SELECT x.verdict, x.msg_id, x.reason, x.flow, x.run_id, x.step, x.task_index, NULL::jsonb, NULL::jsonb
-  FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason),
-                  pg_catalog.unnest(v_flow), pg_catalog.unnest(v_run), pg_catalog.unnest(v_step),
-                  pg_catalog.unnest(v_index)) AS x (msg_id, verdict, reason, flow, run_id, step, task_index)
-  WHERE x.verdict <> 'claim'
-  ORDER BY 2;
+  RETURN QUERY SELECT * FROM pg_catalog.unnest(v_result) AS x ORDER BY x.message_id;
 END;
 $$;

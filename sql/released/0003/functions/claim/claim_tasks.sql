@@ -6,10 +6,56 @@
 --@include functions/claim/claim_tasks.sql lines=15-19
 -- Ordinary database errors still raise (and roll back): they are retryable. Notices carry
 -- queue names and message ids, never message bodies.
---@include functions/claim/claim_tasks.sql lines=26-102
+--@include functions/claim/claim_tasks.sql lines=29-42
+--@include functions/claim/claim_tasks.sql lines=47-50
+  v_worker pgflow.workers;
+  v_mode text;
+  v_route_reason text;
+  v_qtable text;
+  v_found bigint[];
+  v_bodies jsonb[];
+  -- the classification, one element per requested id
+  v_msg bigint[];
+  v_verdict text[];
+  v_reason text[];
+  v_flow text[];
+  v_run uuid[];
+  v_step text[];
+  v_index integer[];
+  v_defer integer[];
+  v_fatal integer;
+  v_pause text;
+  -- claimed tasks
+--@include functions/claim/claim_tasks.sql lines=70-73
+  v_c_msg bigint[];
+  v_c_flow text[];
+  v_c_input jsonb[];
+  v_c_flow_input jsonb[];
+  v_claimed integer;
+  v_changed integer;
+  v_foreign bigint[];
+BEGIN
+  SELECT pg_catalog.array_agg(DISTINCT m ORDER BY m) INTO v_ids
+  FROM pg_catalog.unnest(claim_tasks.msg_ids) AS m WHERE m IS NOT NULL;
+--@include functions/claim/claim_tasks.sql lines=95-97
+
+  SELECT w.* INTO v_worker FROM pgflow.workers AS w WHERE w.worker_id = claim_tasks.worker_id;
+  IF NOT FOUND THEN
+--@include functions/claim/claim_tasks.sql lines=99-104
+  SELECT f.queue_mode INTO v_mode FROM pgflow.flows AS f WHERE f.flow_slug = claim_tasks.flow_slug;
+  IF NOT FOUND THEN
+--@include functions/claim/claim_tasks.sql lines=106-110
+  ELSIF v_mode = 'step' AND NOT EXISTS (
+          SELECT 1 FROM pgflow.steps AS s
+          WHERE s.flow_slug = claim_tasks.flow_slug AND s.step_slug = claim_tasks.step_slug
+            AND s.queue_name = claim_tasks.queue_name) THEN
+    v_route_reason := 'queue_not_owned_by_route';
+  ELSIF v_worker.flow_slug IS NOT NULL
+        AND (v_worker.flow_slug, v_worker.queue_name, v_worker.step_slug)
+            IS DISTINCT FROM (claim_tasks.flow_slug, claim_tasks.queue_name, claim_tasks.step_slug) THEN
     -- the route the worker registered is the one it may claim from (coverage trusts it)
     v_route_reason := 'queue_not_owned_by_route';
---@include functions/claim/claim_tasks.sql lines=123-125
+--@include functions/claim/claim_tasks.sql lines=137-139
   PERFORM 1 FROM pgflow.runs AS r
   WHERE r.run_id IN (SELECT t.run_id FROM pgflow.step_tasks AS t
                      WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids))
@@ -17,22 +63,141 @@
   FOR SHARE;
   PERFORM 1 FROM pgflow.step_tasks AS t
   WHERE t.queue_name = claim_tasks.queue_name AND t.message_id = ANY (v_ids)
---@include functions/claim/claim_tasks.sql lines=142-145
+--@include functions/claim/claim_tasks.sql lines=156-159
   -- by now). A queue without a table has no messages: every id is missing (or fatal by route).
   v_qtable := pgmq.format_table_name(claim_tasks.queue_name, 'q');
---@include functions/claim/claim_tasks.sql lines=147-175
+  IF pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', v_qtable)) IS NOT NULL THEN
+--@include functions/claim/claim_tasks.sql lines=162-168
+--@include functions/claim/claim_tasks.sql lines=172-180
+           t.flow_slug AS task_flow, t.run_id, t.step_slug AS task_step, t.task_index, t.status, t.started_at,
+           t.permanently_stalled_at,
+           r.status AS run_status, ss.status AS step_status,
+--@include functions/claim/claim_tasks.sql lines=185-187
+    -- one unique-index probe per message, whatever the table size (a join here may hash a full scan)
+    LEFT JOIN LATERAL (
+      SELECT st.* FROM pgflow.step_tasks AS st
+--@include functions/claim/claim_tasks.sql lines=192-194
     LEFT JOIN pgflow.runs AS r ON r.run_id = t.run_id
     LEFT JOIN pgflow.step_states AS ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
     LEFT JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
     LEFT JOIN pgflow.flows AS f ON f.flow_slug = t.flow_slug
   ), judged AS (
---@include functions/claim/claim_tasks.sql lines=184-295
+--@include functions/claim/claim_tasks.sql lines=203-238
+  )
+  SELECT pg_catalog.array_agg(jd.msg_id ORDER BY jd.msg_id),
+         pg_catalog.array_agg(jd.verdict[1] ORDER BY jd.msg_id),
+         pg_catalog.array_agg(jd.verdict[2] ORDER BY jd.msg_id),
+         pg_catalog.array_agg(jd.task_flow ORDER BY jd.msg_id),
+         pg_catalog.array_agg(jd.run_id ORDER BY jd.msg_id),
+         pg_catalog.array_agg(jd.task_step ORDER BY jd.msg_id),
+         pg_catalog.array_agg(jd.task_index ORDER BY jd.msg_id),
+         pg_catalog.array_agg(
+           CASE WHEN jd.verdict[1] = 'duplicate' THEN
+             GREATEST(2, pg_catalog.ceil(EXTRACT(epoch FROM (
+               jd.started_at + pg_catalog.make_interval(secs => jd.timeout + 30) - pg_catalog.clock_timestamp())))::integer)
+           END ORDER BY jd.msg_id),
+         pg_catalog.count(*) FILTER (WHERE jd.verdict[1] = 'fatal')::integer
+  INTO v_msg, v_verdict, v_reason, v_flow, v_run, v_step, v_index, v_defer, v_fatal
+  FROM judged AS jd;
+--@include functions/claim/claim_tasks.sql lines=317-324
+             pg_catalog.string_agg(pg_catalog.format('message %s %s', x.msg_id, x.reason), ', ' ORDER BY x.msg_id))
+    INTO v_pause
+    FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason)) AS x (msg_id, verdict, reason)
+    WHERE x.verdict = 'fatal';
+    INSERT INTO pgflow.worker_functions AS wf (function_name, enabled, paused_at, paused_reason, updated_at)
+    VALUES (v_worker.function_name, false, pg_catalog.clock_timestamp(), v_pause, pg_catalog.clock_timestamp())
+--@include functions/claim/claim_tasks.sql lines=331-345
+    RAISE WARNING 'pgflow: %; nothing was claimed, the batch is visible again and worker function "%" is paused', v_pause, v_worker.function_name
+      USING HINT = 'inspect the messages by id (SELECT msg_id, read_ct, enqueued_at FROM pgmq.q_<queue> WHERE msg_id = ...), fix the cause, then enable the function again (docs/claim-protocol.md)';
+
+    RETURN QUERY
+    SELECT CASE WHEN x.verdict = 'fatal' THEN 'fatal' ELSE 'released' END,
+           x.msg_id,
+           CASE WHEN x.verdict = 'fatal' THEN x.reason ELSE 'batch_released' END,
+           x.flow, x.run_id, x.step, x.task_index, NULL::jsonb, NULL::jsonb
+    FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason),
+                    pg_catalog.unnest(v_flow), pg_catalog.unnest(v_run), pg_catalog.unnest(v_step),
+                    pg_catalog.unnest(v_index)) AS x (msg_id, verdict, reason, flow, run_id, step, task_index)
+    ORDER BY x.msg_id;
+--@include functions/claim/claim_tasks.sql lines=350-352
+  -- Claim: a guarded update of exactly the eligible tasks (they are locked and queued). Each
+  -- task's handler input is built in the same statement: a map task gets its array element (the
+  -- run input for a root map, else its single dependency's output); a single step gets
+  -- {dependency: output} of its completed dependencies ({} for a root step); flow_input is the
+  -- run input for root single steps only.
+  WITH candidates AS (
+    SELECT x.run_id, x.step, x.task_index
+    FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run), pg_catalog.unnest(v_step),
+                    pg_catalog.unnest(v_index)) AS x (verdict, run_id, step, task_index)
+    WHERE x.verdict = 'claim'
+  ), claimed AS (
+    UPDATE pgflow.step_tasks AS t
+       SET status = 'started',
+           attempts_count = t.attempts_count + 1,
+           started_at = pg_catalog.now(),
+           last_worker_id = claim_tasks.worker_id
       FROM candidates AS c, pgflow.steps AS s, pgflow.flows AS f, pgflow.runs AS r
      WHERE t.run_id = c.run_id AND t.step_slug = c.step AND t.task_index = c.task_index
        AND t.status = 'queued'
        AND s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
        AND f.flow_slug = t.flow_slug
        AND r.run_id = t.run_id
---@include functions/claim/claim_tasks.sql lines=307-309
+    RETURNING t.run_id, t.step_slug, t.task_index, t.message_id, t.flow_slug,
+              coalesce(s.opt_timeout, f.opt_timeout) + 2 AS vt_offset,
+              CASE
                 WHEN s.step_type = 'map' AND s.deps_count = 0 THEN r.input -> t.task_index
---@include functions/claim/claim_tasks.sql lines=317-392
+                WHEN s.step_type = 'map' THEN (
+                  SELECT ds.output -> t.task_index
+                  FROM pgflow.deps AS d
+                  JOIN pgflow.step_states AS ds ON ds.run_id = t.run_id AND ds.step_slug = d.dep_slug
+                  WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug
+                  LIMIT 1)
+                WHEN s.deps_count = 0 THEN '{}'::jsonb
+                ELSE coalesce((
+                  SELECT pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
+                  FROM pgflow.deps AS d
+                  JOIN pgflow.step_states AS ds ON ds.run_id = t.run_id AND ds.step_slug = d.dep_slug
+                  WHERE d.flow_slug = t.flow_slug AND d.step_slug = t.step_slug AND ds.status = 'completed'),
+                  '{}'::jsonb)
+              END AS input,
+              CASE WHEN s.step_type = 'single' AND s.deps_count = 0 THEN r.input END AS flow_input
+  )
+  SELECT pg_catalog.array_agg(c.run_id ORDER BY c.message_id), pg_catalog.array_agg(c.step_slug ORDER BY c.message_id),
+         pg_catalog.array_agg(c.task_index ORDER BY c.message_id), pg_catalog.array_agg(c.vt_offset ORDER BY c.message_id),
+         pg_catalog.array_agg(c.message_id ORDER BY c.message_id), pg_catalog.array_agg(c.flow_slug ORDER BY c.message_id),
+         pg_catalog.array_agg(c.input ORDER BY c.message_id), pg_catalog.array_agg(c.flow_input ORDER BY c.message_id),
+         pg_catalog.count(*)::integer
+  INTO v_c_run, v_c_step, v_c_index, v_c_offset, v_c_msg, v_c_flow, v_c_input, v_c_flow_input, v_claimed
+  FROM claimed AS c;
+--@include functions/claim/claim_tasks.sql lines=359-370
+  IF 'duplicate' = ANY (v_verdict) THEN
+    PERFORM pgflow._set_task_messages_vt(
+      ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'duplicate'),
+      ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'duplicate'),
+      ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'duplicate'),
+      ARRAY(SELECT x.defer FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_defer)) AS x (verdict, defer) WHERE x.verdict = 'duplicate'));
+--@include functions/claim/claim_tasks.sql lines=373-375
+  IF 'archived_terminal' = ANY (v_verdict) THEN
+    PERFORM pgflow._archive_task_messages(
+      ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'archived_terminal'),
+      ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'archived_terminal'),
+      ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'archived_terminal'));
+--@include functions/claim/claim_tasks.sql lines=381-383
+  SELECT pg_catalog.array_agg(x.msg_id ORDER BY x.msg_id) INTO v_foreign
+  FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict)) AS x (msg_id, verdict)
+  WHERE x.verdict = 'archived_foreign';
+--@include functions/claim/claim_tasks.sql lines=384-390
+  RETURN QUERY
+  SELECT 'claimed'::text, c.message_id, NULL::text, c.flow_slug, c.run_id, c.step_slug, c.task_index, c.input, c.flow_input
+  FROM ROWS FROM (pg_catalog.unnest(v_c_msg), pg_catalog.unnest(v_c_flow), pg_catalog.unnest(v_c_run),
+                  pg_catalog.unnest(v_c_step), pg_catalog.unnest(v_c_index), pg_catalog.unnest(v_c_input),
+                  pg_catalog.unnest(v_c_flow_input)) AS c (message_id, flow_slug, run_id, step_slug, task_index, input, flow_input)
+  UNION ALL
+  SELECT x.verdict, x.msg_id, x.reason, x.flow, x.run_id, x.step, x.task_index, NULL::jsonb, NULL::jsonb
+  FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason),
+                  pg_catalog.unnest(v_flow), pg_catalog.unnest(v_run), pg_catalog.unnest(v_step),
+                  pg_catalog.unnest(v_index)) AS x (msg_id, verdict, reason, flow, run_id, step, task_index)
+  WHERE x.verdict <> 'claim'
+  ORDER BY 2;
+END;
+$$;

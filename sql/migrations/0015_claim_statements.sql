@@ -1,0 +1,14 @@
+-- 0015 claim statements (issue 18): a claim classifies its batch and claims its queued work in
+-- one statement, and plans each statement once per session. Function files only: no table is
+-- altered, so no table lock.
+--
+-- The claim: one look-up for the batch, the worker and the route; the two lock statements as in
+-- 0012; one statement that classifies every message and, only when none is fatal, claims the
+-- queued tasks (each task row reached by its ctid, which the transaction's lock keeps in place,
+-- so a 10,000-task map costs what a 100-task map does); each run input or dependency output a
+-- map's tasks index into read once per call; every statement planned once per session
+-- (plan_cache_mode = force_generic_plan: all are key-driven whatever the planner knows, and the
+-- five custom plans PL/pgSQL makes first re-planned every statement of a session's first claims).
+-- Visibility still goes through _set_task_messages_vt. Outcomes, reasons, locks, lock order,
+-- visibility and errors are 0012's.
+--@apply functions/claim/claim_tasks.sql sha256=16c386149363ba89e43976881666534dc4bbb34afb1f8e86a37cc1843dc895e3
