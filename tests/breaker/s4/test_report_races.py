@@ -20,33 +20,13 @@ from psycopg.types.json import Jsonb
 
 from tests.claim.helpers import ClaimEnv
 from tests.runtime.driver import wait_until_blocked
-from tests.support.invariants import assert_runtime_invariants
 
 DEADLINE = 120.0
-
-
-@pytest.fixture
-def cl(db):
-    env = ClaimEnv(db)
-    yield env
-    env.check()
 
 
 def _elements(claimed: list[dict], value) -> Jsonb:
     return Jsonb([{"run_id": str(r["run_id"]), "step_slug": r["step_slug"], "task_index": r["task_index"],
                    "output": value} for r in claimed])
-
-
-@pytest.fixture
-def gappy(db):
-    """A ClaimEnv whose checks afterwards are the runtime invariants and the claim ledger only: a
-    killed or failed transaction consumes message ids (sequences are not transactional), so the
-    queue's ids have a gap the conservation check of ClaimEnv.check would count as lost."""
-    env = ClaimEnv(db)
-    yield env
-    assert_runtime_invariants(env.connect())
-    for t in env.rows("SELECT run_id, step_slug, task_index, attempts_count FROM pgflow.step_tasks"):
-        assert t["attempts_count"] == env.ledger[(t["run_id"], t["step_slug"], t["task_index"])]
 
 
 def test_a_batch_killed_while_archiving_leaves_nothing_and_applies_once_when_sent_again(gappy):

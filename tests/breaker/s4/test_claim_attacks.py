@@ -24,13 +24,6 @@ from tests.claim.helpers import ClaimEnv
 SECOND = dt.timedelta(seconds=1)
 
 
-@pytest.fixture
-def cl(db):
-    env = ClaimEnv(db)
-    yield env
-    env.check()
-
-
 def _vt(cl: ClaimEnv, queue: str, msg_id: int) -> dt.datetime:
     return cl.message(queue, msg_id)["vt"]
 

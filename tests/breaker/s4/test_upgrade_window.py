@@ -64,22 +64,6 @@ def test_complete_tasks_works_while_an_upgrade_from_below_0010_is_interrupted(st
     assert {f.state for f in installer.make_plan(conn).files} == {"current"}
 
 
-@pytest.mark.parametrize("stop", [4, 6, 10, 12])
-def test_claim_tasks_works_while_an_upgrade_from_the_baseline_is_interrupted(stop, baseline_db):
-    conn = baseline_db.connect()
-    conn.autocommit = True
-    with pytest.raises(Interrupted):
-        installer.apply(conn, before_commit=_interrupt_at(stop))
-    conn.execute("SELECT pgflow.create_flow('window')")
-    conn.execute("SELECT pgflow.add_step('window', 'a')")
-    conn.execute("SELECT pgflow.start_flow('window', '{}'::jsonb)")
-    ids = [r[0] for r in conn.execute("SELECT msg_id FROM pgmq.read('window', 30, 10)").fetchall()]
-    worker = conn.execute("SELECT w FROM gen_random_uuid() AS w, pgflow.register_worker(w, 'fn', 'window', 'window', NULL)"
-                          ).fetchone()[0]
-    rows = conn.execute("SELECT outcome FROM pgflow.claim_tasks('window', %s, %s, 'window')", (ids, worker)).fetchall()
-    assert rows == [("claimed",)]
-
-
 def _report(conn: psycopg.Connection, kind: str, claimed: list[tuple], value) -> list[tuple]:
     key = "output" if kind == "complete" else "error_message"
     return conn.execute(f"SELECT status FROM pgflow.{kind}_tasks(%s)", (Jsonb(

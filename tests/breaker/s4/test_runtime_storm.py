@@ -21,7 +21,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
-import pytest
 from psycopg.types.json import Jsonb
 
 from tests.claim.helpers import ClaimEnv
@@ -29,13 +28,6 @@ from tests.claim.helpers import ClaimEnv
 DEADLINE = 120.0
 SESSIONS = 4
 ROUNDS = 60
-
-
-@pytest.fixture
-def cl(db):
-    env = ClaimEnv(db)
-    yield env
-    env.check()
 
 
 def _flows(cl: ClaimEnv) -> None:

@@ -10,20 +10,7 @@ next messages went out must be equal, and the batch must take the path named.
 
 from __future__ import annotations
 
-import pytest
-
-from tests.runtime.driver import Runtime, install_all
 from tests.runtime.test_batch_fast_path import Twin
-from tests.support.invariants import assert_runtime_invariants
-
-
-@pytest.fixture
-def rt(harness, request):
-    """A protocol-2 runtime on a database with every migration; invariants checked afterwards."""
-    for db in harness.fresh(harness.template("latest", install_all), request):
-        runtime = Runtime(db.connect(), level="upgraded")
-        yield runtime
-        assert_runtime_invariants(db.connect(), require_live_messages=runtime.require_live_messages)
 
 
 def test_children_with_conditions_released_by_the_pass_end_like_single_calls(rt):
