@@ -8,11 +8,13 @@ leaves it. Workers keep running against that level until the run is resumed.
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from pgflow_cli import installer
+from pgflow_cli import installer, sqlfiles
 from pgflow_cli.installer.files import Migration
 from tests.upgrade.test_reapplied_files import at_level
 
@@ -107,3 +109,57 @@ def test_a_worker_keeps_working_at_every_level_an_upgrade_from_the_baseline_can_
     assert claim()  # the next steps (and the retried task) came out
     installer.apply(conn)
     assert installer.make_plan(conn).pending == []
+
+
+FUNCTION_TEXTS = """
+SELECT p.oid::regprocedure::text, pg_catalog.pg_get_functiondef(p.oid)
+FROM pg_catalog.pg_proc AS p
+WHERE p.pronamespace = 'pgflow'::regnamespace AND p.prokind IN ('f', 'p')
+"""
+
+
+def _defined_names(path: str) -> set[str]:
+    return {m.lower() for m in re.findall(r"CREATE\s+OR\s+REPLACE\s+FUNCTION\s+(pgflow\.\w+)\s*\(",
+                                          sqlfiles.load(path), flags=re.IGNORECASE)}
+
+
+@pytest.mark.parametrize("start", [2, 3, 9, 12])
+def test_no_function_that_existed_before_a_run_gets_a_later_text_before_its_full_run(start, baseline_db, monkeypatch):
+    """At the commit of every migration of a run, a function that existed when the run began and whose
+    file a later migration of the run applies in full still has its pre-run text: the create-only
+    subtransaction never leaves the newer text visible to workers (docs/architecture.md "Function
+    files in a run")."""
+    conn = baseline_db.connect()
+    conn.autocommit = True
+    at_level(conn, start, monkeypatch)
+    before = dict(conn.execute(FUNCTION_TEXTS).fetchall())
+    todo = installer.make_plan(conn).pending
+    last_full: dict[str, int] = {}
+    for m in todo:
+        for a in m.applies:
+            last_full[a.path] = m.version
+    deferred_names: dict[str, int] = {}  # function name -> the version that runs its file in full
+    for path, version in last_full.items():
+        for name in _defined_names(path):
+            deferred_names[name] = max(deferred_names.get(name, 0), version)
+    # a migration's once-only SQL may itself drop and recreate a function (0005's register_worker)
+    once_only_touch = {name for m in todo for name in deferred_names
+                       if re.search(rf"(drop|create\s+or\s+replace)\s+function\s+(if\s+exists\s+)?{re.escape(name)}\s*\(",
+                                    m.text, flags=re.IGNORECASE)}
+    problems: list[str] = []
+    checked: list[str] = []
+
+    def hook(c: psycopg.Connection, migration: Migration) -> None:
+        now = dict(c.execute(FUNCTION_TEXTS).fetchall())
+        for sig, text in before.items():
+            name = sig.split("(")[0]
+            full_at = deferred_names.get(name)
+            if full_at is None or full_at <= migration.version or name in once_only_touch:
+                continue
+            checked.append(sig)
+            if now.get(sig) != text:
+                problems.append(f"{migration.label}: {sig} changed before {full_at:04d} runs its file in full")
+
+    installer.apply(conn, before_commit=hook)
+    assert problems == []
+    assert len(set(checked)) >= 3, (start, sorted(set(checked)))  # the check had something to check
