@@ -1,7 +1,8 @@
 """complete_tasks' set-based pass (0014) against one complete_task per element, on shapes and
 outputs its own tests do not drive: conditions on the released children (skip, skip-cascade,
 fail), odd outputs (JSON null, a 1 MB string, unicode, nested arrays, deep objects) of single and
-map steps, a map of maps, and a single step with two children of which one is a map.
+map steps (with a sibling single step), a map of maps fed by a JSON null, and the same batches
+with Supabase's realtime.send present (element by element, the same events in the same order).
 
 Each case drives two identical flows the same way (tests/runtime/test_batch_fast_path.py's
 ``Twin``): one by single calls, one by batches; every row, every returned task and the order the
@@ -86,3 +87,33 @@ def test_a_map_of_a_map_and_a_null_output_feeding_a_map_end_like_single_calls(rt
     twin.assert_same()
     assert [rt.run(r)["status"] for r in twin.runs[True]] == ["completed", "completed", "failed"]
     assert rt.steps(twin.runs[True][0])["m2"]["output"] == ["zero-zero", "zero-one"]
+
+
+def test_with_realtime_a_batch_broadcasts_what_single_calls_broadcast(rt):
+    """Supabase: with realtime.send present the batch goes element by element (the pass would
+    interleave events differently); the events per run, in order, are those of single calls."""
+    rt.conn.execute("""
+        CREATE SCHEMA realtime;
+        CREATE TABLE realtime.sent (id bigserial PRIMARY KEY, payload jsonb, event text, topic text, private boolean);
+        CREATE FUNCTION realtime.send(payload jsonb, event text, topic text, private boolean DEFAULT true)
+        RETURNS void LANGUAGE sql AS
+          $$ INSERT INTO realtime.sent (payload, event, topic, private) VALUES (payload, event, topic, private) $$;
+    """)
+    shape = [{"slug": "a"}, {"slug": "m", "deps": ["a"], "step_type": "map"}, {"slug": "z", "deps": ["m"]}]
+    twin = Twin(rt, shape, runs=3)
+    twin.poll()
+    twin.complete([(2, "a", 0, [1]), (0, "a", 0, [1, 2]), (1, "a", 0, [])], path="elements")
+    twin.poll()
+    twin.complete([(0, "m", 1, "x"), (2, "m", 0, "y")], path="elements")
+    twin.complete([(0, "m", 0, "w")], path="elements")
+    twin.poll()
+    twin.complete([(r, "z", 0, r) for r in (1, 0, 2)], path="elements")
+    twin.assert_same()
+
+    def events(batch: bool) -> list[tuple]:
+        order = {f"pgflow:run:{r}": i for i, r in enumerate(twin.runs[batch])}
+        return [(order[s["topic"]], s["event"]) for s in rt.rows("SELECT * FROM realtime.sent ORDER BY id")
+                if s["topic"] in order]
+
+    assert events(True) == events(False)
+    assert "run:completed" in {e for _, e in events(True)}
