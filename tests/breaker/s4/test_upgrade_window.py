@@ -163,3 +163,51 @@ def test_no_function_that_existed_before_a_run_gets_a_later_text_before_its_full
     installer.apply(conn, before_commit=hook)
     assert problems == []
     assert len(set(checked)) >= 3, (start, sorted(set(checked)))  # the check had something to check
+
+
+CALLEES = """
+SELECT p.oid::regprocedure::text AS caller, m[1] AS callee
+FROM pg_catalog.pg_proc AS p
+CROSS JOIN LATERAL regexp_matches(p.prosrc, 'pgflow\\.([a-z_0-9]+)\\s*\\(', 'g') AS m
+WHERE p.pronamespace = 'pgflow'::regnamespace
+  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS q WHERE q.pronamespace = 'pgflow'::regnamespace AND q.proname = m[1])
+  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'pgflow'::regnamespace AND c.relname = m[1])
+ORDER BY 1, 2
+"""
+
+
+@pytest.mark.parametrize("stop", list(range(4, 16)))
+def test_at_every_level_an_upgrade_from_the_baseline_can_stop_at_no_function_names_a_missing_one(stop, baseline_db):
+    """A static scan: every ``pgflow.<name>(`` in an installed function body names a function (or a
+    table, for a row constructor or cast) that exists at that level. Known, listed so that anything
+    else fails: F1 (complete_tasks' element helper at levels 10-12); F3 (levels 5-8: 0005 creates
+    the three-argument _create_flow_from_shape create-only, so with its newest text, which calls
+    0009's _set_step_manual for a step whose executionMode is manual)."""
+    conn = baseline_db.connect()
+    conn.autocommit = True
+    with pytest.raises(Interrupted):
+        installer.apply(conn, before_commit=_interrupt_at(stop))
+    missing = conn.execute(CALLEES).fetchall()
+    known = {("pgflow._complete_worker_task(uuid,text,integer,jsonb)", "_complete_worker_progress")} if 11 <= stop <= 13 else set()
+    if 6 <= stop <= 9:
+        known.add(("pgflow._create_flow_from_shape(text,jsonb,jsonb)", "_set_step_manual"))
+    known_batch = {(c, n) for c, n in missing if n == "_complete_worker_tasks"}  # caught: the element path follows
+    assert set(missing) - known - known_batch == set(), missing
+
+
+@pytest.mark.xfail(strict=True, raises=psycopg.errors.UndefinedFunction, reason=(
+    "FINDING F3: from the baseline, 0005 creates _create_flow_from_shape(text, jsonb, jsonb) create-only with its "
+    "newest text, which calls 0009's _set_step_manual: compiling a manual step at levels 5-8 raises 42883"))
+def test_compiling_a_manual_step_while_an_upgrade_stands_between_0005_and_0009_is_refused_clearly(baseline_db):
+    conn = baseline_db.connect()
+    conn.autocommit = True
+    with pytest.raises(Interrupted):
+        installer.apply(conn, before_commit=_interrupt_at(6))
+    shape = {"steps": [{"slug": "a", "stepType": "single", "dependencies": [], "executionMode": "manual"}]}
+    try:
+        conn.execute("SELECT pgflow.ensure_flow_compiled('probe', %s, protocol_version => 2)", (Jsonb(shape),))
+    except psycopg.errors.UndefinedFunction:
+        raise
+    except psycopg.Error as exc:  # a refusal naming what is missing is the expected answer
+        assert "manual" in str(exc).lower() or "migrat" in str(exc).lower(), exc
+    assert conn.execute("SELECT count(*) FROM pgflow.steps WHERE flow_slug = 'probe'").fetchone()[0] in (0, 1)
