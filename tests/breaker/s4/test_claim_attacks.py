@@ -177,3 +177,39 @@ def test_one_transaction_claims_fails_and_claims_the_same_task_again(cl):
     task = cl.task(run, "a")
     assert (task["status"], task["attempts_count"], task["error_message"]) == ("started", 2, "first try")
     assert second.claimed[0]["flow_input"] == {"x": 1}
+
+
+def test_a_batch_in_a_step_queued_flow_starts_the_next_steps_in_their_own_queues(cl):
+    """Private step queues (0005): the pass starts the runs' ready steps together only when they
+    share a queue (b alone), else run by run (b and c); every message lands in its step's queue
+    with the task's identity, and claims from those queues get the right inputs."""
+    flow = (Flow("fan", max_attempts=2, base_delay=0).step("a", lambda v, c: v)
+            .step("b", lambda v, c: v, depends_on=["a"]).step("c", lambda v, c: v, depends_on=["b"])
+            .step("d", lambda v, c: v, depends_on=["b"]))
+    cl.conn.execute("SELECT pgflow.ensure_flow_compiled(%s, %s, protocol_version => 2, queue_mode => 'step', "
+                    "route_map => %s)", ("fan", Jsonb(flow.shape()), Jsonb(with_step_queues(flow).route_map())))
+    queues = {r["step_slug"]: r["queue_name"] for r in cl.rows("SELECT step_slug, queue_name FROM pgflow.steps")}
+    assert len(set(queues.values())) == 4
+    runs = [cl.start("fan", {"n": n}) for n in range(4)]
+    workers = {step: cl.worker("fan", queue=q, step=step, function=f"fan-{step}") for step, q in queues.items()}
+
+    def claim(step: str) -> list[dict]:
+        return cl.claim(queues[step], cl.read(queues[step]), workers[step], "fan", step).claimed
+
+    def report(rows: list[dict], output_of) -> None:
+        cl.rows("SELECT * FROM pgflow.complete_tasks(%s)", (Jsonb([
+            {"run_id": str(r["run_id"]), "step_slug": r["step_slug"], "task_index": r["task_index"],
+             "output": output_of(r)} for r in reversed(rows)]),))
+
+    report(claim("a"), lambda r: {"a": runs.index(r["run_id"])})  # b of every run: one queue, together
+    got_b = claim("b")
+    assert sorted((runs.index(r["run_id"]), r["input"]["a"]["a"]) for r in got_b) == [(n, n) for n in range(4)]
+    report(got_b, lambda r: runs.index(r["run_id"]) * 10)  # c and d: two queues, run by run
+    for step in ("c", "d"):
+        got = claim(step)
+        assert sorted((runs.index(r["run_id"]), r["input"]) for r in got) == [(n, {"b": n * 10}) for n in range(4)]
+        report(got, lambda r: None)
+    assert {r["status"] for r in cl.rows("SELECT status FROM pgflow.runs")} == {"completed"}
+    wrong = cl.rows("SELECT t.step_slug, t.queue_name FROM pgflow.step_tasks t JOIN pgflow.steps s "
+                    "USING (flow_slug, step_slug) WHERE t.queue_name IS DISTINCT FROM s.queue_name")
+    assert wrong == []
