@@ -1,12 +1,15 @@
 """Claims (0015) that wait for a run lock while the run ends under them: a sibling's final failure
 fails the run, or ``drop_flow(force)`` deletes the whole flow and its queue. The claim continues
-after the other transaction committed, with a classification it made partly before waiting."""
+after the other transaction committed, with a classification it made partly before waiting. And
+the start time a claim that waited records (F4)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 
 import psycopg
+import pytest
 
 from tests.runtime.driver import wait_until_blocked
 
@@ -69,3 +72,29 @@ def test_a_claim_waiting_while_the_flow_is_dropped_raises_or_claims_nothing_and_
     # whatever the claim saw, it must not leave a paused function behind for a flow that is gone
     assert cl.function_row("gone-worker") is None or cl.function_row("gone-worker")["enabled"] is True, (
         out, cl.function_row("gone-worker"))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "FINDING F4: claim_tasks sets started_at = now(), the start of its statement, not the moment it claims: "
+    "a claim that waited W for a lock gets a recovery deadline (started_at + timeout + 30 s) W earlier, so a "
+    "wait over 28 s lets requeue_stalled_tasks hand a running task to a second worker"))
+def test_a_claim_that_waited_for_a_lock_counts_its_start_from_when_it_claimed(cl):
+    cl.flow("late", [{"slug": "a"}], timeout=5)
+    run = cl.start("late", {})
+    ids = cl.read("late")
+    worker = cl.worker("late")
+    holder = cl.connect()
+    holder.execute("BEGIN")
+    holder.execute("SELECT 1 FROM pgflow.runs WHERE run_id = %s FOR UPDATE", (run,))  # a report of the run
+    conn = cl.connect()
+    thread, out = _claim_in_thread(cl, conn, "late", ids, worker, "late")
+    wait_until_blocked(cl.conn, cl.val("SELECT pg_backend_pid() AS p", conn=conn))
+    released_at = cl.val("SELECT clock_timestamp() AS t", conn=holder)
+    holder.execute("COMMIT")
+    thread.join(timeout=DEADLINE)
+    assert [r["outcome"] for r in out["claim"].rows] == ["claimed"]
+    task = cl.task(run, "a")
+    vt = cl.message("late", ids[0])["vt"]
+    assert vt >= released_at + dt.timedelta(seconds=5 + 2)  # the message: hidden from the claim on
+    # the recovery deadline, started_at + timeout + 30 s, must count from the claim too
+    assert task["started_at"] >= released_at, (task["started_at"], released_at)
