@@ -17,6 +17,8 @@ DEADLINE = 60.0
 
 
 def _claim_in_thread(cl, conn, queue, ids, worker, flow) -> tuple[threading.Thread, dict]:
+    """Start ``cl.claim`` on ``conn`` in a thread (``conn`` is the thread's until it ends); returns
+    the thread and a dict that gets ``claim`` or ``error``."""
     out: dict = {}
 
     def target() -> None:
@@ -37,13 +39,16 @@ def test_a_claim_waiting_while_a_sibling_fails_the_run_claims_nothing_and_stops_
     first, second = cl.worker("fails"), cl.worker("fails")
     assert len(cl.claim("fails", ids[:1], first, "fails").claimed) == 1
     holder = cl.connect()
+    holder.execute("SET statement_timeout = '60s'")  # a hang guard: the drop must not wait for ever
     holder.execute("BEGIN")
     holder.execute("SELECT pgflow.fail_task(%s, 'each', 0, 'final')", (run,))  # fails the run, holds its lock
     conn = cl.connect()
+    pid = cl.val("SELECT pg_backend_pid() AS p", conn=conn)  # before the thread uses the connection
     thread, out = _claim_in_thread(cl, conn, "fails", ids[1:], second, "fails")
-    wait_until_blocked(cl.conn, cl.val("SELECT pg_backend_pid() AS p", conn=conn))
+    wait_until_blocked(cl.conn, pid)
     holder.execute("COMMIT")
     thread.join(timeout=DEADLINE)
+    assert not thread.is_alive(), "the claim never ended"
     assert "error" not in out, out.get("error")
     outcomes = {o for o, _ in out["claim"].outcomes.values()}
     assert outcomes <= {"missing", "archived_terminal"}, out["claim"].outcomes
@@ -59,14 +64,17 @@ def test_a_claim_waiting_while_the_flow_is_dropped_raises_or_claims_nothing_and_
     ids = cl.read("gone")
     worker = cl.worker("gone")
     holder = cl.connect()
+    holder.execute("SET statement_timeout = '60s'")  # a hang guard: the drop must not wait for ever
     holder.execute("BEGIN")
     holder.execute("SELECT pgflow._lock_flow_for_deletion('gone')")
     conn = cl.connect()
+    pid = cl.val("SELECT pg_backend_pid() AS p", conn=conn)  # before the thread uses the connection
     thread, out = _claim_in_thread(cl, conn, "gone", ids, worker, "gone")
-    wait_until_blocked(cl.conn, cl.val("SELECT pg_backend_pid() AS p", conn=conn))
+    wait_until_blocked(cl.conn, pid)
     holder.execute("SELECT pgflow.drop_flow('gone', true)")
     holder.execute("COMMIT")
     thread.join(timeout=DEADLINE)
+    assert not thread.is_alive(), "the claim never ended"
     if "claim" in out:
         assert {o for o, _ in out["claim"].outcomes.values()} <= {"missing"}, out["claim"].outcomes
     # whatever the claim saw, it must not leave a paused function behind for a flow that is gone
@@ -84,14 +92,17 @@ def test_a_claim_that_waited_for_a_lock_counts_its_start_from_when_it_claimed(cl
     ids = cl.read("late")
     worker = cl.worker("late")
     holder = cl.connect()
+    holder.execute("SET statement_timeout = '60s'")  # a hang guard: the drop must not wait for ever
     holder.execute("BEGIN")
     holder.execute("SELECT 1 FROM pgflow.runs WHERE run_id = %s FOR UPDATE", (run,))  # a report of the run
     conn = cl.connect()
+    pid = cl.val("SELECT pg_backend_pid() AS p", conn=conn)  # before the thread uses the connection
     thread, out = _claim_in_thread(cl, conn, "late", ids, worker, "late")
-    wait_until_blocked(cl.conn, cl.val("SELECT pg_backend_pid() AS p", conn=conn))
+    wait_until_blocked(cl.conn, pid)
     released_at = cl.val("SELECT clock_timestamp() AS t", conn=holder)
     holder.execute("COMMIT")
     thread.join(timeout=DEADLINE)
+    assert not thread.is_alive(), "the claim never ended"
     assert [r["outcome"] for r in out["claim"].rows] == ["claimed"]
     task = cl.task(run, "a")
     vt = cl.message("late", ids[0])["vt"]

@@ -58,6 +58,7 @@ def test_a_batch_killed_while_archiving_leaves_nothing_and_applies_once_when_sen
     assert cl.val("SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,)).startswith("SELECT * FROM pgflow.complete_tasks")
     assert cl.val("SELECT pg_terminate_backend(%s) AS ok", (pid,)) is True
     thread.join(timeout=DEADLINE)
+    assert not thread.is_alive(), "the report never ended"
     assert errors and isinstance(errors[0], psycopg.OperationalError)
     holder.execute("ROLLBACK")
     assert cl.snapshot() == before
@@ -170,6 +171,7 @@ def test_a_report_that_waited_behind_a_newer_claim_of_its_task_is_applied(gappy,
     assert [r["outcome"] for r in again.rows] == ["claimed"]
     holder.execute("COMMIT")
     thread.join(timeout=DEADLINE)
+    assert not thread.is_alive(), "the report never ended"
     if "error" in outcome:
         raise outcome["error"]
     task = cl.task(run, "a")
