@@ -1,0 +1,88 @@
+"""``migrate apply --sql`` piped into psql from a level below 0014, with a worker role and Supabase's
+client roles present, ends where ``migrate apply`` ends: the same schema, the same function texts,
+the same privileges (create-only blocks included: the script carries them as the run does)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from pgflow_cli import installer
+from pgflow_cli.errors import ExitCode
+from tests.conftest import _install
+from tests.output.test_sql_script import FILES, LEDGER, _psql
+from tests.support.cli import run_cli
+from tests.support.fingerprint import _dump
+from tests.upgrade.test_reapplied_files import FUNCTIONS, at_level
+
+PRIVILEGES = """
+-- (a function's NULL acl is the default: PUBLIC may execute it)
+SELECT 'function', p.oid::regprocedure::text, coalesce(p.proacl::text, '') FROM pg_proc AS p
+WHERE p.pronamespace = 'pgflow'::regnamespace
+UNION ALL
+SELECT 'relation', c.oid::regclass::text, coalesce(c.relacl::text, '') FROM pg_class AS c
+WHERE c.relnamespace IN ('pgflow'::regnamespace, 'pgmq'::regnamespace)
+UNION ALL
+SELECT 'schema', n.nspname, coalesce(n.nspacl::text, '') FROM pg_namespace AS n WHERE n.nspname IN ('pgflow', 'pgmq')
+ORDER BY 1, 2
+"""
+
+
+@pytest.fixture
+def roles(harness, client_role_names):
+    """A worker role, and Supabase's client roles where the cluster has none; the test drops what
+    they own in its databases (``_release``), this fixture drops the roles it created."""
+    admin = harness.admin
+    created = [name for name in client_role_names
+               if admin.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (name,)).fetchone()[0] == 0]
+    worker = f"script_worker_{uuid.uuid4().hex[:8]}"
+    for name in (*created, worker):
+        admin.execute(f'CREATE ROLE "{name}" NOLOGIN')
+    yield worker, (worker, *client_role_names)
+    for name in (worker, *created):
+        admin.execute(f'DROP ROLE "{name}"')
+
+
+def _release(databases, names) -> None:
+    for database in databases:
+        with database.connect() as conn:
+            for name in names:
+                conn.execute(f'DROP OWNED BY "{name}"')
+            conn.commit()
+
+
+@pytest.mark.parametrize("level", [2, 9, 13])
+def test_the_script_from_a_lower_level_with_roles_gives_what_apply_gives(level, harness, baseline_db, roles, monkeypatch):
+    worker, names = roles
+    by_apply = baseline_db
+    by_psql = harness.clone(harness.template("baseline", lambda c: _install(c, installer.BASELINE_VERSION)), "script_lvl")
+    try:
+        for database in (by_apply, by_psql):
+            conn = database.connect()
+            conn.autocommit = True
+            at_level(conn, level, monkeypatch)
+            conn.execute(f'GRANT USAGE ON SCHEMA pgflow TO "{worker}"')
+            conn.execute(f'GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgflow TO "{worker}"')
+        script = run_cli("migrate", "apply", "--sql", "--dsn", by_psql.conninfo)
+        assert script.code == ExitCode.OK, script.output
+        assert script.stdout.count("DO $pgflow_create_only$") >= (1 if level < 13 else 0)
+        ran = _psql(by_psql.conninfo, script.stdout)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        applied = run_cli("migrate", "apply", "--dsn", by_apply.conninfo)
+        assert applied.code == ExitCode.OK, applied.output
+        a, p = by_apply.connect(), by_psql.connect()
+        assert _dump(by_psql.conninfo, "--schema-only") == _dump(by_apply.conninfo, "--schema-only")
+        assert p.execute(FUNCTIONS).fetchall() == a.execute(FUNCTIONS).fetchall()
+        privileges = p.execute(PRIVILEGES).fetchall()
+        assert privileges == a.execute(PRIVILEGES).fetchall()
+        assert [r for r in privileges if f"{worker}=X" in r[2]], "the worker role lost its grants"
+        leaked = [r for r in privileges if any(f"{who}=" in r[2] for who in ("anon", "authenticated"))
+                  or r[2].startswith("{=") or ",=" in r[2] or (r[0] == "function" and r[2] == "")]
+        assert leaked == []
+        assert p.execute(LEDGER).fetchall() == a.execute(LEDGER).fetchall()
+        assert p.execute(FILES).fetchall() == a.execute(FILES).fetchall()
+        assert installer.make_plan(p).pending == []
+    finally:
+        _release((by_apply, by_psql), names)
+        harness.drop(by_psql)
