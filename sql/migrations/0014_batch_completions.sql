@@ -17,13 +17,13 @@
 -- installer creates them there and replaces them here, docs/architecture.md "Function files in a run".)
 --@apply functions/runtime/_start_ready_steps_of_runs.sql sha256=d996bb3e4274ec7ba5ae33abd3384f190316426b6127d1f3d81dd098615c73ad
 --@apply functions/runtime/_complete_worker_tasks.sql sha256=81eb5b2f328221f042efb9968cdfd0b6b3d3fd18077af9693fe7d5deefbff374
---@apply functions/runtime/_complete_worker_task.sql sha256=68453115c97ab6fcb63f7da23d57a13b2c343e933acb7d58bf77b8f5ad51409b
+--@apply functions/runtime/_complete_worker_task.sql sha256=8c95032a58cae6028aea1c5a58b6f903e630ed91221e3af8ae8f66cd70586df9
 --@apply functions/runtime/complete_tasks.sql sha256=16e81b89f8c59da4894f8753cc1de0cdfe60039a3551ee6d83a2a567dedf6da2
 --@apply functions/runtime/fail_tasks.sql sha256=ff34fba898a805f5aacf05f9234bd77ce0cf1f258868020c64e73e7eb3a996ab
 
 -- Starting runs: start_flows' runs of a flow without conditions, map or manual steps start their
 -- root steps together (_start_ready_steps_of_runs), unless realtime.send exists.
---@apply functions/runtime/_start_runs.sql sha256=cc825b2d48a649c8f5c0502da6dbe209dbba01b50e994cffa9d6b328740f17d3
+--@apply functions/runtime/_start_runs.sql sha256=5bd93e369dde50f271aea8be66c59a3cc7273d2b1c2448ec052740fc1cba6e52
 
 -- Grants: a role that can report batches or start runs today can run what those now reach;
 -- PUBLIC and Supabase's client roles get nothing.

@@ -10,5 +10,7 @@
 -- (plan_cache_mode = force_generic_plan: all are key-driven whatever the planner knows, and the
 -- five custom plans PL/pgSQL makes first re-planned every statement of a session's first claims).
 -- Visibility still goes through _set_task_messages_vt. Outcomes, reasons, locks, lock order,
--- visibility and errors are 0012's.
---@apply functions/claim/claim_tasks.sql sha256=16c386149363ba89e43976881666534dc4bbb34afb1f8e86a37cc1843dc895e3
+-- visibility and errors are 0012's. A claimed task's started_at is the moment of the claim
+-- (clock_timestamp), no longer the statement's start: a claim that waited for a lock counted its
+-- stalled-recovery deadline from before the wait.
+--@apply functions/claim/claim_tasks.sql sha256=f634bf221d21318bbc6dd06c4fcf734ed7fe161d1159b4c52eb12bfca9cd1818

@@ -17,9 +17,7 @@ DECLARE
   v_changed integer;
 BEGIN
   IF coalesce(pg_catalog.cardinality(start_tasks.msg_ids), 0) = 0 THEN
-    RETURN;
-  END IF;
-
+--@include functions/claim/claim_tasks.sql lines=352-354
   -- Lock order runs -> step_tasks, as complete_task/fail_task: the runs in share mode (claims do
   -- not block each other, but wait for a completion or failure of the same run), then the task
   -- rows in key order, so two claims with overlapping batches cannot deadlock either.
@@ -41,7 +39,10 @@ BEGIN
     ORDER BY t.run_id, t.step_slug, t.task_index
     FOR UPDATE
   ), claimed AS (
---@include functions/claim/claim_tasks.sql lines=260-263
+    UPDATE pgflow.step_tasks AS t
+       SET status = 'started',
+           attempts_count = t.attempts_count + 1,
+           started_at = pg_catalog.now(),
            last_worker_id = start_tasks.worker_id
       FROM locked AS l, pgflow.runs AS r, pgflow.step_states AS ss, pgflow.steps AS s, pgflow.flows AS f
      WHERE t.run_id = l.run_id AND t.step_slug = l.step_slug AND t.task_index = l.task_index
@@ -58,7 +59,9 @@ BEGIN
   FROM claimed AS c;
 
   IF v_claimed = 0 THEN
---@include functions/claim/claim_tasks.sql lines=350-352
+    RETURN;
+  END IF;
+
   v_changed := pgflow._set_task_messages_vt(v_run_ids, v_step_slugs, v_task_indexes, v_offsets);
   IF v_changed < v_claimed THEN
     RAISE EXCEPTION 'start_tasks(): visibility updated % of % claimed messages in queue "%"; the claim was rolled back and no attempt was consumed',

@@ -260,7 +260,9 @@ BEGIN
     UPDATE pgflow.step_tasks AS t
        SET status = 'started',
            attempts_count = t.attempts_count + 1,
-           started_at = pg_catalog.now(),
+           -- the moment of the claim, not of the statement's start: a claim that waited for a lock
+           -- counts its recovery deadline (started_at + timeout + 30 s) from when it took the task
+           started_at = pg_catalog.clock_timestamp(),
            last_worker_id = claim_tasks.worker_id
       -- the task row by its ctid (locked above, so it cannot move): no index choice is left to the
       -- planner, however many queued siblings share the task's (run_id, step_slug)

@@ -9,6 +9,13 @@ CREATE OR REPLACE FUNCTION pgflow._complete_worker_task(run_id uuid, step_slug t
 BEGIN
   --@include functions/runtime/parts/lock_and_load_task.sql fn=_complete_worker_task
 
+  -- An upgrade from below 0010 creates this text in 0010 (docs/architecture.md "Function files in
+  -- a run"); if it stopped before 0013, 0009's shared core (the same outcome) does the work.
+  IF pg_catalog.to_regprocedure('pgflow._complete_worker_progress(uuid,text,integer,jsonb)') IS NULL THEN
+    RETURN NEXT pgflow._complete_task_progress(_complete_worker_task.run_id, _complete_worker_task.step_slug,
+                                               _complete_worker_task.task_index, _complete_worker_task.output);
+    RETURN;
+  END IF;
   RETURN NEXT pgflow._complete_worker_progress(_complete_worker_task.run_id, _complete_worker_task.step_slug,
                                                _complete_worker_task.task_index, _complete_worker_task.output);
 END;

@@ -9,7 +9,6 @@ import datetime as dt
 import threading
 
 import psycopg
-import pytest
 
 from tests.runtime.driver import wait_until_blocked
 
@@ -82,11 +81,11 @@ def test_a_claim_waiting_while_the_flow_is_dropped_raises_or_claims_nothing_and_
         out, cl.function_row("gone-worker"))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "FINDING F4: claim_tasks sets started_at = now(), the start of its statement, not the moment it claims: "
-    "a claim that waited W for a lock gets a recovery deadline (started_at + timeout + 30 s) W earlier, so a "
-    "wait over 28 s lets requeue_stalled_tasks hand a running task to a second worker"))
 def test_a_claim_that_waited_for_a_lock_counts_its_start_from_when_it_claimed(cl):
+    """Finding F4 of the s4 breaker: the claim set started_at = now(), its statement's start, so a
+    claim that waited W for a lock got a recovery deadline (started_at + timeout + 30 s) W early,
+    and a wait over 28 s let requeue_stalled_tasks hand a running task to a second worker.
+    0015 takes the claim's clock_timestamp()."""
     cl.flow("late", [{"slug": "a"}], timeout=5)
     run = cl.start("late", {})
     ids = cl.read("late")

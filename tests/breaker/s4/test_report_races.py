@@ -72,7 +72,7 @@ def test_a_batch_killed_while_archiving_leaves_nothing_and_applies_once_when_sen
 
 
 def _reporter(cl: ClaimEnv, seed: int, tasks: list[dict], worker, stop: threading.Event,
-              deadlocks: list[int], errors: list[str], stale: list[str]) -> None:
+              deadlocks: list[int], errors: list[str]) -> None:
     rnd = random.Random(seed)
     conn = cl.connect()
     for _ in range(40):
@@ -100,15 +100,12 @@ def _reporter(cl: ClaimEnv, seed: int, tasks: list[dict], worker, stop: threadin
                 conn.execute("SELECT pgflow.requeue_stalled_tasks()")
         except psycopg.errors.DeadlockDetected:
             deadlocks.append(seed)
-        except psycopg.errors.CheckViolation as exc:  # the stale-report finding below
-            stale.append(str(exc))
         except psycopg.Error as exc:
             errors.append(f"{exc.sqlstate}: {exc}")
             stop.set()
 
 
 def test_four_sessions_reporting_the_same_runs_in_every_order_never_deadlock(gappy):
-    """(A report that waited behind a newer claim of its task may raise 23514: the xfail below.)"""
     cl = gappy
     cl.flow("race", [{"slug": "m", "step_type": "map"}, {"slug": "x"}, {"slug": "y", "deps": ["x"]},
                      {"slug": "z", "deps": ["m", "y"]}], max_attempts=4, base_delay=0)
@@ -119,9 +116,8 @@ def test_four_sessions_reporting_the_same_runs_in_every_order_never_deadlock(gap
     stop = threading.Event()
     deadlocks: list[int] = []
     errors: list[str] = []
-    stale: list[str] = []
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(_reporter, cl, seed, tasks, workers[seed], stop, deadlocks, errors, stale)
+        futures = [pool.submit(_reporter, cl, seed, tasks, workers[seed], stop, deadlocks, errors)
                    for seed in range(4)]
         for f in futures:
             f.result(timeout=DEADLINE)
@@ -132,12 +128,11 @@ def test_four_sessions_reporting_the_same_runs_in_every_order_never_deadlock(gap
 
 
 @pytest.mark.parametrize("kind", ["complete", "fail", "complete_task"])
-@pytest.mark.xfail(strict=True, raises=psycopg.errors.CheckViolation, reason=(
-    "FINDING: a report whose statement began before a newer claim of its task committed sets "
-    "completed_at/failed_at = now() (its own start) < the claim's started_at: 23514 instead of a result"))
 def test_a_report_that_waited_behind_a_newer_claim_of_its_task_is_applied(gappy, kind):
     """A stale worker's report (its attempt failed and the task was claimed again) waits for the
-    run lock; the new claim starts after the report's statement and commits first."""
+    run lock; the new claim starts after the report's statement and commits first. Finding F2 of
+    the s4 breaker: the report wrote completed_at/failed_at = now(), earlier than the new claim's
+    started_at, and failed step_tasks' CHECK (23514); 0016 ends a task at the later of the two."""
     cl = gappy
     cl.flow("stale", [{"slug": "a"}], max_attempts=2, base_delay=0)  # a failure of the second attempt is final
     run = cl.start("stale", {})

@@ -99,14 +99,14 @@ BEGIN
          pg_catalog.count(*) FILTER (WHERE jd.verdict[1] = 'fatal')::integer
   INTO v_msg, v_verdict, v_reason, v_flow, v_run, v_step, v_index, v_defer, v_fatal
   FROM judged AS jd;
---@include functions/claim/claim_tasks.sql lines=317-324
+--@include functions/claim/claim_tasks.sql lines=319-326
              pg_catalog.string_agg(pg_catalog.format('message %s %s', x.msg_id, x.reason), ', ' ORDER BY x.msg_id))
     INTO v_pause
     FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_reason)) AS x (msg_id, verdict, reason)
     WHERE x.verdict = 'fatal';
     INSERT INTO pgflow.worker_functions AS wf (function_name, enabled, paused_at, paused_reason, updated_at)
     VALUES (v_worker.function_name, false, pg_catalog.clock_timestamp(), v_pause, pg_catalog.clock_timestamp())
---@include functions/claim/claim_tasks.sql lines=331-345
+--@include functions/claim/claim_tasks.sql lines=333-347
     RAISE WARNING 'pgflow: %; nothing was claimed, the batch is visible again and worker function "%" is paused', v_pause, v_worker.function_name
       USING HINT = 'inspect the messages by id (SELECT msg_id, read_ct, enqueued_at FROM pgmq.q_<queue> WHERE msg_id = ...), fix the cause, then enable the function again (docs/claim-protocol.md)';
 
@@ -119,7 +119,7 @@ BEGIN
                     pg_catalog.unnest(v_flow), pg_catalog.unnest(v_run), pg_catalog.unnest(v_step),
                     pg_catalog.unnest(v_index)) AS x (msg_id, verdict, reason, flow, run_id, step, task_index)
     ORDER BY x.msg_id;
---@include functions/claim/claim_tasks.sql lines=350-352
+--@include functions/claim/claim_tasks.sql lines=352-354
   -- Claim: a guarded update of exactly the eligible tasks (they are locked and queued). Each
   -- task's handler input is built in the same statement: a map task gets its array element (the
   -- run input for a root map, else its single dependency's output); a single step gets
@@ -169,24 +169,24 @@ BEGIN
          pg_catalog.count(*)::integer
   INTO v_c_run, v_c_step, v_c_index, v_c_offset, v_c_msg, v_c_flow, v_c_input, v_c_flow_input, v_claimed
   FROM claimed AS c;
---@include functions/claim/claim_tasks.sql lines=359-370
+--@include functions/claim/claim_tasks.sql lines=361-372
   IF 'duplicate' = ANY (v_verdict) THEN
     PERFORM pgflow._set_task_messages_vt(
       ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'duplicate'),
       ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'duplicate'),
       ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'duplicate'),
       ARRAY(SELECT x.defer FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_defer)) AS x (verdict, defer) WHERE x.verdict = 'duplicate'));
---@include functions/claim/claim_tasks.sql lines=373-375
+--@include functions/claim/claim_tasks.sql lines=375-377
   IF 'archived_terminal' = ANY (v_verdict) THEN
     PERFORM pgflow._archive_task_messages(
       ARRAY(SELECT x.run_id FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_run)) AS x (verdict, run_id) WHERE x.verdict = 'archived_terminal'),
       ARRAY(SELECT x.step FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_step)) AS x (verdict, step) WHERE x.verdict = 'archived_terminal'),
       ARRAY(SELECT x.task_index FROM ROWS FROM (pg_catalog.unnest(v_verdict), pg_catalog.unnest(v_index)) AS x (verdict, task_index) WHERE x.verdict = 'archived_terminal'));
---@include functions/claim/claim_tasks.sql lines=381-383
+--@include functions/claim/claim_tasks.sql lines=383-385
   SELECT pg_catalog.array_agg(x.msg_id ORDER BY x.msg_id) INTO v_foreign
   FROM ROWS FROM (pg_catalog.unnest(v_msg), pg_catalog.unnest(v_verdict)) AS x (msg_id, verdict)
   WHERE x.verdict = 'archived_foreign';
---@include functions/claim/claim_tasks.sql lines=384-390
+--@include functions/claim/claim_tasks.sql lines=386-392
   RETURN QUERY
   SELECT 'claimed'::text, c.message_id, NULL::text, c.flow_slug, c.run_id, c.step_slug, c.task_index, c.input, c.flow_input
   FROM ROWS FROM (pg_catalog.unnest(v_c_msg), pg_catalog.unnest(v_c_flow), pg_catalog.unnest(v_c_run),
