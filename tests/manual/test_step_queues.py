@@ -37,7 +37,7 @@ def compile_step_mode(conn, flow: Flow, route_map=None) -> dict:
 
 
 def pgmq_queues(conn) -> list[str]:
-    return conn.execute("SELECT coalesce(array_agg(queue_name::text ORDER BY 1), '{}') FROM pgmq.meta").fetchone()[0]
+    return conn.execute("SELECT coalesce(array_agg(queue_name::text ORDER BY queue_name::text), '{}') FROM pgmq.meta").fetchone()[0]
 
 
 def claim_one(conn, flow_slug: str, step: str, queue: str) -> list[tuple]:

@@ -46,10 +46,10 @@ def snapshot(conn) -> tuple:
     """Everything a refused compilation must leave unchanged."""
     return (
         conn.execute("SELECT coalesce(array_agg(flow_slug || ':' || queue_mode ORDER BY flow_slug), '{}') FROM pgflow.flows").fetchone()[0],
-        conn.execute("SELECT coalesce(array_agg(flow_slug || '/' || step_slug || '@' || queue_name ORDER BY 1), '{}')"
-                     " FROM pgflow.steps").fetchone()[0],
-        conn.execute("SELECT coalesce(array_agg(queue_name::text ORDER BY 1), '{}') FROM pgmq.meta").fetchone()[0],
-        conn.execute("SELECT coalesce(array_agg(relname::text ORDER BY 1), '{}') FROM pg_class c JOIN pg_namespace n "
+        conn.execute("SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM (SELECT flow_slug || '/' || step_slug || '@' || queue_name"
+                     " AS x FROM pgflow.steps) AS s").fetchone()[0],
+        conn.execute("SELECT coalesce(array_agg(queue_name::text ORDER BY queue_name::text), '{}') FROM pgmq.meta").fetchone()[0],
+        conn.execute("SELECT coalesce(array_agg(relname::text ORDER BY relname::text), '{}') FROM pg_class c JOIN pg_namespace n "
                      "ON n.oid = c.relnamespace WHERE n.nspname = 'pgmq' AND c.relkind = 'r'").fetchone()[0],
     )
 

@@ -38,14 +38,14 @@ ORDER BY 1
 """
 
 UNREACHABLE = """
-SELECT coalesce(pg_catalog.array_agg(p.oid::regprocedure::text ORDER BY 1), '{}')
+SELECT coalesce(pg_catalog.array_agg(p.oid::regprocedure::text ORDER BY p.oid::regprocedure::text), '{}')
 FROM pg_catalog.pg_proc AS p
 WHERE p.pronamespace = 'pgflow'::regnamespace AND p.prorettype <> 'trigger'::regtype
   AND NOT pg_catalog.has_function_privilege(%s, p.oid, 'EXECUTE')
 """
 
 REACHABLE = """
-SELECT coalesce(pg_catalog.array_agg(p.oid::regprocedure::text ORDER BY 1), '{}')
+SELECT coalesce(pg_catalog.array_agg(p.oid::regprocedure::text ORDER BY p.oid::regprocedure::text), '{}')
 FROM pg_catalog.pg_proc AS p
 WHERE p.pronamespace = 'pgflow'::regnamespace AND pg_catalog.has_function_privilege(%s, p.oid, 'EXECUTE')
 """
