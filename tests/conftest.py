@@ -31,6 +31,9 @@ from pgflow_cli import installer
 from tests.support import published
 from tests.support.server import TERMINATING, Harness, TestDatabase, start_shared_server, stop_shared_server
 
+# before any test module imports it (tests/breaker/s4 uses the claim helpers too)
+pytest.register_assert_rewrite("tests.claim.helpers")
+
 BASELINE_VERSION = installer.BASELINE_VERSION
 SHARED_SERVER = "pgflow_test_server"
 """Key of the xdist worker input holding the shared server's base directory."""

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.register_assert_rewrite("tests.claim.helpers")
-
-from tests.claim.helpers import ClaimEnv  # noqa: E402
+from tests.claim.helpers import ClaimEnv
 
 
 @pytest.fixture
