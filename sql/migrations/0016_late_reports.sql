@@ -12,3 +12,7 @@
 --@apply functions/runtime/_complete_worker_progress.sql sha256=c1b1bfb18afcbbb3665e1ddd5a952ffd9779476c8ec7d5121aa3299318db90c8
 --@apply functions/runtime/_fail_task_exhausted.sql sha256=35268c168e210ee37d8ef1e261fc51d437728441fb775388fd6088e9a5020b42
 --@apply functions/runtime/_complete_worker_tasks.sql sha256=dc38355cdcca8c4d783f0a11226ad02c51d21955e9f91afb2fe20c52d5a6b08b
+-- A flow compiled with a manual step while an upgrade from below 0005 stands between 0005 and
+-- 0009 (0005 creates this text early, docs/architecture.md "Function files in a run") is refused
+-- with PF003 naming migration 0009, instead of 42883 for the missing _set_step_manual.
+--@apply functions/definitions/_create_flow_from_shape.sql sha256=b3089af2a8b5512b7985046cd5de018945e12857c70082cd1139e8ab45db7204

@@ -176,26 +176,22 @@ ORDER BY 1, 2
 def test_at_every_level_an_upgrade_from_the_baseline_can_stop_at_no_function_names_a_missing_one(stop, baseline_db):
     """A static scan: every ``pgflow.<name>(`` in an installed function body names a function (or a
     table, for a row constructor or cast) that exists at that level, or is called only behind a
-    to_regprocedure guard (F1, fixed that way). Known, listed so that anything else fails: F3 (levels 5-8: 0005 creates
-    the three-argument _create_flow_from_shape create-only, so with its newest text, which calls
-    0009's _set_step_manual for a step whose executionMode is manual)."""
+    to_regprocedure guard (findings F1 and F3 of the s4 breaker, fixed that way: texts created early
+    by 0005 and 0010 that call helpers of 0009, 0013 and 0014)."""
     conn = baseline_db.connect()
     conn.autocommit = True
     with pytest.raises(Interrupted):
         installer.apply(conn, before_commit=_interrupt_at(stop))
     missing = conn.execute(CALLEES).fetchall()
     # names a body calls only behind a to_regprocedure guard (the older path follows where they are missing)
-    guarded = {"_complete_worker_tasks", "_complete_worker_progress", "_start_ready_steps_of_runs"}
-    known: set[tuple[str, str]] = set()
-    if 6 <= stop <= 9:
-        known.add(("pgflow._create_flow_from_shape(text,jsonb,jsonb)", "_set_step_manual"))
-    assert {(c, n) for c, n in missing if n not in guarded} - known == set(), missing
+    guarded = {"_complete_worker_tasks", "_complete_worker_progress", "_start_ready_steps_of_runs", "_set_step_manual"}
+    assert {(c, n) for c, n in missing if n not in guarded} == set(), missing
 
 
-@pytest.mark.xfail(strict=True, raises=psycopg.errors.UndefinedFunction, reason=(
-    "FINDING F3: from the baseline, 0005 creates _create_flow_from_shape(text, jsonb, jsonb) create-only with its "
-    "newest text, which calls 0009's _set_step_manual: compiling a manual step at levels 5-8 raises 42883"))
 def test_compiling_a_manual_step_while_an_upgrade_stands_between_0005_and_0009_is_refused_clearly(baseline_db):
+    """Finding F3 of the s4 breaker: 0005 creates the three-argument _create_flow_from_shape early,
+    with its newest text, which calls 0009's _set_step_manual; at levels 5-8 compiling a manual step
+    raised 42883. 0016's text refuses it with PF003 naming migration 0009."""
     conn = baseline_db.connect()
     conn.autocommit = True
     with pytest.raises(Interrupted):
