@@ -8,10 +8,10 @@
 -- instead of a result. A task's end time is now the later of now() and its started_at, in every
 -- path that ends a task (single and batch completion, the type-violation failure, a failure
 -- with no attempt left).
---@apply functions/runtime/_complete_task_progress.sql sha256=89b4a646a00bce1d494ac1896c9d7c56f3b807008ab3afc85d9a0d11b2852b61
---@apply functions/runtime/_complete_worker_progress.sql sha256=c1b1bfb18afcbbb3665e1ddd5a952ffd9779476c8ec7d5121aa3299318db90c8
+--@apply functions/runtime/_complete_task_progress.sql sha256=b36dba000716dbe0374a6a331021dfa4ad8acda23229cfb154bc9f432faad474
+--@apply functions/runtime/_complete_worker_progress.sql sha256=158ea0d6c7c739723bec48f16f90f723ef074804b94f1e5d6c7937e01cb39f4d
 --@apply functions/runtime/_fail_task_exhausted.sql sha256=35268c168e210ee37d8ef1e261fc51d437728441fb775388fd6088e9a5020b42
---@apply functions/runtime/_complete_worker_tasks.sql sha256=dc38355cdcca8c4d783f0a11226ad02c51d21955e9f91afb2fe20c52d5a6b08b
+--@apply functions/runtime/_complete_worker_tasks.sql sha256=0c586d9c317bb6a6e2014d5c72148498dd7962402c7c3182e5ed0adbccb19c91
 -- A flow compiled with a manual step while an upgrade from below 0005 stands between 0005 and
 -- 0009 (0005 creates this text early, docs/architecture.md "Function files in a run") is refused
 -- with PF003 naming migration 0009, instead of 42883 for the missing _set_step_manual.

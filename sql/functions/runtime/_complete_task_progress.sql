@@ -59,11 +59,8 @@ BEGIN
     UPDATE pgflow.step_states AS ss
        SET status = 'completed',
            completed_at = pg_catalog.now(),
-           output = CASE WHEN v_step.step_type = 'map' THEN coalesce((
-                           SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
-                           FROM pgflow.step_tasks AS t
-                           WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
-                           '[]'::jsonb)
+           output = CASE WHEN v_step.step_type = 'map' THEN
+                           --@include functions/runtime/parts/map_step_output.sql
                          ELSE p_output END
      WHERE ss.run_id = p_run_id AND ss.step_slug = p_step_slug
     RETURNING ss.* INTO v_state;

@@ -44,11 +44,8 @@ BEGIN
          status = CASE WHEN ss.remaining_tasks = 1 THEN 'completed' ELSE ss.status END,
          completed_at = CASE WHEN ss.remaining_tasks = 1 THEN pg_catalog.now() ELSE ss.completed_at END,
          output = CASE WHEN ss.remaining_tasks <> 1 THEN ss.output
-                       WHEN v_type = 'map' THEN coalesce((
-                         SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
-                         FROM pgflow.step_tasks AS t
-                         WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
-                         '[]'::jsonb)
+                       WHEN v_type = 'map' THEN
+                           --@include functions/runtime/parts/map_step_output.sql
                        ELSE p_output END
    WHERE ss.run_id = p_run_id AND ss.step_slug = p_step_slug
   RETURNING ss.* INTO v_state;

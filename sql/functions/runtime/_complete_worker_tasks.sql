@@ -79,11 +79,8 @@ BEGIN
            status = CASE WHEN ss.remaining_tasks = 1 THEN 'completed' ELSE ss.status END,
            completed_at = CASE WHEN ss.remaining_tasks = 1 THEN pg_catalog.now() ELSE ss.completed_at END,
            output = CASE WHEN ss.remaining_tasks <> 1 THEN ss.output
-                         WHEN u.step_type = 'map' THEN coalesce((
-                           SELECT pg_catalog.jsonb_agg(x.output ORDER BY x.task_index)
-                           FROM pgflow.step_tasks AS x
-                           WHERE x.run_id = ss.run_id AND x.step_slug = ss.step_slug AND x.status = 'completed'),
-                           '[]'::jsonb)
+                         WHEN u.step_type = 'map' THEN
+                           --@include functions/runtime/parts/map_step_output.sql
                          ELSE u.output END
       FROM ROWS FROM (pg_catalog.unnest(v_state_tids), pg_catalog.unnest(p_outputs), pg_catalog.unnest(v_types),
                       pg_catalog.unnest(v_flows)) WITH ORDINALITY AS u (tid, output, step_type, flow_slug, n)

@@ -45,12 +45,17 @@
   RETURNING t.* INTO v_task;
 --@include functions/runtime/_complete_task_progress.sql lines=52-54
    WHERE ss.run_id = complete_task.run_id AND ss.step_slug = complete_task.step_slug
---@include functions/runtime/_complete_task_progress.sql lines=56-66
+--@include functions/runtime/_complete_task_progress.sql lines=56-61
+           output = CASE WHEN v_step.step_type = 'map' THEN coalesce((
+                           SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
+                           FROM pgflow.step_tasks AS t
+                           WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
+                           '[]'::jsonb)
                          ELSE complete_task.output END
      WHERE ss.run_id = complete_task.run_id AND ss.step_slug = complete_task.step_slug
---@include functions/runtime/_complete_task_progress.sql lines=69-72
+--@include functions/runtime/_complete_task_progress.sql lines=66-69
 --@include functions/runtime/parts/step_completed_release.sql lines=1-4
---@include functions/runtime/_complete_worker_tasks.sql lines=94-96
+--@include functions/runtime/_complete_worker_tasks.sql lines=91-93
 --@include functions/runtime/parts/step_completed_release.sql lines=8-11
      WHERE d.flow_slug = v_run.flow_slug AND d.dep_slug = complete_task.step_slug
        AND cs.run_id = complete_task.run_id AND cs.step_slug = d.step_slug AND cs.status = 'created';
