@@ -36,6 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"db", "sqlfiles", "worker", "jsoncheck"},
     # JSON values checked as jsonb reads them (the client, the commands' JSON options)
     "jsoncheck": set(),
+    # running flows to completion from application tests, on a throwaway database (pgflow_cli/testing/)
+    "testing": {"client", "db", "installer", "sandbox", "worker"},
     "installer": {"db", "sqlfiles"},
     "sqlfreeze": {"installer", "sqlfiles"},  # developer tool, imported by nobody
     "db": set(),
