@@ -130,9 +130,9 @@ class ThrowawayServer:
         return db.connect(db.Target(self.admin_conninfo, "test server"), application_name="pgflow-testing")
 
     def _conninfo(self, name: str) -> str:
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+        from psycopg.conninfo import make_conninfo
 
-        return make_conninfo(**{**conninfo_to_dict(self.admin_conninfo), "dbname": name})
+        return make_conninfo(self.admin_conninfo, dbname=name)
 
     def _template_name(self) -> str:
         if self._template is None:
