@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, overload
 
 import psycopg
@@ -298,6 +298,13 @@ class AsyncClient:
         """Await a run's output: :meth:`pgflow_cli.client.Client.wait` (RunFailed for a failed run)."""
         outcome = await self.outcome(run, timeout=timeout, on_progress=on_progress, progress_every=progress_every)
         return outcome.result()
+
+    async def as_completed(self, runs: Sequence[RunRef[S]], *, timeout: float | None = None
+                           ) -> AsyncIterator[RunOutcome[S]]:
+        """Yield each run's outcome as it ends (:meth:`pgflow_cli.client.Client.as_completed`). Waits not
+        consumed when the iteration stops early go on until their timeout or :meth:`close`."""
+        for next_outcome in asyncio.as_completed([self.outcome(run, timeout=timeout) for run in runs]):
+            yield await next_outcome
 
     async def wait_all(self, runs: Sequence[RunRef[S]], *, timeout: float | None = None) -> list[RunOutcome[S]]:
         """Await many runs at once; outcomes in the given order (:meth:`pgflow_cli.client.Client.wait_all`)."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -108,11 +109,13 @@ def get_run(conn: psycopg.Connection[Any], run: RunRef[Any]) -> RunState[Any]:
     return core.state_from_document(_execute(conn, core.get_statement(run_id), run_id=run_id)[0][0])
 
 
-@dataclass
+@dataclass(eq=False)
 class _Slot:
     done: threading.Event = field(default_factory=threading.Event)
     outcome: RunOutcome[Any] | None = None
     error: BaseException | None = None
+    ended: queue.SimpleQueue[_Slot] | None = None
+    """Where the slot is put when its run ends (:meth:`Client.as_completed`)."""
 
 
 class _Waiter:
@@ -139,8 +142,8 @@ class _Waiter:
     def stats(self) -> core.WaitStats:
         return self._book.stats
 
-    def register(self, run_id: str) -> _Slot:
-        slot = _Slot()
+    def register(self, run_id: str, ended: queue.SimpleQueue[_Slot] | None = None) -> _Slot:
+        slot = _Slot(ended=ended)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the client is closed")
@@ -185,6 +188,8 @@ class _Waiter:
             else:
                 slot.outcome = result
             slot.done.set()
+            if slot.ended is not None:
+                slot.ended.put(slot)
 
     def _loop(self) -> None:
         while True:
@@ -375,27 +380,41 @@ class Client:
         """
         return self.outcome(run, timeout=timeout, on_progress=on_progress, progress_every=progress_every).result()
 
-    def wait_all(self, runs: Sequence[RunRef[S]], *, timeout: float | None = None) -> list[RunOutcome[S]]:
-        """Await many runs at once (one statement per look for all of them); outcomes in the given order.
+    def as_completed(self, runs: Sequence[RunRef[S]], *, timeout: float | None = None) -> Iterator[RunOutcome[S]]:
+        """Await many runs at once (one statement per look for all of them) and yield each outcome as
+        its run ends; a failed run is an outcome (``ok`` false), not an error.
+
+        Args:
+            runs: run ids, or what :meth:`start` / :meth:`start_many` returned.
+            timeout: seconds for all of them; ``None``: no limit.
 
         Raises:
-            WaitTimeout: ``timeout`` passed before every run ended (it names the first still going).
+            WaitTimeout: ``timeout`` passed before every run ended (it names one still going).
             RunNotFound, ConnectionFailed: as :meth:`outcome`.
         """
-        run_ids = [core.run_id_of(run) for run in runs]
-        slots = [self._waiter.register(run_id) for run_id in run_ids]
+        ended: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        slots = [(run_id, self._waiter.register(run_id, ended)) for run_id in map(core.run_id_of, runs)]
         clock = core.WaitClock(timeout, None)
         try:
-            for run_id, slot in zip(run_ids, slots, strict=True):
-                if not slot.done.wait(clock.pause()):
-                    raise WaitTimeout(run_id, timeout, self._waiter.progress(run_id))
+            for _ in slots:
+                try:
+                    slot = ended.get(timeout=clock.pause())
+                except queue.Empty:
+                    going = next(run_id for run_id, slot in slots if not slot.done.is_set())
+                    raise WaitTimeout(going, timeout, self._waiter.progress(going)) from None
                 if slot.error is not None:
                     raise slot.error
+                assert slot.outcome is not None
+                yield slot.outcome
         finally:
-            for run_id, slot in zip(run_ids, slots, strict=True):
+            for run_id, slot in slots:
                 if not slot.done.is_set():
                     self._waiter.unregister(run_id, slot)
-        return [slot.outcome for slot in slots if slot.outcome is not None]
+
+    def wait_all(self, runs: Sequence[RunRef[S]], *, timeout: float | None = None) -> list[RunOutcome[S]]:
+        """Await many runs at once (:meth:`as_completed`); the outcomes in the order of ``runs``."""
+        outcomes = {outcome.run_id: outcome for outcome in self.as_completed(runs, timeout=timeout)}
+        return [outcomes[core.run_id_of(run)] for run in runs]
 
     @overload
     def run(self, flow: str, input: Any, *, timeout: float | None = None) -> dict[str, Any]: ...
