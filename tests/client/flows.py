@@ -30,6 +30,9 @@ failing = (
 held = Flow("held").step("approve", manual=True).step("after", lambda d, c: d["approve"], depends_on=["approve"])
 """Stays started until trusted code completes ``approve`` (a hold with no timing in it)."""
 
+approval = Flow("approval").step("approve", manual=True)
+"""One manual step: a run ends (completed) exactly when the test completes its task; no worker."""
+
 strict = Flow("strict").step("gate", lambda i, c: i, if_={"go": True}, when_unmet="fail")
 """Fails at start on an input without ``{"go": true}``: a failed step with no failed task, no worker."""
 
@@ -48,7 +51,7 @@ def compile_flows(conninfo: str, *flows: Flow) -> None:
 
 
 def approve(conninfo: str, run_id: str, output="yes") -> None:
-    """Complete the manual step ``approve`` of a ``held`` run."""
+    """Complete the manual step ``approve`` of a ``held`` or ``approval`` run."""
     from pgflow_cli.operations import manual_tasks
 
     with psycopg.connect(conninfo, autocommit=True) as conn:

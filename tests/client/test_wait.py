@@ -22,7 +22,7 @@ from pgflow_cli.client import (
 )
 from pgflow_cli.client.core import WaitBook
 from pgflow_cli.errors import ExitCode
-from tests.client.flows import approve, compile_flows, failing, greet, held, strict
+from tests.client.flows import approval, approve, compile_flows, failing, greet, held, strict
 
 FAST = PollPolicy(first_interval=0.02, factor=1.5, max_interval=0.2)
 
@@ -141,6 +141,42 @@ def test_many_awaited_runs_cost_far_fewer_statements_than_runs(db, start_worker)
     assert all(o.ok and o.output == {"after": o.run_id} for o in outcomes)
     assert stats.polls < len(runs) / 4, stats  # one statement reads every run due
     assert stats.runs_read / stats.polls > 10, stats
+
+
+def test_as_completed_yields_each_outcome_when_its_run_ends(db):
+    """Three runs end in the order the test chooses (2, 0, 1): each is yielded before the next is ended."""
+    compile_flows(db.conninfo, approval, strict)
+    conn = db.connect()
+    runs = start_runs(conn, approval, [{}, {}, {}])
+    ends = [2, 0, 1]  # run k is completed with output k
+    order = []
+    with Client(db.conninfo, poll=FAST) as pgflow:
+        approve(db.conninfo, runs[ends[0]].run_id, ends[0])
+        for outcome in pgflow.as_completed(runs, timeout=60):
+            order.append(outcome.output["approve"])
+            if len(order) < len(ends):
+                approve(db.conninfo, runs[ends[len(order)]].run_id, ends[len(order)])
+        with pytest.raises(WaitTimeout) as late:
+            list(pgflow.as_completed([pgflow.start(approval, {}), pgflow.start(strict, {})], timeout=0.5))
+    assert order == [2, 0, 1]
+    assert late.value.run_id not in {r.run_id for r in runs}
+
+
+def test_asyncio_as_completed_yields_in_the_order_runs_end(db):
+    compile_flows(db.conninfo, approval)
+
+    async def scenario() -> list[int]:
+        async with AsyncClient(db.conninfo, poll=FAST) as pgflow:
+            runs = await pgflow.start_many(approval, [{}, {}])
+            approve(db.conninfo, runs[1].run_id, 1)
+            seen = []
+            async for outcome in pgflow.as_completed(runs, timeout=60):
+                seen.append(outcome.output["approve"])
+                if len(seen) == 1:
+                    approve(db.conninfo, runs[0].run_id, 0)
+            return seen
+
+    assert asyncio.run(scenario()) == [1, 0]
 
 
 def test_asyncio_waits_share_one_task_and_one_connection(db, start_worker):
