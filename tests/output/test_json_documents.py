@@ -29,6 +29,8 @@ COMMANDS = {
     "status": (["status"], {0}),
     "runs-list": (["runs", "list"], {0}),
     "runs-show": (["runs", "show", "{run_id}"], {0}),
+    "runs-start": (["runs", "start", "review"], {0}),
+    "runs-wait": (["runs", "wait", "{run_id}", "--timeout", "0"], {5}),
 }
 """``{run_id}``: the seeded run of flow ``review``."""
 
