@@ -14,7 +14,9 @@ at a time, as runs of a live system end at different moments. Measured on a serv
 
 Per waited run: statements, server time (``total_exec_time`` of the waiting statements, µs) and how
 long after its release the waiter learned that the run ended (median and maximum, s): the latency a
-run-end notification could remove. ``looks_per_run`` in the client's details is how many times each
+run-end notification could remove. ``ending_us_per_run`` in the details is the server time the
+releaser's ``complete_manual_task`` calls took per run in the same window: what ending a run costs,
+to put the waiting cost in scale. ``looks_per_run`` in the client's details is how many times each
 run was read: the statements an ungrouped backoff (one statement per look) would send.
 
 The details also give the looks of the default policy for one run awaited alone for 1, 10, 60 and
@@ -50,6 +52,8 @@ WAITING = {
     "client": "%FROM pgflow.runs AS r%WHERE r.run_id = ANY%",
     "loop": "SELECT status FROM pgflow.runs WHERE run_id = %",
 }
+ENDING = "%pgflow.complete_manual_task%"
+"""The releaser's statements: what ending the runs cost the server in the same window (for scale)."""
 COST = ("SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0) FROM pg_stat_statements "
         "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND query LIKE %s")
 
@@ -111,9 +115,10 @@ def sample(ctx: Context, runs: int, how: str) -> tuple[float, float, float, floa
 
         details = asyncio.run(both())
         calls, exec_ms = conn.execute(COST, (WAITING[how],)).fetchone()
+        _, ending_ms = conn.execute(COST, (ENDING,)).fetchone()
     delays = [noticed[run_id] - released[run_id] for run_id in run_ids]
     return (calls / runs, 1000 * float(exec_ms) / runs, statistics.median(delays), max(delays),
-            {**details, "statements": calls})
+            {**details, "statements": calls, "ending_us_per_run": round(1000 * float(ending_ms) / runs, 1)})
 
 
 def alone(seconds: float, policy: PollPolicy) -> int:
@@ -141,19 +146,20 @@ def run(ctx: Context) -> list[Result]:
         for i in range(ctx.repeat):
             for how in ("loop", "client"):
                 statements, server_us, median, worst, extra = sample(own, runs, how)
-                for key, value in zip(("statements", "server", "median", "max"), (statements, server_us, median, worst),
-                                      strict=True):
+                for key, value in zip(("statements", "server", "median", "max"),
+                                      (1000 * statements, server_us, median, worst), strict=True):
                     collected[how][key].append(value)
                 details[how] = extra
                 ctx.log(f"run_wait {i + 1}/{ctx.repeat} {how}: {statements:.3f} statements and {server_us:.0f} us of "
-                        f"server time per waited run; noticed {median:.2f} s (median), {worst:.2f} s (max) after the end")
+                        f"server time per waited run (ending one: {extra['ending_us_per_run']:.0f} us); noticed "
+                        f"{median:.2f} s (median), {worst:.2f} s (max) after the end")
     policy = PollPolicy()
     common = {"lower_is_better": True, "runs": runs, "spread_seconds": SPREAD, "track": "top",
               "alone_looks": {f"{s} s": alone(s, policy) for s in (1, 10, 60, 600)}}
     loop_name = f"poll loop per run (every {LOOP_INTERVAL} s)"
     client_name = "run client (shared looks, backoff 0.05 s x1.5 to 2 s)"
     results = []
-    for key, unit, what in (("statements", "stmts/run", "statements per waited run"),
+    for key, unit, what in (("statements", "stmts/1000 runs", "statements per 1,000 waited runs"),
                             ("server", "us/run", "server time per waited run"),
                             ("median", "s", "run end noticed after (median)"),
                             ("max", "s", "run end noticed after (max)")):
