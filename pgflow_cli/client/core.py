@@ -8,6 +8,7 @@ runs with exactly the same rules.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import time
 import uuid
@@ -301,12 +302,19 @@ def run_id_of(run: RunRef[Any]) -> str:
 
 
 def _json_param(value: Any, what: str) -> Any:
-    """The value to bind for a ``jsonb`` parameter, checked first."""
+    """The value to bind for a ``jsonb`` parameter, checked first: JSON text for :class:`RawJson`
+    (sent as written), else the value wrapped for psycopg."""
     if isinstance(value, RawJson):
         jsoncheck.parse_text(value.text, what=what)
         return value.text
     jsoncheck.check_value(value, what=what)
     return Jsonb(value)
+
+
+def _json_text(value: Any, what: str) -> str:
+    """``value`` as checked JSON text (one element of a JSON array built from several inputs)."""
+    checked = _json_param(value, what)
+    return checked if isinstance(checked, str) else json.dumps(value)
 
 
 @dataclass(frozen=True)
@@ -335,20 +343,11 @@ def start_many_statement(flow: FlowRef[Any], inputs: Sequence[Any] | RawJson) ->
     elif isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
         raise UsageError("start_many takes a list of run inputs")
     elif any(isinstance(item, RawJson) for item in inputs):
-        texts = [_json_param(item if isinstance(item, RawJson) else RawJson(_dumps(item)), f"run input {i}")
-                 for i, item in enumerate(inputs)]
-        value = "[" + ",".join(texts) + "]"
+        value = "[" + ",".join(_json_text(item, f"run input {i}") for i, item in enumerate(inputs)) + "]"
     else:
         jsoncheck.check_value(list(inputs), what="the run inputs")
         value = Jsonb(list(inputs))
     return Statement("start_many", {"flow_slug": flow_slug_of(flow), "inputs": value})
-
-
-def _dumps(value: Any) -> str:
-    import json
-
-    jsoncheck.check_value(value)
-    return json.dumps(value)
 
 
 def get_statement(run: RunRef[Any]) -> Statement:

@@ -87,7 +87,12 @@ def test_on_a_non_autocommit_connection_the_client_leaves_the_commit_to_its_owne
     with pytest.raises(RunNotFound):
         get_run(conn, run)
     conn.rollback()
+    conn.execute("CREATE TEMPORARY TABLE notes (n int)")
+    conn.execute("INSERT INTO notes VALUES (1)")  # the caller's implicit transaction is open
+    with pytest.raises(FlowNotFound):
+        start_run(conn, "noSuchFlow", {})  # refused in a savepoint: the caller's work stands
     start_run(conn, greet, {"first": "A", "last": "B"})
+    assert conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 1
     conn.commit()
     assert _runs(db.conninfo, "greetUser") == 1
 
