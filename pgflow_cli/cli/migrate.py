@@ -111,8 +111,8 @@ def status(
         raise typer.Exit(int(report.exit_code))
 
 
-STATE_STYLES = {"applied": "green", "current": "green", "pending": "yellow", "in_progress": "bold yellow",
-                "changed": "bold red", "unknown": "bold red", "missing": "bold red", "drifted": "bold red"}
+STATE_STYLES = {"applied": "green", "pending": "yellow", "in_progress": "bold yellow", "changed": "bold red",
+                "unknown": "bold red", "superseded": "dim"}
 
 STATUS_TABLE = [
     render.Column("label", "migration"),
@@ -128,7 +128,7 @@ STATUS_TABLE = [
 FILES_TABLE = [
     render.Column("file", "function file", wrap=True),
     render.Column("state", "state"),
-    render.Column("recorded", "recorded by", drop=1),
+    render.Column("detail", "what differs", drop=1, wrap=True),
 ]
 
 
@@ -138,14 +138,12 @@ def _print_status(page: render.Page, rows: list[dict[str, Any]], where: str, rep
              for row in rows]
     page.table(STATUS_TABLE, shown, title=f"migrations in {where}",
                style=lambda key, row: STATE_STYLES.get(row["state"]) if key == "state" else None)
-    if report.plan.files:
-        drift = {f.path for f in report.plan.file_drift}
-        files = [{"file": f"sql/{f.path}", "state": f.state, "drift": f.path in drift,
-                  "recorded": f"{f.recorded_version:04d}" if f.recorded_version else ""} for f in report.plan.files]
+    if report.plan.file_drift:
+        files = [{"file": f"sql/{f.path}", "state": f.state, "detail": "; ".join(f.detail)}
+                 for f in report.plan.file_drift]
         page.blank()
-        page.table(FILES_TABLE, files, title="function files",
-                   style=lambda key, row: None if key != "state" else
-                   "green" if row["state"] == "current" else "bold red" if row["drift"] else "yellow")
+        page.table(FILES_TABLE, files, title="function files that differ from the database",
+                   style=lambda key, row: "bold red" if key == "state" else None)
     page.blank()
     page.line(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}")
     style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")
