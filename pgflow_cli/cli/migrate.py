@@ -15,8 +15,11 @@ from pgflow_cli.operations import migrate as migrate_op
 from pgflow_cli.operations import upstream
 
 DOCUMENT_VERSION = 2
-"""Version of the migrate-status/-plan/-apply JSON documents: 2 made ``database`` an object
+"""Version of the migrate-plan/-apply JSON documents: 2 made ``database`` an object
 (docs/schemas/migrate-*.schema.json)."""
+STATUS_DOCUMENT_VERSION = 3
+"""Version of the migrate-status document: 3 compares every function file with the catalog
+(``files``: path, state, detail) instead of listing the per-file ledger's checksums."""
 
 app = typer.Typer(
     help="Apply pgflow's SQL migrations in order, each in one transaction recorded with its checksum in "
@@ -65,8 +68,8 @@ def _print_upstream(page: render.Page, found: upstream.UpstreamPlan) -> None:
         page.line(f"  note: {note}", "dim")
 
 
-def _document(kind: str, target: Any, body: dict[str, Any]) -> dict[str, Any]:
-    return common.versioned({"kind": f"pgflow-cli/{kind}", "version": DOCUMENT_VERSION, **body}, target)
+def _document(kind: str, target: Any, body: dict[str, Any], version: int = DOCUMENT_VERSION) -> dict[str, Any]:
+    return common.versioned({"kind": f"pgflow-cli/{kind}", "version": version, **body}, target)
 
 
 STATUS_COLUMNS = ["version", "name", "state", "applied_at", "applied_by", "tool_version", "duration_ms", "summary"]
@@ -78,12 +81,14 @@ def status(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
-    """Show applied, pending, in-progress, changed (checksum mismatch) and unknown migrations, function-file
-    drift, invalid indexes, and which pgflow release installed a schema pgflow-cli did not (or adopted). Read-only.
+    """Show applied, pending, in-progress, changed (checksum mismatch), unknown and superseded migrations,
+    functions that differ from their files, invalid indexes, and which pgflow release installed a schema
+    pgflow-cli did not (or adopted). Read-only.
 
-    Exit 0 up to date or only pending; 1 a migration in progress (resume or abort it), function files whose
-    installed text differs, or an invalid index; 6 when this tool cannot migrate the database (changed files,
-    a newer database, a pgflow schema that matches no published release).
+    Exit 0 up to date or only pending (a ledger of an earlier build that apply converts included); 1 a migration
+    in progress (resume or abort it), an installed function that differs from its file, or an invalid index;
+    6 when this tool cannot migrate the database (changed files, a newer database, an earlier build's
+    migrations stopped part way, a pgflow schema that matches no published release).
     """
     common.STATE.output_format = output_format
     conn, target = where.open()
@@ -95,7 +100,7 @@ def status(
         render.write_json(_document("migrate-status", target, {
             "pgmq_version": plan.state.pgmq_version,
             "migrations": [{k: v for k, v in row.items() if k != "label"} for row in rows], **report.to_dict(),
-        }))
+        }, STATUS_DOCUMENT_VERSION))
     elif output_format == OutputFormat.csv:
         render.write_csv(STATUS_COLUMNS, rows)
     else:

@@ -189,7 +189,7 @@ class Phase:
         """The phase's statements, each on its own (what a ``notx`` phase runs one by one): the text
         split at every ``;`` that ends a line. A ``notx`` phase holds plain DDL (no quoted ``;``)."""
         parts = re.split(r";[ \t]*(?:\n|$)", self.sql)
-        return [part.strip() for part in parts if _code(part)]
+        return [_without_leading_comments(part) for part in parts if _code(part)]
 
 
 @dataclass(frozen=True)
@@ -242,6 +242,14 @@ class PhasedMigration:
         size = "size unknown (never analysed)" if estimate is None else f"~{estimate:,} rows"
         kind = "phased" if self.large(conn) else "one transaction"
         return f"{kind} ({self.threshold_table} {size}; phased above {self.threshold_rows:,})"
+
+
+def _without_leading_comments(text: str) -> str:
+    """``text`` from its first line of SQL on (so ``pg_stat_activity`` shows the statement itself)."""
+    lines = text.strip().splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+        lines.pop(0)
+    return "\n".join(lines)
 
 
 def _code(text: str) -> bool:

@@ -182,9 +182,9 @@ class Plan:
             )
         if self.old is not None and not self.old.convertible:
             return StateConflict(
-                f"this database stopped part way through migrations {old_levels.FIRST:04d}-{old_levels.LAST:04d} of an "
-                f"earlier pgflow-cli build (its ledger records up to {self.old.newest:04d}); this build replaces them by "
-                f"one migration and converts only a database where all of them are applied",
+                f"the ledger records migrations {old_levels.FIRST:04d}-{self.old.newest:04d} of an earlier pgflow-cli "
+                f"build; this build replaces {old_levels.FIRST:04d}-{old_levels.LAST:04d} by one migration and converts "
+                "only a ledger where all of them are applied with the texts that build shipped",
                 hint=f"finish the upgrade with the build that wrote them: install pgflow-cli from commit "
                 f"{old_levels.OLD_BUILD} (`pip install .` in a checkout of that commit), run its `pgflow migrate apply` "
                 "(a phased run it left in progress resumes; `pgflow migrate abort N` undoes one instead), then run "

@@ -571,8 +571,8 @@ class _Runner:
                             detail=[d.describe() for d in differences])
                     before = self._function_rows()
                     self.conn.execute(functions)  # trusted, shipped SQL
+                    after = self._function_rows()  # before the grants, which rewrite every function's row
                     self.conn.execute(grants)
-                    after = self._function_rows()
                     for signature in old_levels.LEVEL_16_FUNCTIONS:
                         if signature in before and after.get(signature) == before[signature]:
                             # level 16 has it, the stage does not create it any more

@@ -7078,6 +7078,10 @@ CREATE TRIGGER worker_functions_count_enabled_changes
 ------------------------------------------------------------------------------------------------
 
 -- >>> grants
+-- Nothing in pgflow is reachable by PUBLIC (docs/permissions.md). First: what a role can run below
+-- is then what it was granted, not what PUBLIC could run until now.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgflow FROM PUBLIC;
+
 DO $grants$
 DECLARE
   v_grant record;
@@ -7181,9 +7185,6 @@ BEGIN
   END IF;
 END
 $grants$;
-
--- Nothing in pgflow is reachable by PUBLIC (docs/permissions.md).
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgflow FROM PUBLIC;
 -- <<< grants
 
 --@phase abort
