@@ -177,8 +177,9 @@ SELECT pg_advisory_xact_lock(1885824631, 0)
 -- The relational schema of pgflow, one row per object: kind, name, detail. Catalog reads only.
 -- What a ledger of an earlier build is compared with before it is converted (installer.old_levels):
 --   table       relname                  its comment
---   column      table.column             position: type [not null] [default ...] [identity ...] [-- comment]
---   attribute   type.attribute           position: type (composite types)
+--   column      table.column             type [not null] [default ...] [identity ...] [-- comment] (by name:
+--                                        a table's column order depends on how it was built, adoption included)
+--   attribute   type.attribute           position: type (composite types: the order is the type)
 --   constraint  table.constraint         definition [NOT VALID] [-- comment]
 --   index       index name               definition [INVALID]
 --   trigger     table.trigger            definition [disabled]
@@ -198,7 +199,7 @@ WHERE r.relkind IN ('r', 'p')
 UNION ALL
 SELECT CASE r.relkind WHEN 'c' THEN 'attribute' ELSE 'column' END,
        r.relname || '.' || a.attname,
-       pg_catalog.row_number() OVER (PARTITION BY r.oid ORDER BY a.attnum) || ': '
+       CASE r.relkind WHEN 'c' THEN pg_catalog.row_number() OVER (PARTITION BY r.oid ORDER BY a.attnum) || ': ' ELSE '' END
          || pg_catalog.format_type(a.atttypid, a.atttypmod)
          || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
          || coalesce(' default ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
