@@ -34,6 +34,7 @@ class Difference:
         name: the object's key, e.g. ``steps.when_unmet`` or ``add_step(flow_slug text, ...)``.
         expected: the expected detail, ``None`` when extra.
         found: the database's detail, ``None`` when missing.
+        source: who expects it, in :meth:`describe` (``expected``, ``release has``); not in :meth:`to_dict`.
     """
 
     change: str
@@ -41,11 +42,12 @@ class Difference:
     name: str
     expected: str | None = None
     found: str | None = None
+    source: str = "expected"
 
     def describe(self) -> str:
         """One line for reports: ``missing column steps.when_unmet (text not null default ...)``."""
         if self.change == "changed":
-            return f"changed {self.kind} {self.name}: expected {self.expected!r}, database has {self.found!r}"
+            return f"changed {self.kind} {self.name}: {self.source} {self.expected!r}, database has {self.found!r}"
         detail = self.expected if self.change == "missing" else self.found
         return f"{self.change} {self.kind} {self.name}" + (f" ({detail})" if detail else "")
 
@@ -58,19 +60,20 @@ Shape = Mapping[str, Mapping[str, str]]
 """kind -> object key -> detail."""
 
 
-def compare(expected: Shape, found: Shape, kinds: Sequence[str]) -> list[Difference]:
+def compare(expected: Shape, found: Shape, kinds: Sequence[str], *, source: str = "expected") -> list[Difference]:
     """Every difference between an expected shape and the database's objects, in a stable order
-    (by kind as ``kinds`` lists them, then missing, extra, changed, each by key)."""
+    (by kind as ``kinds`` lists them, then missing, extra, changed, each by key); ``source`` names
+    who expects them in the descriptions (:attr:`Difference.source`)."""
     out: list[Difference] = []
     for kind in kinds:
         want, have = expected.get(kind, {}), found.get(kind, {})
         for key in sorted(set(want) - set(have)):
-            out.append(Difference("missing", kind, key, want[key] or None, None))
+            out.append(Difference("missing", kind, key, want[key] or None, None, source))
         for key in sorted(set(have) - set(want)):
-            out.append(Difference("extra", kind, key, None, have[key] or None))
+            out.append(Difference("extra", kind, key, None, have[key] or None, source))
         for key in sorted(set(want) & set(have)):
             if want[key] != have[key]:
-                out.append(Difference("changed", kind, key, want[key], have[key]))
+                out.append(Difference("changed", kind, key, want[key], have[key], source))
     return out
 
 

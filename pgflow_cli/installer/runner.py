@@ -37,7 +37,7 @@ from pgflow_cli.installer.files import (
     merge_locks,
     pg_locks_mode,
 )
-from pgflow_cli.installer.ledger import LedgerRow, Plan, make_plan
+from pgflow_cli.installer.ledger import LedgerRow, make_plan
 from pgflow_cli.installer.pgmq_bootstrap import ensure_pgmq
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
@@ -324,7 +324,7 @@ def apply(
         for migration in todo:
             if plan.converts(migration):
                 results.append(_Runner(conn, migration, lock_timeout, attempts, emit, before_commit, batch_pages,
-                                       batch_seconds).run_conversion(plan, dry_run))
+                                       batch_seconds).run_conversion(dry_run))
                 continue
             runner = _Runner(conn, migration, lock_timeout, attempts, emit, _with_current_recheck(before_commit),
                              batch_pages, batch_seconds)
@@ -504,22 +504,32 @@ class _Runner:
     # one transaction ------------------------------------------------------------------
     def run_single(self, dry_run: bool) -> Applied:
         """Every phase in one transaction with the ledger row: all or nothing."""
+        phases = self.migration.phases_for_single_transaction()
+
+        def work() -> None:
+            for phase in phases:
+                if phase.mode == "batch":
+                    self._backfill(phase, own_transactions=False)
+                else:
+                    self.conn.execute(phase.sql)  # trusted, shipped SQL
+
+        return self._in_one_transaction(self.migration.locks_for([None, *(p.name for p in phases)]), work, dry_run)
+
+    def _in_one_transaction(self, locks: Sequence[TableLock], work: Callable[[], None], dry_run: bool,
+                            **event: Any) -> Applied:
+        """``work`` in one transaction under ``locks`` with the ledger row, retried on lock timeouts and
+        deadlocks; rolled back instead of committed when ``dry_run``. ``event``: more fields of the
+        ``start`` and ``done`` events."""
         label = self.migration.label
         started = time.monotonic()
 
         def attempt() -> None:
             self.notices.clear()
-            self.emit("start", {"migration": label, "attempt": self.tries, "online": False})
+            self.emit("start", {"migration": label, "attempt": self.tries, "online": False, **event})
             t0 = time.monotonic()
-            phases = self.migration.phases_for_single_transaction()
-            locks = self.migration.locks_for([None, *(p.name for p in phases)])
             try:
                 with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
-                    for phase in phases:
-                        if phase.mode == "batch":
-                            self._backfill(phase, own_transactions=False)
-                        else:
-                            self.conn.execute(phase.sql)  # trusted, shipped SQL
+                    work()
                     self._record(state="applied", phases_done=[], duration_ms=int((time.monotonic() - t0) * 1000))
                     if self.before_commit:
                         self.before_commit(self.conn, self.migration)
@@ -531,12 +541,12 @@ class _Runner:
         self._retrying(attempt)
         duration = int((time.monotonic() - started) * 1000)
         self.emit("done", {"migration": label, "duration_ms": duration, "attempts": self.tries, "dry_run": dry_run,
-                           "online": False})
+                           "online": False, **event})
         return Applied(self.migration, duration, self.tries, False, list(self.notices))
 
     # conversion of an earlier build's ledger ------------------------------------------------
-    def run_conversion(self, plan: Plan, dry_run: bool) -> Applied:
-        """Record the old-level rows of ``plan`` (an earlier build's 0003-0016, all applied) as this
+    def run_conversion(self, dry_run: bool) -> Applied:
+        """Record the old-level rows of the ledger (an earlier build's 0003-0016, all applied) as this
         migration, in one transaction under the table locks its function section needs.
 
         First the relational schema is compared with :data:`~pgflow_cli.installer.old_levels.LEVEL_16_SCHEMA`
@@ -549,51 +559,32 @@ class _Runner:
             StateConflict: the schema differs from level 16's (exit 6), with every difference in the
                 detail; the transaction rolled back, nothing changed.
         """
-        label = self.migration.label
-        started = time.monotonic()
         functions, grants = self.migration.section("functions"), self.migration.section("grants")
-        locks = conversion_locks(functions)
 
-        def attempt() -> None:
-            self.notices.clear()
-            self.emit("start", {"migration": label, "attempt": self.tries, "online": False, "conversion": True})
-            t0 = time.monotonic()
-            try:
-                with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
-                    differences = compare(old_levels.LEVEL_16_SCHEMA, read_schema_facts(self.conn), SCHEMA_KINDS)
-                    if differences:
-                        raise StateConflict(
-                            f"the ledger records migrations {old_levels.FIRST:04d}-{old_levels.LAST:04d} of pgflow-cli "
-                            f"{old_levels.OLD_BUILD}, but the schema differs from what they leave "
-                            f"({len(differences)} difference(s)); nothing was changed",
-                            hint="someone changed the pgflow tables by hand: undo those changes (the detail lists "
-                            "them) and apply again, or rebuild the database",
-                            detail=[d.describe() for d in differences])
-                    before = self._function_rows()
-                    self.conn.execute(functions)  # trusted, shipped SQL
-                    after = self._function_rows()  # before the grants, which rewrite every function's row
-                    self.conn.execute(grants)
-                    for signature in old_levels.LEVEL_16_FUNCTIONS:
-                        if signature in before and after.get(signature) == before[signature]:
-                            # level 16 has it, the stage does not create it any more
-                            self.conn.execute(sql.SQL(sqlfiles.statement(QUERIES, "drop_function")).format(
-                                function=sql.SQL(signature)))
-                    self.conn.execute(sqlfiles.statement(QUERIES, "drop_file_ledger"))
-                    self.conn.execute(sqlfiles.statement(QUERIES, "ledger_replace_old_levels"),
-                                      {"first": old_levels.FIRST, "last": old_levels.LAST})
-                    self._record(state="applied", phases_done=[], duration_ms=int((time.monotonic() - t0) * 1000))
-                    if self.before_commit:
-                        self.before_commit(self.conn, self.migration)
-                    if dry_run:
-                        raise _DryRunRollback()
-            except _DryRunRollback:
-                pass
+        def work() -> None:
+            differences = compare(old_levels.LEVEL_16_SCHEMA, read_schema_facts(self.conn), SCHEMA_KINDS)
+            if differences:
+                raise StateConflict(
+                    f"the ledger records migrations {old_levels.FIRST:04d}-{old_levels.LAST:04d} of pgflow-cli "
+                    f"{old_levels.OLD_BUILD}, but the schema differs from what they leave "
+                    f"({len(differences)} difference(s)); nothing was changed",
+                    hint="someone changed the pgflow tables by hand: undo those changes (the detail lists "
+                    "them) and apply again, or rebuild the database",
+                    detail=[d.describe() for d in differences])
+            before = self._function_rows()
+            self.conn.execute(functions)  # trusted, shipped SQL
+            after = self._function_rows()  # before the grants, which rewrite every function's row
+            self.conn.execute(grants)
+            for signature in old_levels.LEVEL_16_FUNCTIONS:
+                if signature in before and after.get(signature) == before[signature]:
+                    # level 16 has it, the stage does not create it any more
+                    self.conn.execute(sql.SQL(sqlfiles.statement(QUERIES, "drop_function")).format(
+                        function=sql.SQL(signature)))
+            self.conn.execute(sqlfiles.statement(QUERIES, "drop_file_ledger"))
+            self.conn.execute(sqlfiles.statement(QUERIES, "ledger_replace_old_levels"),
+                              {"first": old_levels.FIRST, "last": old_levels.LAST})
 
-        self._retrying(attempt)
-        duration = int((time.monotonic() - started) * 1000)
-        self.emit("done", {"migration": label, "duration_ms": duration, "attempts": self.tries, "dry_run": dry_run,
-                           "online": False, "conversion": True})
-        return Applied(self.migration, duration, self.tries, False, list(self.notices))
+        return self._in_one_transaction(conversion_locks(functions), work, dry_run, conversion=True)
 
     def _function_rows(self) -> dict[str, str]:
         """pgflow's functions -> where their catalog row is stored (it moves when a statement replaces it)."""

@@ -411,7 +411,7 @@ def apply(
             upstream schema (recorded with the adoption).
         fill_history: ``--fill-history``: after the migrations, store the step outputs of runs that
             finished before an online adoption (the history backfill; online, resumable). Off by
-            default: ``get_run_with_states`` computes them (migration 0011).
+            default: ``get_run_with_states`` computes them (migration 0003).
 
     Returns:
         A :class:`MigrateResult` with one phase per migration (and one for the adoption).

@@ -18,7 +18,7 @@ ORDER BY f.flow_slug COLLATE "C";
 --@name capabilities
 -- stalled_recovery: pgflow.requeue_stalled_tasks() exists (not on an upstream-installed schema, whose
 -- tasks come back when their message's visibility timeout runs out: nothing is "stalled" there);
--- manual_tasks: step_tasks.execution_mode exists (migration 0009), which picks the stalled rule;
+-- manual_tasks: step_tasks.execution_mode exists (migration 0003), which picks the stalled rule;
 -- worker_routes: workers.flow_slug exists (this tool's schema), which the worker liveness rule reads.
 SELECT pg_catalog.to_regprocedure('pgflow.requeue_stalled_tasks()') IS NOT NULL AS stalled_recovery,
        EXISTS (SELECT 1 FROM pg_catalog.pg_attribute

@@ -19,31 +19,13 @@ from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode, StateConflict
 from pgflow_cli.installer import old_levels
 from pgflow_cli.installer.catalog import read_schema_facts
+from tests.breaker.s4.test_sql_script_levels import PRIVILEGES
 from tests.layout.catalog import definitions
+from tests.output.test_sql_script import LEDGER
+from tests.permissions.test_worker_role import ROLE_GRANTS
 from tests.support import old_levels as fixture
 from tests.support.cli import run_cli
 from tests.support.fingerprint import _dump, fingerprint
-
-LEDGER = "SELECT version, name, checksum, state, phases_done FROM pgflow.schema_migrations ORDER BY version"
-PRIVILEGES = """
-SELECT 'function', p.oid::regprocedure::text, coalesce(p.proacl::text, '') FROM pg_proc AS p
-WHERE p.pronamespace = 'pgflow'::regnamespace
-UNION ALL
-SELECT 'relation', c.oid::regclass::text, coalesce(c.relacl::text, '') FROM pg_class AS c
-WHERE c.relnamespace IN ('pgflow'::regnamespace, 'pgmq'::regnamespace)
-UNION ALL
-SELECT 'schema', n.nspname, coalesce(n.nspacl::text, '') FROM pg_namespace AS n WHERE n.nspname IN ('pgflow', 'pgmq')
-ORDER BY 1, 2
-"""
-WORKER_RECIPE = """
-GRANT USAGE ON SCHEMA pgflow TO {role};
-GRANT USAGE, CREATE ON SCHEMA pgmq TO {role};
-GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgflow TO {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgflow TO {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgmq TO {role};
-GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA pgmq TO {role};
-"""
-"""docs/permissions.md "Workers (protocol 2)", as written (the role is filled in)."""
 
 
 def _level(harness, request, level: int):
@@ -116,7 +98,7 @@ def test_the_conversion_keeps_a_worker_roles_grants(harness, level_16, db, reque
     try:
         for database in (level_16, db):  # the fresh install gets the recipe after it, level 16 before
             with database.connect() as conn:
-                conn.execute(WORKER_RECIPE.format(role=f'"{role}"'))
+                conn.execute(ROLE_GRANTS.format(role=f'"{role}"'))
         applied = run_cli("migrate", "apply", "--dsn", level_16.conninfo)
         assert applied.code == ExitCode.OK, applied.output
         _assert_same_catalog(level_16.conninfo, db.conninfo)
