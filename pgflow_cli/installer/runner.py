@@ -712,14 +712,19 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
     """Undo a phased migration that is in progress (its ``abort`` phase), in one transaction.
 
     Raises:
-        StateConflict: the migration is not in progress, or has no abort phase (exit 6).
+        StateConflict: the migration is not in progress, or has no abort phase, or the ledger is one
+            this tool cannot work on (an earlier build's migrations stopped part way: that build
+            aborts them) (exit 6).
     """
     emit = progress or (lambda event, data: None)
     check_writable(conn)
     _take_migrator_lock(conn, 30.0, emit)
     try:
         plan = make_plan(conn)
-        status = next((s for s in plan.statuses if s.version == version), None)
+        conflict = plan.refuse_reasons()
+        if conflict is not None:
+            raise conflict
+        status = next((s for s in plan.statuses if s.version == version and s.state != "superseded"), None)
         if status is None or status.state != "in_progress":
             raise StateConflict(f"migration {version:04d} is not in progress; nothing to abort",
                                 hint="`pgflow migrate status` shows every migration's state")

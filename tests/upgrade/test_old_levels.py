@@ -122,9 +122,11 @@ def test_the_conversion_accepts_the_earlier_text_of_0009(level_16, db):
 
 
 def _refused(database, *needles: str) -> None:
-    """``status``, ``plan``, ``apply`` (and ``--dry-run``, ``--sql``) all refuse with exit 6; nothing changes."""
+    """``status``, ``plan``, ``apply`` (and ``--dry-run``, ``--sql``) and ``abort`` all refuse with exit 6;
+    nothing changes."""
     before = fingerprint(database.conninfo)
-    for command in (("status",), ("plan",), ("apply",), ("apply", "--dry-run"), ("apply", "--sql")):
+    for command in (("status",), ("plan",), ("apply",), ("apply", "--dry-run"), ("apply", "--sql"),
+                    ("abort", "3", "--yes")):
         result = run_cli("migrate", *command, "--dsn", database.conninfo)
         assert result.code == ExitCode.CONFLICT, (command, result.output)
         text = " ".join(result.stderr.split())
