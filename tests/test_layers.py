@@ -39,7 +39,6 @@ ALLOWED: dict[str, set[str]] = {
     # running flows to completion from application tests, on a throwaway database (pgflow_cli/testing/)
     "testing": {"client", "db", "installer", "sandbox", "worker"},
     "installer": {"db", "sqlfiles"},
-    "sqlfreeze": {"installer", "sqlfiles"},  # developer tool, imported by nobody
     "db": set(),
     "sqlfiles": set(),
     "naming": set(),
@@ -48,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 """Layer -> the other layers it may import (besides SHARED)."""
 
-INSTALLER_ORDER = ["files", "ledger", "pgmq_bootstrap", "runner"]
+INSTALLER_ORDER = ["files", "catalog", "old_levels", "ledger", "pgmq_bootstrap", "runner"]
 """``pgflow_cli.installer`` modules, each importing only the ones before it (the facade imports all)."""
 
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}

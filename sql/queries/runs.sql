@@ -47,7 +47,7 @@ SELECT ss.step_slug, s.step_index, s.step_type, ss.status, ss.initial_tasks, ss.
        coalesce(s.opt_max_attempts, f.opt_max_attempts) AS max_attempts,
        coalesce(s.opt_timeout, f.opt_timeout) AS timeout_seconds,
        -- a completed step with no stored output (a run finished before an adoption of pgflow 0.8-0.12,
-       -- history not filled): the output get_run_with_states computes from its tasks (migration 0011)
+       -- history not filled): the output get_run_with_states computes from its tasks (migration 0003)
        CASE WHEN NOT %(show_output)s::boolean THEN NULL
             WHEN ss.output IS NULL AND ss.status = 'completed'
             THEN (SELECT e.value -> 'output'
