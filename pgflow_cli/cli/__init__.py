@@ -13,9 +13,10 @@ this module imports neither psycopg nor rich, until an error is to be reported.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -176,25 +177,77 @@ def _reported(exc: Exception) -> int:
     return int(ExitCode.INTERNAL)
 
 
+CLOSED_STDOUT_EXIT = 128 + 13
+"""The exit status of a process that SIGPIPE ended (128 + 13), which a shell also reports for one that
+wrote to a closed pipe (`pgflow coverage | head -1`): never a documented code (docs/exit-codes.md)."""
+
+
+class StdoutClosed(BaseException):
+    """Stdout's reader went away (EPIPE). A BaseException, so no ``except Exception`` of a command or
+    of click turns it into another exit code; transactions in progress roll back as it passes."""
+
+
+class _ClosedPipeGuard:
+    """Stdout as it was, except that a write or flush meeting a closed pipe raises :class:`StdoutClosed`."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: str) -> int:
+        try:
+            return int(self._stream.write(data))
+        except BrokenPipeError:
+            raise StdoutClosed() from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise StdoutClosed() from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so the interpreter's last flush meets no closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and exit with the documented exit code.
 
     Option parsing errors are reported by typer itself (exit 2); everything a command
-    raises is reported here.
+    raises is reported here. Stdout closed by its reader ends the command silently with
+    :data:`CLOSED_STDOUT_EXIT`, as SIGPIPE ends other programs.
     """
     command = typer.main.get_command(app)
     _ascii_safe_streams()
+    stdout, sys.stdout = sys.stdout, _ClosedPipeGuard(sys.stdout)
     args = _lift_debug(list(sys.argv[1:] if argv is None else argv))
     try:
-        command.main(args=args, prog_name="pgflow", standalone_mode=True)
-        code: int = ExitCode.OK
-    except SystemExit as exc:  # typer/click finished: --help, a usage error, typer.Exit(n)
-        code = exc.code if isinstance(exc.code, int) else (ExitCode.OK if exc.code is None else ExitCode.USAGE)
-    except KeyboardInterrupt:
-        from pgflow_cli import render
+        try:
+            command.main(args=args, prog_name="pgflow", standalone_mode=True)
+            code: int = ExitCode.OK
+        except SystemExit as exc:  # typer/click finished: --help, a usage error, typer.Exit(n)
+            code = exc.code if isinstance(exc.code, int) else (ExitCode.OK if exc.code is None else ExitCode.USAGE)
+        except KeyboardInterrupt:
+            from pgflow_cli import render
 
-        render.stderr_console().print("interrupted")
-        code = ExitCode.INTERRUPTED
-    except Exception as exc:
-        code = _reported(exc)
+            render.stderr_console().print("interrupted")
+            code = ExitCode.INTERRUPTED
+        except Exception as exc:
+            code = _reported(exc)
+        sys.stdout.flush()
+    except StdoutClosed:
+        _silence_stdout()
+        code = CLOSED_STDOUT_EXIT
+    finally:
+        if isinstance(sys.stdout, _ClosedPipeGuard):
+            sys.stdout = stdout
     sys.exit(int(code))

@@ -26,6 +26,7 @@ import typer
 from pgflow_cli import db, render
 from pgflow_cli.cli.state import STATE as STATE
 from pgflow_cli.cli.state import OutputFormat as OutputFormat
+from pgflow_cli.cli.state import ReportFormat as ReportFormat
 from pgflow_cli.cli.state import State as State
 from pgflow_cli.errors import UsageError
 
@@ -40,6 +41,7 @@ def _default_format(ctx: typer.Context, param: typer.CallbackParam, value: Any) 
             value = type(value)("plain")
     if isinstance(value, enum.Enum) and value.value in OutputFormat._value2member_map_:
         STATE.output_format = OutputFormat(value.value)
+        return STATE.output_format  # one type for the command, whichever set of choices it offered
     return value
 
 
@@ -67,6 +69,18 @@ FormatOption = Annotated[
                  "tabulate text for grep), markdown (for tickets), json (versioned document, docs/schemas/), "
                  "csv (rows).", case_sensitive=False, callback=_default_format),
 ]
+"""``--format`` of a command with rows: every :class:`OutputFormat`."""
+if typing.TYPE_CHECKING:  # what the command receives: the callback converts the choice
+    ReportFormatOption = FormatOption
+else:  # what typer reads the choices from
+    ReportFormatOption = Annotated[
+        ReportFormat,
+        typer.Option("--format", "-f", help="Output format: table (terminal default), plain (default when piped; "
+                     "tabulate text for grep), markdown (for tickets), json (versioned document, docs/schemas/).",
+                     case_sensitive=False, callback=_default_format),
+    ]
+"""``--format`` of a command that reports one document (no ``csv`` among the choices); the command
+receives an :class:`OutputFormat` all the same (the option's callback converts it)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +108,7 @@ class TargetOptions:
         """Connect (:meth:`open`); in the block, database errors are mapped with the target
         (:func:`mapped_errors`); the connection is closed at the end (``with conn``)."""
         conn, target = self.open()
-        with mapped_errors(target), conn:
+        with conn, mapped_errors(target, conn):
             yield conn, target
 
 
@@ -153,7 +167,13 @@ _COMMAND = re.compile(
 )
 
 
-def with_target(text: str, target: db.Target | None = None) -> str:
+PASSWORD_LEFT_OUT = ("the password is left out: typed when asked on a terminal; elsewhere set PGPASSWORD, or give "
+                     "the whole connection string in PGFLOW_DATABASE_URL, or use a libpq service file")
+"""Said after commands that repeat a ``--dsn`` whose password was left out (they connect only once it
+is supplied another way)."""
+
+
+def with_target(text: str, target: db.Target | None = None, *, note: bool = True) -> str:
     """``text`` with every ``pgflow <command>`` that needs a database followed by the target option
     the user gave (:meth:`pgflow_cli.db.Target.option`: ``--dsn '...'`` without password, or
     ``--sandbox``), so a hint works when pasted. Unchanged when the target came from the environment.
@@ -161,24 +181,36 @@ def with_target(text: str, target: db.Target | None = None) -> str:
     Args:
         text: a hint, a ``next:`` line or an error message.
         target: the command's target (default: the one :func:`open_connection` resolved).
+        note: when the ``--dsn`` held a password (left out of the commands), end the text with
+            :data:`PASSWORD_LEFT_OUT` in parentheses, which says how to supply it. False for a bare
+            command (a JSON ``next`` list).
     """
-    option = (target or STATE.target or db.Target("", "")).option()
+    target = target or STATE.target or db.Target("", "")
+    option = target.option()
     if not option:
         return text
-    return _COMMAND.sub(lambda m: f"{m.group('cmd')} {option}", text)
+    result, count = _COMMAND.subn(lambda m: f"{m.group('cmd')} {option}", text)
+    if count and note and target.source == "--dsn" and db.has_password(target.conninfo) \
+            and PASSWORD_LEFT_OUT not in result:
+        result += f" ({PASSWORD_LEFT_OUT})"
+    return result
 
 
 @contextmanager
-def mapped_errors(target: db.Target | None = None) -> Iterator[None]:
+def mapped_errors(target: db.Target | None = None, conn: psycopg.Connection | None = None) -> Iterator[None]:
     """Where every command's database errors become the :class:`PgflowError` they mean.
 
     A ``psycopg.Error`` raised in the block is re-raised as :func:`pgflow_cli.db.map_database_error`
     maps it (exit 3/4/6/70, docs/exit-codes.md), its message redacted of ``target``'s password;
     other exceptions pass unchanged. :func:`pgflow_cli.cli.main` wraps every command in it (and
     prints what it raises); a command that holds a connection wraps its work in it with the target.
+    With ``conn``, a missing table, column or function is first explained by the database's schema
+    level (:func:`pgflow_cli.operations.schema.explain`): no pgflow schema, or migrations pending,
+    is exit 3 naming `pgflow migrate apply`, never an internal error.
 
     Args:
         target: the database the block talks to, or None when no connection string is known.
+        conn: the block's connection (autocommit), to read the schema level from after a failure.
 
     Raises:
         PgflowError: for a psycopg error in the block.
@@ -186,6 +218,12 @@ def mapped_errors(target: db.Target | None = None) -> Iterator[None]:
     try:
         yield
     except psycopg.Error as exc:
+        if conn is not None:
+            from pgflow_cli.operations import schema
+
+            explained = schema.explain(conn, exc)
+            if explained is not None:
+                raise explained from None
         raise db.map_database_error(exc, target=target) from None
 
 

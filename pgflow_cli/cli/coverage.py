@@ -80,7 +80,7 @@ def coverage(
         missing = report.describe_missing()
         err.print(render.text(f"waiting ({left:.0f} s left): {len(missing)} not covered: " + "; ".join(missing), "dim"))
 
-    with common.mapped_errors(target), conn:
+    with conn, common.mapped_errors(target, conn):
         if wait:
             report = coverage_op.wait_for_coverage(conn, flow, heartbeat_window=heartbeat_window, timeout=timeout,
                                                    interval=interval, progress=progress)

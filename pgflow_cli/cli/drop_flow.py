@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
 def drop_flow(
     flow_slug: Annotated[str, typer.Argument(metavar="SLUG", help="The exact flow slug (letter case matters).")],
     where: common.TargetOptions = common.ANY_TARGET,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the verdict; delete nothing.")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Delete even while live workers serve the flow or runs are started (they are abandoned). "
@@ -62,8 +62,6 @@ def drop_flow(
                                          help="Transactions tried on lock timeouts and deadlocks.")] = 3,
 ) -> None:
     STATE.output_format = output_format
-    if output_format == OutputFormat.csv:
-        raise UsageError("drop-flow reports as table, plain, markdown or json, not csv")
     if confirm is not None and confirm != flow_slug:
         raise UsageError(f"--confirm {confirm!r} does not match the flow slug {flow_slug!r}",
                          hint="give the exact slug twice; letter case matters")

@@ -8,7 +8,6 @@ restore, a row changed since the fence); 130 Ctrl-C: you stopped watching, the f
 
 from __future__ import annotations
 
-import enum
 import getpass
 import socket
 import time
@@ -26,7 +25,6 @@ from rich.table import Table
 from pgflow_cli import db, render
 from pgflow_cli.cli import common
 from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
-from pgflow_cli.cli.common import _default_format as default_format
 from pgflow_cli.errors import DeadlineReached, ExitCode, PgflowError
 from pgflow_cli.operations import fence as fence_op
 
@@ -40,21 +38,6 @@ app = typer.Typer(
 )
 
 
-class FenceFormat(str, enum.Enum):
-    """Output formats of the fence commands (docs/commands/README.md "Output formats")."""
-
-    table = "table"
-    plain = "plain"
-    markdown = "markdown"
-    json = "json"
-
-
-FormatOption = Annotated[
-    FenceFormat,
-    typer.Option("--format", "-f", help="Output format: table (terminal default), plain (default when piped), "
-                 "markdown (for tickets) or json (versioned document).", case_sensitive=False,
-                 callback=default_format),
-]
 FunctionOption = Annotated[
     list[str] | None,
     typer.Option("--function", help="A worker function (pgflow.worker_functions.function_name); repeat for several.",
@@ -125,7 +108,7 @@ def _connection(where: TargetOptions) -> Iterator[psycopg.Connection]:
     conn = db.connect(target, application_name=application_name(), connect_timeout=where.connect_timeout)
     common.STATE.target = target = target.connected(conn)
     try:
-        with common.mapped_errors(target):
+        with common.mapped_errors(target, conn):
             fence_op.require_installed(conn)
             yield conn
     finally:
@@ -161,7 +144,7 @@ def disable(
     detach: Annotated[bool, typer.Option("--detach", help="Return once disabled and deprecated; do not wait.")] = False,
     options: ChangeOptions = ANY_CHANGE,
     where: TargetOptions = ANY_TARGET,
-    output_format: FormatOption = FenceFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
 ) -> None:
     """Fence worker functions: record their `enabled`, disable them, deprecate their workers, wait for the drain.
 
@@ -177,7 +160,7 @@ def disable(
     longer matches its row; 130 Ctrl-C (the fence stays).
     """
     common.STATE.output_format = OutputFormat(output_format.value)
-    as_json = output_format == FenceFormat.json
+    as_json = output_format == OutputFormat.json
     with _connection(where) as conn:
         selection = fence_op.select(conn, function or [], flow or [], every=every)
         result = fence_op.disable(conn, selection, reason, dry_run=options.dry_run, lock_timeout=options.lock_timeout,
@@ -400,7 +383,7 @@ def restore(
     ] = fence_op.DEFAULT_HEARTBEAT_TIMEOUT,
     options: ChangeOptions = ANY_CHANGE,
     where: TargetOptions = ANY_TARGET,
-    output_format: FormatOption = FenceFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
 ) -> None:
     """Lift fences: write back exactly the recorded `enabled` values where nobody changed the row since.
 
@@ -413,7 +396,7 @@ def restore(
     heartbeat by --timeout; 6 a conflict, or no recorded fence for what you named; 130 Ctrl-C.
     """
     common.STATE.output_format = OutputFormat(output_format.value)
-    as_json = output_format == FenceFormat.json
+    as_json = output_format == OutputFormat.json
     with _connection(where) as conn:
         selection = fence_op.restore_selection(conn, function or [], flow or [], every)
         result = fence_op.restore(conn, selection, dry_run=options.dry_run, lock_timeout=options.lock_timeout,
@@ -502,7 +485,7 @@ def status(
     heartbeat_window: WindowOption = fence_op.DEFAULT_WINDOW,
     interval: IntervalOption = 2.0,
     where: TargetOptions = ANY_TARGET,
-    output_format: FormatOption = FenceFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
 ) -> None:
     """Show the active fences (age, reason, who, what a restore would do) and the drain of their functions.
 
@@ -510,7 +493,7 @@ def status(
     nothing changes); with --format json --watch, one JSON document per line.
     """
     common.STATE.output_format = OutputFormat(output_format.value)
-    as_json = output_format == FenceFormat.json
+    as_json = output_format == OutputFormat.json
     with _connection(where) as conn:
         def look() -> fence_op.StatusReport:
             return fence_op.status(conn, function or None, window=heartbeat_window)

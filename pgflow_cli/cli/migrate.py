@@ -174,7 +174,7 @@ def plan(
         report = migrate_op.make_plan(conn, assume_release=assume_release)
     if output_format == OutputFormat.json:
         body = report.to_dict()
-        body["next"] = [common.with_target(command) for command in report.next]
+        body["next"] = [common.with_target(command, note=False) for command in report.next]
         render.write_json(_document("migrate-plan", target, body))
     elif output_format == OutputFormat.csv:
         render.write_csv(["version", "name", "state", "path", "preflight_audit", "worker_protocol", "summary",
@@ -198,7 +198,7 @@ def plan(
             page.line(common.with_target(note), "yellow")
         if report.next:
             joiner = " or " if report.choice else ", then "
-            page.line("next: " + joiner.join(common.with_target(command) for command in report.next), "dim")
+            page.line(common.with_target("next: " + joiner.join(report.next)), "dim")
     if report.problem:
         from pgflow_cli.cli import report_error
 

@@ -11,7 +11,6 @@ import typer
 from pgflow_cli import render
 from pgflow_cli.cli import common
 from pgflow_cli.cli.common import OutputFormat
-from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import runs as runs_op
 from pgflow_cli.operations.status import RUN_STATES
 
@@ -40,7 +39,7 @@ def list_(
     before: Annotated[str | None, typer.Option("--before", metavar="RUN_ID", show_default=False,
                                                   help="The next page: runs started before this run (the id "
                                                   "the previous page's `next:` line gives).")] = None,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
     """List runs, newest first.
@@ -48,7 +47,6 @@ def list_(
     Exit 0: listed (also when none matched). Exit 2: a bad --status, --limit or --before. Exit 3: cannot
     connect or no pgflow schema. Exit 6: --flow or --before names nothing.
     """
-    _no_csv(output_format)
     with where.connected() as (conn, target):
         page = runs_op.list_runs(conn, flow=flow, status=status, limit=limit, before=before)
         if output_format == OutputFormat.json:
@@ -95,15 +93,13 @@ def show(
                                               help="Also show the outputs of the run, its steps and tasks.")] = False,
     max_tasks: Annotated[int, typer.Option("--max-tasks", min=1, metavar="N",
                                            help="Show at most N tasks (a map step may have thousands).")] = 200,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
     """Show one run: its steps, tasks, attempts and errors (outputs only with --show-output).
 
     Exit 0: shown. Exit 2: RUN_ID is not a UUID. Exit 3: cannot connect or no pgflow schema. Exit 6: no such run.
     """
-    _no_csv(output_format)
-    _no_csv(output_format)
     runs_op.parse_run_id(run_id)  # a bad id is a usage error before any connection
     with where.connected() as (conn, target):
         detail = runs_op.show_run(conn, run_id, show_output=show_output, max_tasks=max_tasks)
@@ -162,11 +158,6 @@ def show_detail(detail: runs_op.RunDetail, out: render.Page) -> None:
         for t in detail.tasks], title="tasks")
     if detail.tasks_total > len(detail.tasks):
         out.line(f"{detail.tasks_total - len(detail.tasks)} more task(s) not shown (--max-tasks)", "dim")
-
-
-def _no_csv(output_format: OutputFormat) -> None:
-    if output_format == OutputFormat.csv:
-        raise UsageError("pgflow runs has no csv format: use table, plain, markdown or json")
 
 
 def _task_state(task: dict[str, Any]) -> str:

@@ -35,6 +35,16 @@ class OutputFormat(str, enum.Enum):
         return self.value in render.TEXT_FORMATS
 
 
+class ReportFormat(str, enum.Enum):
+    """The formats of a command that reports one document, not rows (``status``, ``runs``, ``drop-flow``,
+    ``fence``): :class:`OutputFormat` without ``csv``, so ``--help`` offers only what works."""
+
+    table = "table"
+    plain = "plain"
+    markdown = "markdown"
+    json = "json"
+
+
 @dataclass
 class State:
     """What the top-level callback learned (``--debug``) and what commands set (format, target).

@@ -75,15 +75,13 @@ def status(
     interval: Annotated[float | None, typer.Option(
         "--interval", metavar="SECONDS", min=WATCH_MINIMUM, show_default=False,
         help=f"Seconds between the snapshots of --watch (default {WATCH_DEFAULT:g}).")] = None,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     heartbeat_window: Annotated[float, typer.Option(
         "--heartbeat-window", min=0.1, metavar="SECONDS",
         help="A worker is live when its last heartbeat is at most this old (as `pgflow coverage`).")]
     = DEFAULT_HEARTBEAT_WINDOW,
     where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
-    if output_format == OutputFormat.csv:
-        raise UsageError("pgflow status has no csv format: use table, plain, markdown or json")
     every = watch_interval(watch, seconds, interval)
     stop = threading.Event()
     with where.connected() as (conn, target):

@@ -31,7 +31,8 @@ from psycopg.rows import dict_row
 
 from pgflow_cli import sqlfiles
 from pgflow_cli.db import retry_on_lock, scalar, transaction
-from pgflow_cli.errors import PgflowError, Refused, SchemaMissing, StateConflict, UsageError
+from pgflow_cli.errors import PgflowError, Refused, StateConflict, UsageError
+from pgflow_cli.operations import schema
 
 QUERIES = "queries/drop_flow.sql"
 
@@ -159,23 +160,20 @@ class DropResult:
 
 
 def require_installed(conn: psycopg.Connection) -> None:
-    """Raise :class:`SchemaMissing` (exit 3) when the database lacks ``pgflow.drop_flow`` (migration 0008)."""
+    """Raise :class:`SchemaMissing` (exit 3) when the database lacks ``pgflow.drop_flow``."""
     try:
         row = conn.execute(sqlfiles.statement(QUERIES, "installed")).fetchone()
     except psycopg.errors.InvalidSchemaName:
         row = None
     if not row or not row[0]:
-        raise SchemaMissing(
-            "this database has no whole-flow deletion (pgflow.drop_flow, migration 0008)",
-            hint="upgrade it first: pgflow migrate plan, then pgflow migrate apply",
-        )
+        raise schema.missing_feature(conn, "whole-flow deletion (pgflow.drop_flow)")
 
 
 def plan(conn: psycopg.Connection, flow_slug: str) -> DropPlan:
     """Read the plan of deleting ``flow_slug`` (exact slug) in one read-only statement.
 
     Raises:
-        SchemaMissing: no migration 0008 (exit 3).
+        SchemaMissing: no ``pgflow.drop_flow`` here (exit 3).
         psycopg.Error: PF006 for an unknown flow (the CLI maps it to exit 6).
     """
     require_installed(conn)

@@ -31,7 +31,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgflow_cli import db, sqlfiles
-from pgflow_cli.errors import DeadlineReached, SchemaMissing, StateConflict, UsageError
+from pgflow_cli.errors import DeadlineReached, StateConflict, UsageError
+from pgflow_cli.operations import schema
 
 QUERIES = "queries/fence.sql"
 
@@ -351,14 +352,13 @@ def _fetch(conn: psycopg.Connection, name: str, params: dict[str, Any] | None = 
 
 
 def require_installed(conn: psycopg.Connection) -> None:
-    """Raise :class:`SchemaMissing` (exit 3) unless the database has the fence (migration 0007+)."""
+    """Raise :class:`SchemaMissing` (exit 3) unless the database has the fence record (pgflow.fences)."""
     rows = _fetch(conn, "installed")
     if not rows or not rows[0]["installed"]:
-        raise SchemaMissing(
-            "this database has no rollout-fence record (pgflow.fences, migration 0007)",
-            hint="upgrade the schema with `pgflow migrate apply`; while you upgrade from an older schema, fence with "
-            "the SQL of docs/upgrade.md step 2",
-        )
+        error = schema.missing_feature(conn, "the rollout-fence record (pgflow.fences)")
+        if error.reason == "schema_behind":
+            error.hint += "; while you upgrade from an older schema, fence with the SQL of docs/upgrade.md step 2"
+        raise error
 
 
 def select(conn: psycopg.Connection, functions: Sequence[str] = (), flows: Sequence[str] = (), *,

@@ -108,7 +108,8 @@ def test_status_lists_active_fences_with_age_reason_and_outlook(fenv):
 def test_a_database_without_the_fence_record_is_exit_3(baseline_db):
     result = run_cli("fence", "status", "--dsn", baseline_db.conninfo)
     assert result.code == 3
-    assert "no rollout-fence record" in result.stderr and "docs/upgrade.md step 2" in result.stderr
+    assert "rollout-fence record" in result.stderr and "docs/upgrade.md step 2" in result.stderr
+    assert "pgflow migrate apply" in result.stderr
 
 
 def test_disable_all_fences_every_worker_function_and_restore_all_lifts_them(fenv):
