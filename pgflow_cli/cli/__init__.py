@@ -56,6 +56,9 @@ COMMANDS = (
                 "Manual tasks: the tasks of queue-less steps (Flow.step(..., manual=True)) that trusted code completes "
                 "or fails instead of a worker (pgflow.complete_manual_task / pgflow.fail_manual_task)."),
     LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them (read-only)."),
+    LazyCommand("workers", "pgflow_cli.cli.workers",
+                "Worker rows (pgflow.workers): which worker serves which route, its heartbeat and its tasks in "
+                "flight; and deleting the rows of workers that died without saying so."),
 )
 """Every command of ``pgflow``, in the order ``pgflow --help`` lists them: name, the module whose
 ``register(app)`` attaches it (imported only when the command is used, :mod:`pgflow_cli.cli.lazy`), and

@@ -162,7 +162,8 @@ def option_groups(command: Callable[..., R]) -> Callable[..., R]:
 
 _COMMAND = re.compile(
     r"(?P<cmd>\bpgflow (?:audit|coverage|drop-flow|status|worker"
-    r"|(?:migrate|fence|task|runs) (?:status|plan|apply|abort|disable|restore|list|show|complete|fail)))"
+    r"|(?:migrate|fence|task|runs|workers) (?:status|plan|apply|abort|disable|restore|list|show|complete|fail"
+    r"|start|wait|forget)))"
     r"(?![\w-])(?! --(?:dsn|sandbox)\b)"
 )
 
@@ -225,6 +226,26 @@ def mapped_errors(target: db.Target | None = None, conn: psycopg.Connection | No
             if explained is not None:
                 raise explained from None
         raise db.map_database_error(exc, target=target) from None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhd]?)\s*$")
+
+
+def parse_duration(text: str, option: str) -> float:
+    """Seconds in ``text``: a number with an optional unit s, m, h or d (``90``, ``15m``, ``2h``, ``1d``).
+
+    Args:
+        text: what was given.
+        option: the option it was given to (``--older-than``), for the message.
+
+    Raises:
+        UsageError: anything else (exit 2).
+    """
+    match = _DURATION.match(text or "")
+    if not match:
+        raise UsageError(f"{option} {text!r} is not a duration", hint="use e.g. 90, 90s, 15m, 2h or 1d")
+    return float(match.group("n")) * _UNITS[match.group("unit") or "s"]
 
 
 def versioned(document: dict[str, Any], target: db.Target | None = None) -> dict[str, Any]:

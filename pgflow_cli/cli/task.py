@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,6 @@ CSV_COLUMNS = ["run_id", "flow_slug", "step_slug", "task_index", "status", "step
                "started_at", "age_seconds", "completed_at", "failed_at", "error_message"]
 """One CSV row per task, in this column order."""
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhd]?)\s*$")
-
 RunArg = Annotated[str, typer.Argument(help="Run id (UUID).", metavar="RUN_ID", show_default=False)]
 StepArg = Annotated[str, typer.Argument(help="Step slug.", metavar="STEP", show_default=False)]
 IndexOption = Annotated[
@@ -57,18 +53,6 @@ class TaskKey:
 def register(app_root: typer.Typer) -> None:
     """Attach ``task`` to the root command."""
     app_root.add_typer(app, name="task")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``text``: a number with an optional unit s, m, h or d (``90``, ``15m``, ``2h``, ``1d``).
-
-    Raises:
-        UsageError: anything else.
-    """
-    match = _DURATION.match(text or "")
-    if not match:
-        raise UsageError(f"--older-than {text!r} is not a duration", hint="use e.g. 90, 90s, 15m, 2h or 1d")
-    return float(match.group("n")) * _UNITS[match.group("unit") or "s"]
 
 
 def _run(where: TargetOptions, action: Callable[[psycopg.Connection], list[op.ManualTask]]) -> list[op.ManualTask]:
@@ -122,7 +106,7 @@ def list_tasks(
 ) -> None:
     """Waiting manual tasks, oldest first, with their age, run and step."""
     common.STATE.output_format = output_format
-    seconds = parse_duration(older_than) if older_than is not None else None
+    seconds = common.parse_duration(older_than, "--older-than") if older_than is not None else None
     tasks = _run(where,
                  lambda conn: op.list_waiting(conn, flow_slug=flow, older_than=seconds, limit=limit))
     _emit(tasks, output_format, "waiting manual tasks")

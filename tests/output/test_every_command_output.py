@@ -20,6 +20,8 @@ COMMANDS = {
     "status": ["status"],
     "runs list": ["runs", "list"],
     "runs show": ["runs", "show", "{run_id}"],
+    "workers list": ["workers", "list"],
+    "workers forget": ["workers", "forget", "--stale-for", "1d", "--dry-run"],
 }
 """Every report command; ``{run_id}`` is the seeded run of flow ``review``."""
 
