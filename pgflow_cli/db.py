@@ -825,10 +825,18 @@ def map_database_error(exc: psycopg.Error, *, target: Target | None = None) -> P
             "retry later or raise --lock-timeout / --statement-timeout",
             detail=detail,
         )
-    if isinstance(exc, (pgerrors.UndefinedTable, pgerrors.InvalidSchemaName, pgerrors.UndefinedFunction)):
+    if isinstance(exc, pgerrors.InvalidSchemaName):  # 3F000: a schema (pgflow, pgmq) is not there at all
+        return SchemaMissing(
+            f"a schema is missing: {message.splitlines()[0]}",
+            hint="is this the right database? a database without pgflow gets it with `pgflow migrate apply` "
+            "(`pgflow migrate plan` shows what it does first)",
+            detail=detail, reason="schema_missing",
+        )
+    if isinstance(exc, (pgerrors.UndefinedTable, pgerrors.UndefinedFunction)):
         return SchemaMissing(
             f"a pgflow object is missing: {message.splitlines()[0]}",
-            hint="is this the right database? run `pgflow migrate status` to see what is installed",
+            hint="is this the right database? `pgflow migrate status` shows what is installed, and `pgflow migrate "
+            "apply` adds what a later migration brings",
             detail=detail, reason="object_missing",
         )
     if isinstance(exc, pgerrors.ReadOnlySqlTransaction):  # 25006: a hot standby or a read-only session

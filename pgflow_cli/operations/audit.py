@@ -519,7 +519,9 @@ def schema_from_probe(probe: dict[str, Any]) -> SchemaInfo:
     if not probe["has_pgflow_schema"]:
         raise SchemaMissing(
             f"database {database!r} has no pgflow schema: there is nothing to audit",
-            hint="connect to the database that holds pgflow (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, PG* variables)",
+            hint="connect to the database that holds pgflow (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, PG* variables); "
+            "a new database needs no audit: install pgflow with `pgflow migrate apply`",
+            reason="schema_missing",
         )
     if not probe["pgflow_usage"]:
         raise ConnectionFailed(f"role {role!r} has no USAGE privilege on schema pgflow", hint=grant_hint)
