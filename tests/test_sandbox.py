@@ -255,3 +255,14 @@ def test_an_up_that_failed_half_way_is_repaired_by_the_next_up(sandbox_env):
         assert run_cli("audit", "--sandbox", env=env).code == ExitCode.OK
     finally:
         run_cli("sandbox", "reset", "--destroy", "--yes", env=env)
+
+
+def test_the_sandbox_runs_in_local_mode(sandbox_env):
+    """docs/architecture.md "Local vs production": a changed flow is recompiled in the sandbox, not refused."""
+    reset = run_cli("sandbox", "reset", "--yes", env=sandbox_env)
+    assert reset.code == ExitCode.OK, reset.output
+    status = json.loads(run_cli("sandbox", "status", "--format", "json", env=sandbox_env).stdout)
+    assert status["local_mode"] is True
+    with psycopg.connect(status["conninfo"]) as conn:
+        assert conn.execute("SELECT pgflow.is_local()").fetchone()[0] is True
+    assert "mode: local" in run_cli("sandbox", "status", env=sandbox_env).stdout

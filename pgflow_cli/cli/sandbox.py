@@ -210,6 +210,8 @@ def _show(sandbox: Sandbox, output_format: OutputFormat, headline: str | None,
         ("PGMQ", info.pgmq_version),
         ("flows", info.flows),
         ("runs in flight", info.runs_in_flight),
+        ("mode", None if info.local_mode is None else "local (pgflow.environment=local: a changed flow is "
+         "recompiled, its runs deleted)" if info.local_mode else "production (a changed flow is refused)"),
     ]
     for key, value in rows:
         # soft_wrap: a connection string must stay on one line to be copied

@@ -62,9 +62,22 @@ class SandboxStatus:
     pgmq_version: str | None = None
     flows: int | None = None
     runs_in_flight: int | None = None
+    local_mode: bool | None = None
+    """``pgflow.environment`` is ``local`` on the database (a changed flow is recompiled, not refused)."""
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
+
+
+LOCAL_MODE = "pgflow.environment"
+"""The setting that puts a database in local mode (``pgflow.is_local()``): the sandbox sets it to
+``local`` on its database, so a worker whose flow changed recompiles it there (deleting its runs, said
+loudly first) instead of being refused as in production (docs/architecture.md "Local vs production")."""
+
+
+def _local_mode(admin: psycopg.Connection) -> None:
+    """Put the sandbox database in local mode (every new session of it reads the setting)."""
+    admin.execute(pgsql.SQL("ALTER DATABASE {} SET pgflow.environment = 'local'").format(pgsql.Identifier(DATABASE)))
 
 
 class Sandbox:
@@ -127,6 +140,7 @@ class Sandbox:
             with self.connect("postgres") as admin:
                 exists = admin.execute(sqlfiles.statement(QUERIES, "database_exists"), {"name": DATABASE}).fetchone()
                 if exists:
+                    _local_mode(admin)  # also a sandbox made before it ran in local mode
                     return []
                 admin.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(STAGING_DATABASE)))
                 admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(STAGING_DATABASE)))
@@ -138,6 +152,7 @@ class Sandbox:
             with self.connect("postgres") as admin:
                 admin.execute(pgsql.SQL("ALTER DATABASE {} RENAME TO {}").format(
                     pgsql.Identifier(STAGING_DATABASE), pgsql.Identifier(DATABASE)))
+                _local_mode(admin)
             return applied
 
     @contextmanager
@@ -199,6 +214,7 @@ class Sandbox:
                 status.schema_version = max(applied) if applied else None
                 status.pending_migrations = len(plan.pending)
                 status.pgmq_version = plan.state.pgmq_version
+                status.local_mode = bool(conn.execute(sqlfiles.statement(QUERIES, "local_mode")).fetchone()[0])  # type: ignore[index]
                 if plan.state.has_flows_table:
                     row = conn.execute(sqlfiles.statement(QUERIES, "counts")).fetchone()
                     status.flows, status.runs_in_flight = (int(row[0]), int(row[1])) if row else (None, None)
