@@ -29,9 +29,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgflow_cli import __version__, naming, sqlfiles
+from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import transaction
 from pgflow_cli.errors import ConnectionFailed, SchemaMissing, StateConflict
+from pgflow_cli.operations import names
 
 AUDIT_SQL = "audit.sql"
 """The named statements, below ``sql/``."""
@@ -694,8 +695,8 @@ def build_report(
         if unknown:
             detail = []
             for slug in unknown:
-                similar = sorted(k for k in known if naming.normalized_slug(k) == naming.normalized_slug(slug))
-                detail.append(f"{slug!r}" + (f": did you mean {', '.join(repr(s) for s in similar)}?" if similar else ""))
+                similar = names.suggestions(slug, known)
+                detail.append(f"{slug!r}" + (f": did you mean {' or '.join(repr(s) for s in similar)}?" if similar else ""))
             raise StateConflict(
                 f"flow not found: {', '.join(repr(s) for s in unknown)}",
                 hint="--flow takes an exact flow slug (case matters); run `pgflow audit` without --flow to see every flow",

@@ -28,6 +28,7 @@ from psycopg.rows import dict_row
 from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import transaction
 from pgflow_cli.errors import DeadlineReached, ExitCode, StateConflict, UsageError
+from pgflow_cli.operations import names
 
 COVERAGE_SQL = "queries/coverage.sql"
 
@@ -245,7 +246,7 @@ def check_coverage(
                 missing = [slug for slug in wanted if slug not in known]
             if missing and not allow_missing_flows:
                 raise StateConflict(
-                    f"no flow named {', '.join(repr(s) for s in missing)}",
+                    f"no flow named {names.unknown_flows(conn, missing)}",
                     hint="flow slugs are exact and case-sensitive; a flow exists once a worker of it has started "
                     "(use --wait to wait for it)",
                 )

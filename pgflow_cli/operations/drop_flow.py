@@ -30,9 +30,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgflow_cli import sqlfiles
-from pgflow_cli.db import retry_on_lock, scalar, transaction
+from pgflow_cli.db import first_line, retry_on_lock, scalar, transaction
 from pgflow_cli.errors import PgflowError, Refused, StateConflict, UsageError
-from pgflow_cli.operations import schema
+from pgflow_cli.operations import names, schema
 
 QUERIES = "queries/drop_flow.sql"
 
@@ -177,8 +177,19 @@ def plan(conn: psycopg.Connection, flow_slug: str) -> DropPlan:
         psycopg.Error: PF006 for an unknown flow (the CLI maps it to exit 6).
     """
     require_installed(conn)
-    with transaction(conn, read_only=True, lock_timeout=None, statement_timeout=None):
-        doc = scalar(conn.execute(sqlfiles.statement(QUERIES, "plan"), {"flow_slug": flow_slug}))
+    try:
+        with transaction(conn, read_only=True, lock_timeout=None, statement_timeout=None):
+            doc = scalar(conn.execute(sqlfiles.statement(QUERIES, "plan"), {"flow_slug": flow_slug}))
+    except psycopg.Error as exc:
+        if getattr(exc, "sqlstate", None) != "PF006":
+            raise
+        # the server's message already names a flow that differs only in letter case
+        close = [n for n in names.suggestions(flow_slug, names.flow_slugs(conn)) if n.lower() != flow_slug.lower()]
+        diag = exc.diag
+        raise StateConflict((diag.message_primary or first_line(exc)).strip()
+                            + (f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""),
+                            hint=diag.message_hint or "slugs are exact and case-sensitive; `pgflow status` lists "
+                            "every flow", detail=(diag.message_detail or "").splitlines()) from None
     return DropPlan.from_json(doc)
 
 

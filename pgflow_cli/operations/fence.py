@@ -32,6 +32,7 @@ from psycopg.rows import dict_row
 
 from pgflow_cli import db, sqlfiles
 from pgflow_cli.errors import DeadlineReached, StateConflict, UsageError
+from pgflow_cli.operations import names as slug_names
 from pgflow_cli.operations import schema
 
 QUERIES = "queries/fence.sql"
@@ -394,8 +395,8 @@ def select(conn: psycopg.Connection, functions: Sequence[str] = (), flows: Seque
         known = {r["flow_slug"] for r in _fetch(conn, "known_flows", {"flows": flow_list})}
         unknown = [f for f in flow_list if f not in known]
         if unknown:
-            raise StateConflict(f"flow not found: {', '.join(unknown)}",
-                                hint="flow slugs are exact and case-sensitive: SELECT flow_slug FROM pgflow.flows")
+            raise StateConflict(f"flow not found: {slug_names.unknown_flows(conn, unknown)}",
+                                hint="flow slugs are exact and case-sensitive; `pgflow status` lists every flow")
         served = _fetch(conn, "functions_for_flows", {"flows": flow_list})
         unserved = [f for f in flow_list if f not in {r["flow_slug"] for r in served}]
         if unserved:

@@ -40,6 +40,16 @@ FROM pgflow.step_tasks AS t
 WHERE %(flow)s::text IS NULL OR t.flow_slug = %(flow)s::text
 GROUP BY t.flow_slug, t.status;
 
+--@name manual_waiting
+-- Per flow the tasks of manual steps waiting for their outcome (status started, execution_mode
+-- manual: no worker runs them, trusted code completes them; docs/manual-tasks.md). Only where
+-- step_tasks.execution_mode exists (capabilities.manual_tasks).
+SELECT t.flow_slug, pg_catalog.count(*)::integer AS waiting
+FROM pgflow.step_tasks AS t
+WHERE t.status = 'started' AND t.execution_mode = 'manual'
+  AND (%(flow)s::text IS NULL OR t.flow_slug = %(flow)s::text)
+GROUP BY t.flow_slug;
+
 --@name oldest_queued
 -- Per flow the queued task that has waited longest (since queued_at: its first queueing or its
 -- last requeue by a retry or stalled recovery), in seconds.

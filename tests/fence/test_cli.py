@@ -61,7 +61,7 @@ def test_refusals_change_nothing_and_have_their_exit_codes(fenv):
     assert fenv.enabled("real-fn") is True and fenv.val("SELECT count(*) FROM pgflow.fences") == 0
 
     no_flow = fenv.cli("disable", "--flow", "nosuchflow", "-m", "deploy")
-    assert no_flow.code == 6 and "flow not found: nosuchflow" in no_flow.stderr
+    assert no_flow.code == 6 and "flow not found: 'nosuchflow'" in no_flow.stderr
     fenv.conn.execute("SELECT pgflow.create_flow('idle')")
     unserved = fenv.cli("disable", "--flow", "idle", "-m", "deploy")
     assert unserved.code == 6 and "no worker has registered for flow(s) idle" in unserved.stderr
