@@ -77,13 +77,26 @@ STATUS_COLUMNS = ["version", "name", "state", "applied_at", "applied_by", "tool_
 def status(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Also each migration's summary and every function file (by default only drifted "
+        "ones).")] = False,
 ) -> None:
     """Show applied, pending, in-progress, changed (checksum mismatch) and unknown migrations, function-file
     drift, invalid indexes, and which pgflow release installed a schema pgflow-cli did not (or adopted). Read-only.
 
+    The verdict comes first (up to date, N pending, in progress, drift, or why this tool cannot migrate the
+    database) with the command that moves on, then one line per migration; function files only when one
+    drifted (all of them, and each migration's summary, with --verbose).
+
     Exit 0 up to date or only pending; 1 a migration in progress (resume or abort it), function files whose
     installed text differs, or an invalid index; 6 when this tool cannot migrate the database (changed files,
     a newer database, a pgflow schema that matches no published release).
+
+    \b
+    Examples:
+      pgflow migrate status
+      pgflow migrate status --verbose --format plain
+      pgflow migrate status --format json | jq .verdict
     """
     common.STATE.output_format = output_format
     conn, target = where.open()
@@ -100,7 +113,7 @@ def status(
         render.write_csv(STATUS_COLUMNS, rows)
     else:
         page = render.Page(output_format.value)
-        _print_status(page, rows, target.describe(), report)
+        _print_status(page, rows, target.describe(), report, verbose)
         if report.found is not None:
             _print_upstream(page, report.found)
     if report.conflict:
@@ -121,9 +134,11 @@ STATUS_TABLE = [
     render.Column("applied_by", "by", drop=4),
     render.Column("tool_version", "tool", drop=5),
     render.Column("seconds", "s", drop=3, justify="right"),
-    render.Column("summary", "summary", drop=1, wrap=True),
 ]
-"""``migrate status`` at any width: migration and state always; the summary wraps; the rest go first."""
+"""``migrate status``: one line per migration at any width; migration and state always, the rest go first."""
+
+SUMMARY_COLUMN = render.Column("summary", "summary", drop=1, wrap=True)
+"""Each migration's summary (``--verbose``)."""
 
 FILES_TABLE = [
     render.Column("file", "function file", wrap=True),
@@ -131,26 +146,32 @@ FILES_TABLE = [
     render.Column("recorded", "recorded by", drop=1),
 ]
 
-
-def _print_status(page: render.Page, rows: list[dict[str, Any]], where: str, report: migrate_op.StatusReport) -> None:
+def _print_status(page: render.Page, rows: list[dict[str, Any]], where: str, report: migrate_op.StatusReport,
+                  verbose: bool = False) -> None:
+    style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")
+    verdict = report.lines() or ["up to date"]  # what is true, each with the command that moves on
+    page.line(common.with_target(f"{where}: {verdict[0]}"), style)
+    for line in verdict[1:]:
+        page.line(common.with_target(line), style)
+    applied = sum(1 for row in rows if row["state"] == "applied")
     shown = [{**row, "applied": row["applied_at"].strftime("%Y-%m-%d %H:%M:%S") if row["applied_at"] else "",
               "seconds": "" if row["duration_seconds"] is None else f"{row['duration_seconds']:.1f}"}
              for row in rows]
-    page.table(STATUS_TABLE, shown, title=f"migrations in {where}",
+    page.table([*STATUS_TABLE, SUMMARY_COLUMN] if verbose else STATUS_TABLE, shown,
+               title=f"migrations ({applied} of {len(rows)} applied)",
                style=lambda key, row: STATE_STYLES.get(row["state"]) if key == "state" else None)
-    if report.plan.files:
-        drift = {f.path for f in report.plan.file_drift}
+    drift = {f.path for f in report.plan.file_drift}
+    listed = [f for f in report.plan.files if verbose or f.path in drift]
+    if listed:
         files = [{"file": f"sql/{f.path}", "state": f.state, "drift": f.path in drift,
-                  "recorded": f"{f.recorded_version:04d}" if f.recorded_version else ""} for f in report.plan.files]
+                  "recorded": f"{f.recorded_version:04d}" if f.recorded_version else ""} for f in listed]
         page.blank()
-        page.table(FILES_TABLE, files, title="function files",
+        page.table(FILES_TABLE, files, title="function files" if verbose else "function files that drifted",
                    style=lambda key, row: None if key != "state" else
                    "green" if row["state"] == "current" else "bold red" if row["drift"] else "yellow")
-    page.blank()
+    elif report.plan.files:
+        page.line(f"function files: none drifted (--verbose lists all {len(report.plan.files)})", "dim")
     page.line(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}")
-    style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")
-    for line in report.lines():
-        page.line(common.with_target(line), style)
 
 
 @app.command()

@@ -29,6 +29,8 @@ COMMANDS = {
     "status": (["status"], {0}),
     "runs-list": (["runs", "list"], {0}),
     "runs-show": (["runs", "show", "{run_id}"], {0}),
+    "workers-list": (["workers", "list"], {0}),
+    "workers-forget": (["workers", "forget", "--stale-for", "1d", "--dry-run"], {0}),
 }
 """``{run_id}``: the seeded run of flow ``review``."""
 
