@@ -27,6 +27,7 @@ from pgflow_cli.cli import common
 from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
 from pgflow_cli.errors import DeadlineReached, ExitCode, PgflowError
 from pgflow_cli.operations import fence as fence_op
+from pgflow_cli.operations.waiting import Pacer
 
 app = typer.Typer(
     help="The rollout fence on worker functions: disable them (their workers refuse to register, the HTTP "
@@ -284,20 +285,18 @@ def _bold_function(key: str, row: Mapping[str, Any]) -> str | None:
 # ----------------------------------------------------------------------------------------------
 @contextmanager
 def _live_view(enabled: bool) -> Iterator[Callable[[fence_op.DrainProgress], None]]:
-    """A callback that shows each look: a live rich view on a terminal, a line per change elsewhere."""
+    """A callback that shows each look: a live rich view on a terminal; elsewhere a line per change,
+    and at least every 5 s while nothing changes (a silent wait looks hung)."""
     if not enabled:
         yield lambda progress: None
         return
     err = render.stderr_console()
     if not err.is_terminal:
-        seen: list[tuple[Any, ...]] = []
+        pacer = Pacer()
 
         def line(progress: fence_op.DrainProgress) -> None:
-            key = (len(progress.workers), progress.in_flight, progress.stranded, progress.queued)
-            if seen and seen[-1] == key:
-                return
-            seen[:] = [key]
-            err.print(render.text(_summary(progress)))
+            if pacer.due((len(progress.workers), progress.in_flight, progress.stranded, progress.queued)):
+                err.print(render.text(_summary(progress)))
 
         yield line
         return
@@ -415,13 +414,13 @@ def restore(
         since = max(c.closed_at for c in result.changes if c.action == "restored" and c.closed_at is not None)
         result.waiting_for = list(waiting)
         err = render.stderr_console()
-        seen: list[Any] = []
+        pacer, started = Pacer(), time.monotonic()
 
         def on_progress(workers: list[fence_op.Worker], missing: list[str]) -> None:
             result.new_workers = workers
-            if not as_json and missing != seen:
-                seen[:] = missing
-                err.print(render.text(f"waiting for a new worker heartbeat of: {', '.join(missing)}" if missing
+            if not as_json and pacer.due(tuple(missing)):
+                err.print(render.text(f"waiting {time.monotonic() - started:.0f} s for a new worker heartbeat of: "
+                                      f"{', '.join(missing)}" if missing
                                       else "every restored function has a new worker"))
 
         try:

@@ -21,7 +21,9 @@ Everything here returns dataclasses and raises :mod:`pgflow_cli.errors` types; n
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +36,7 @@ from pgflow_cli import db, sqlfiles
 from pgflow_cli.errors import DeadlineReached, StateConflict, UsageError
 from pgflow_cli.operations import names as slug_names
 from pgflow_cli.operations import schema
+from pgflow_cli.operations.waiting import pause
 
 QUERIES = "queries/fence.sql"
 
@@ -573,7 +576,14 @@ def wait_for_drain(conn: psycopg.Connection, functions: Sequence[str], *, window
             return progress
         if progress.elapsed >= timeout:
             raise drain_deadline(progress, timeout)
-        time.sleep(max(0.0, min(interval, timeout - progress.elapsed)))
+        pause(max(0.0, min(interval, timeout - progress.elapsed)), None if on_progress is None else
+              functools.partial(_look_again, on_progress, progress, started, clock))
+
+
+def _look_again(on_progress: Callable[[DrainProgress], None], look: DrainProgress, started: float,
+                clock: Callable[[], float]) -> None:
+    """While waiting between looks: the last look again, with the time waited so far."""
+    on_progress(dataclasses.replace(look, elapsed=clock() - started))
 
 
 def drain_deadline(progress: DrainProgress, timeout: float) -> DeadlineReached:
@@ -666,7 +676,8 @@ def wait_for_heartbeats(conn: psycopg.Connection, functions: Sequence[str], sinc
                 "and look at its worker rows: SELECT * FROM pgflow.workers WHERE function_name = '...'",
                 detail=[f"{name}: no worker registered or heartbeat since the restore" for name in missing],
             )
-        time.sleep(max(0.0, min(interval, timeout - elapsed)))
+        pause(max(0.0, min(interval, timeout - elapsed)), None if on_progress is None else
+              functools.partial(on_progress, workers, missing))
 
 
 # ----------------------------------------------------------------------------------------------
