@@ -39,7 +39,14 @@ Gate a deployment on it: start the new version's workers, then `pgflow coverage 
 
 Exit 0: every route covered. Exit 1: a route is not covered. Exit 3: cannot connect or no pgflow
 schema. Exit 5: --wait reached --timeout (the routes still missing are named). Exit 6: a --flow that
-names no flow (without --wait)."""
+names no flow (without --wait).
+
+\b
+Examples:
+  pgflow coverage
+  pgflow coverage --flow orders_v2 --wait --timeout 120
+  pgflow coverage --format csv > routes.csv
+  pgflow coverage --sql > coverage.sql"""
 
 
 def register(app: typer.Typer) -> None:

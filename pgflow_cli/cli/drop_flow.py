@@ -33,7 +33,13 @@ Read docs/drop-flow.md before you run it.
 Exit 0 deleted (or --dry-run); 1 refused: still active (fence and drain, or --force); 2 usage;
 3 cannot connect, no migration 0008, or not allowed; 4 a lock stayed busy; 6 unknown flow (slugs are
 exact: "MyFlow" is not "myflow") or queue problems; 130 confirmation declined. Nothing is deleted
-unless the exit code is 0 and it was not a dry run."""
+unless the exit code is 0 and it was not a dry run.
+
+\b
+Examples:
+  pgflow drop-flow orders_v1 --dry-run
+  pgflow drop-flow orders_v1
+  pgflow drop-flow orders_v1 --yes --confirm orders_v1 --export ./orders_v1-history"""
 
 
 def register(app: typer.Typer) -> None:

@@ -159,6 +159,13 @@ def disable(
     Exit 0 drained (or --detach, --dry-run); 4 a function row stayed locked (nothing changed); 5
     --timeout reached with work in flight (named); 6 an unknown function or flow, or a fence that no
     longer matches its row; 130 Ctrl-C (the fence stays).
+
+
+    \b
+    Examples:
+      pgflow fence disable --flow orders -m 'deploy 2.4'
+      pgflow fence disable --function orders-worker -m 'hotfix' --detach
+      pgflow fence disable --all -m 'protocol upgrade' --dry-run
     """
     common.STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == OutputFormat.json
@@ -393,6 +400,12 @@ def restore(
 
     Exit 0 restored (and, with --wait-heartbeat, each enabled function has a new worker); 5 no new
     heartbeat by --timeout; 6 a conflict, or no recorded fence for what you named; 130 Ctrl-C.
+
+
+    \b
+    Examples:
+      pgflow fence restore --flow orders --wait-heartbeat
+      pgflow fence restore --function orders-worker --dry-run
     """
     common.STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == OutputFormat.json
@@ -490,6 +503,12 @@ def status(
 
     Read-only. With --watch the view refreshes every --interval seconds until Ctrl-C (exit 130;
     nothing changes); with --format json --watch, one JSON document per line.
+
+
+    \b
+    Examples:
+      pgflow fence status
+      pgflow fence status --watch --interval 5
     """
     common.STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == OutputFormat.json

@@ -35,11 +35,13 @@ class LazyCommand:
         name: the command's name (``drop-flow``, ``migrate``).
         module: the module defining it, whose ``register(app: typer.Typer)`` attaches it under ``name``.
         summary: the first sentence of its help text, as ``pgflow --help`` lists it.
+        section: the heading ``pgflow --help`` lists it under (:attr:`LazyGroup.sections`); ``""`` for none.
     """
 
     name: str
     module: str
     summary: str
+    section: str = ""
 
     def load(self, group: TyperGroup) -> Command:
         """Import the module and build the click command typer makes of what it registers.
@@ -81,6 +83,9 @@ class LazyGroup(TyperGroup):
 
     lazy_commands: ClassVar[Sequence[LazyCommand]] = ()
     """The lazily loaded commands, in listing order."""
+    sections: ClassVar[Sequence[tuple[str, str]]] = ()
+    """``(section, heading)`` in the order the help shows them; commands of no section come last,
+    under "Commands"."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
@@ -96,7 +101,17 @@ class LazyGroup(TyperGroup):
         return command
 
     def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
-        """The "Commands" section of the help, typer's own, from the commands as they are now
-        (stand-ins list their summary), so that showing the help imports no command."""
-        listing = TyperGroup(name=self.name, commands=dict(self.commands), rich_markup_mode=self.rich_markup_mode)
-        listing.format_commands(ctx, formatter)
+        """The commands of the help, one heading per :attr:`sections` entry, from the commands as they are
+        now (stand-ins list their summary), so that showing the help imports no command. Each section is
+        typer's own "Commands" listing under its heading."""
+        of = {lazy.name: lazy.section for lazy in self.lazy_commands}
+        known = [key for key, _ in self.sections]
+        groups = [(heading, [n for n in self.commands if of.get(n) == key]) for key, heading in self.sections]
+        groups.append(("Commands", [n for n in self.commands if of.get(n, "") not in known]))
+        width = max((len(name) for name in self.commands), default=0)
+        for heading, names in groups:
+            rows = [(name.ljust(width), self.commands[name].get_short_help_str(max(formatter.width - 6 - width, 10)))
+                    for name in names if not self.commands[name].hidden]  # one alignment for every section
+            if rows:
+                with formatter.section(heading):
+                    formatter.write_dl(rows)

@@ -188,6 +188,12 @@ def plan(
     the Supabase migration history. Runs the preflight audit of migrations that ask for one. Exit 0 when
     apply may proceed, 1 when the preflight audit would refuse it (blocking findings), 6 for a state conflict
     (changed files, newer database, a pgflow schema that matches no release).
+
+
+    \b
+    Examples:
+      pgflow migrate plan
+      pgflow migrate plan --format json | jq .next
     """
     common.STATE.output_format = output_format
     conn, target = where.open()
@@ -284,6 +290,14 @@ def apply(
     with --assume-release); 130 Ctrl-C (the message says what was left and how to go on). A database installed by pgflow itself is
     adopted first, in one transaction (with --dry-run: only the adoption runs, rolled back).
     Read docs/upgrade.md first: workers must be fenced and drained for an upgrade that changes their protocol.
+
+
+    \b
+    Examples:
+      pgflow migrate apply --dry-run
+      pgflow migrate apply
+      pgflow migrate apply --sql > upgrade.sql
+      pgflow migrate apply --install-pgmq
     """
     common.STATE.output_format = output_format
     if dry_run and install_pgmq:
@@ -411,6 +425,12 @@ def abort(
 
     Runs the migration's abort phase in one transaction and forgets its ledger row; the database is then
     back to the schema before that migration. Exit 6 if the migration is not in progress.
+
+
+    \b
+    Examples:
+      pgflow migrate abort 3
+      pgflow migrate abort 3 --yes
     """
     import sys
 

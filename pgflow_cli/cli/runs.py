@@ -46,6 +46,12 @@ def list_(
 
     Exit 0: listed (also when none matched). Exit 2: a bad --status, --limit or --before. Exit 3: cannot
     connect or no pgflow schema. Exit 6: --flow or --before names nothing.
+
+
+    \b
+    Examples:
+      pgflow runs list --flow orders --status failed
+      pgflow runs list --limit 50 --format json
     """
     with where.connected() as (conn, target):
         page = runs_op.list_runs(conn, flow=flow, status=status, limit=limit, before=before)
@@ -99,6 +105,12 @@ def show(
     """Show one run: its steps, tasks, attempts and errors (outputs only with --show-output).
 
     Exit 0: shown. Exit 2: RUN_ID is not a UUID. Exit 3: cannot connect or no pgflow schema. Exit 6: no such run.
+
+
+    \b
+    Examples:
+      pgflow runs show 74d94235-acf2-4bcc-bb3a-0e6f0176b324
+      pgflow runs show 74d94235-acf2-4bcc-bb3a-0e6f0176b324 --show-output
     """
     runs_op.parse_run_id(run_id)  # a bad id is a usage error before any connection
     with where.connected() as (conn, target):

@@ -64,6 +64,13 @@ def up(
     --sandbox` and `pgflow migrate plan --sandbox` have something to report. An existing sandbox database is
     only started, never migrated nor seeded: its data is kept (the output says so); --reset throws it away
     first. Upgrade it with `pgflow migrate apply --sandbox`, as you would a real one.
+
+
+    \b
+    Examples:
+      pgflow sandbox up
+      pgflow sandbox up --seed demo
+      pgflow sandbox up --seed demo --reset
     """
     STATE.output_format = output_format
     sandbox = Sandbox.default()
@@ -115,6 +122,12 @@ def worker(
     pgflow.requeue_stalled_tasks() every 15 s (every 0.5 s with --seconds or --until-idle), as the cron
     job does in production: the demo's task claimed by a vanished worker comes back 60 s after its
     claim (step timeout 30 s + 30 s). Ctrl-C drains in-flight tasks before exiting.
+
+
+    \b
+    Examples:
+      pgflow sandbox worker
+      pgflow sandbox worker --until-idle --seconds 60
     """
     import logging
 
@@ -136,20 +149,36 @@ def worker(
 
 @app.command()
 def status(output_format: FormatOption = OutputFormat.table) -> None:
-    """Show whether the sandbox runs, where, and what its database holds."""
+    """Show whether the sandbox runs, where, and what its database holds.
+
+    \b
+    Examples:
+      pgflow sandbox status
+      pgflow sandbox status --format json
+    """
     STATE.output_format = output_format
     _show(Sandbox.default(), output_format, headline=None)
 
 
 @app.command()
 def dsn() -> None:
-    """Print the sandbox connection string (Unix socket; no password needed), e.g. for psql."""
+    """Print the sandbox connection string (Unix socket; no password needed), e.g. for psql.
+
+    \b
+    Examples:
+      pgflow sandbox dsn
+    """
     typer.echo(Sandbox.default().running_conninfo())
 
 
 @app.command()
 def down() -> None:
-    """Stop the sandbox server; its data stays for the next `up`."""
+    """Stop the sandbox server; its data stays for the next `up`.
+
+    \b
+    Examples:
+      pgflow sandbox down
+    """
     sandbox = Sandbox.default()
     was_running = sandbox.down()
     _err().print("sandbox stopped" if was_running else "sandbox was not running")
@@ -164,7 +193,14 @@ def reset(
     ] = False,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
-    """Throw the sandbox database away and create it again (optionally seeded). Only the sandbox is touched."""
+    """Throw the sandbox database away and create it again (optionally seeded). Only the sandbox is touched.
+
+    \b
+    Examples:
+      pgflow sandbox reset --yes
+      pgflow sandbox reset --yes --seed demo
+      pgflow sandbox reset --destroy --yes
+    """
     STATE.output_format = output_format
     sandbox = Sandbox.default()
     if not yes:

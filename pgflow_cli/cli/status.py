@@ -26,7 +26,13 @@ too); with --format json it writes one document per line. Read-only: SELECT on t
 tables suffices.
 
 Exit 0: shown. Exit 3: cannot connect or no pgflow schema. Exit 6: a --flow that names no flow.
-Exit 130: --watch stopped with Ctrl-C (the normal end of a watch)."""
+Exit 130: --watch stopped with Ctrl-C (the normal end of a watch).
+
+\b
+Examples:
+  pgflow status
+  pgflow status --flow orders --watch 5
+  pgflow status --format json | jq .totals"""
 
 WATCH_DEFAULT = 2.0
 """Seconds between the snapshots of ``--watch`` when no interval is given."""

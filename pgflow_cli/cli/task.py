@@ -104,7 +104,13 @@ def list_tasks(
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10000, help="At most this many tasks.")] = 100,
 ) -> None:
-    """Waiting manual tasks, oldest first, with their age, run and step."""
+    """Waiting manual tasks, oldest first, with their age, run and step.
+
+    \b
+    Examples:
+      pgflow task list
+      pgflow task list --flow review --older-than 1h
+    """
     common.STATE.output_format = output_format
     seconds = common.parse_duration(older_than, "--older-than") if older_than is not None else None
     tasks = _run(where,
@@ -119,7 +125,12 @@ def show_task(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
-    """One manual task by run id, step and index, whatever its state."""
+    """One manual task by run id, step and index, whatever its state.
+
+    \b
+    Examples:
+      pgflow task show 74d94235-acf2-4bcc-bb3a-0e6f0176b324 approve
+    """
     common.STATE.output_format = output_format
     tasks = _run(where, lambda conn: [op.show(conn, task.run_id, task.step, task.index)])
     _emit(tasks, output_format, "manual task")
@@ -149,7 +160,13 @@ def complete_task(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
-    """Complete a waiting manual task with a JSON output; the workflow moves on in the same transaction."""
+    """Complete a waiting manual task with a JSON output; the workflow moves on in the same transaction.
+
+    \b
+    Examples:
+      pgflow task complete 74d94235-acf2-4bcc-bb3a-0e6f0176b324 approve --output '{"approved": true}'
+      pgflow task complete 74d94235-acf2-4bcc-bb3a-0e6f0176b324 pack --index 3 --output-file out.json
+    """
     common.STATE.output_format = output_format
     value = _output_value(output, output_file)
     tasks = _run(where, lambda conn: [op.complete(conn, task.run_id, task.step, task.index, value)])
@@ -165,7 +182,12 @@ def fail_task(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
-    """Fail a waiting manual task (no retry); the step's when_exhausted decides what follows."""
+    """Fail a waiting manual task (no retry); the step's when_exhausted decides what follows.
+
+    \b
+    Examples:
+      pgflow task fail 74d94235-acf2-4bcc-bb3a-0e6f0176b324 approve --error 'rejected by finance'
+    """
     common.STATE.output_format = output_format
     tasks = _run(where, lambda conn: [op.fail(conn, task.run_id, task.step, task.index, error)])
     _emit(tasks, output_format, "failed manual task")

@@ -31,7 +31,12 @@ Exit 0: stopped cleanly. Exit 1: stopped after a fatal claim (unsupported work; 
 paused, see docs/claim-protocol.md). Exit 2: bad MODULE:FLOW, --step or options. Exit 3: cannot
 connect. Exit 6: startup refused by the database: function fenced (PF001), protocol mismatch
 (PF002), the flow exists with another shape or routing, or a queue collision (PF004).
-Details: docs/step-queues.md."""
+Details: docs/step-queues.md.
+
+\b
+Examples:
+  pgflow worker myapp.flows:scrape --concurrency 20
+  pgflow worker ./flows.py:scrape_queued --step parse --sandbox"""
 
 
 class LogLevel(str, enum.Enum):
