@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import typer
 
 from pgflow_cli import installer
-from pgflow_cli.cli import CLOSED_STDOUT_EXIT, app
+from pgflow_cli.cli import CLOSED_STDOUT_EXIT
 from tests.conftest import _install
-from tests.support.cli import _clean_env, with_stack_dumps
+from tests.support.cli import _clean_env, command_leaves, with_stack_dumps
 
 ZERO_RUN = "00000000-0000-0000-0000-000000000000"
 LEVELS = ("none", "baseline", "newest")
@@ -91,18 +90,8 @@ ELSEWHERE = {
 """Commands left out of the matrix, and where their exit codes are tested."""
 
 
-def _leaves(group, ctx, prefix=()):
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        if hasattr(command, "list_commands"):
-            yield from _leaves(command, ctx, (*prefix, name))
-        else:
-            yield (*prefix, name)
-
-
 def test_every_command_is_in_the_matrix():
-    root = typer.main.get_command(app)
-    commands = set(_leaves(root, root.make_context("pgflow", ["--help"], resilient_parsing=True)))
+    commands = set(command_leaves())
     assert commands == set(MATRIX) | set(SANDBOX) | set(ELSEWHERE), "add the command to tests/test_exit_matrix.py"
 
 

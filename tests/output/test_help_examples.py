@@ -5,23 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
-import typer
 
-from pgflow_cli.cli import app
-from tests.support.cli import run_cli
+from tests.support.cli import command_leaves, run_cli
 
 
-def _leaves(group, ctx, prefix=()):
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        if hasattr(command, "list_commands"):
-            yield from _leaves(command, ctx, (*prefix, name))
-        else:
-            yield (*prefix, name), command
-
-
-ROOT = typer.main.get_command(app)
-LEAVES = dict(_leaves(ROOT, ROOT.make_context("pgflow", ["--help"], resilient_parsing=True)))
+LEAVES = command_leaves()
 
 
 @pytest.mark.parametrize("path", sorted(LEAVES), ids=" ".join)

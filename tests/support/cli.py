@@ -173,3 +173,22 @@ def kill_cli_when(conninfo: str, *args: str, ready: Callable[[psycopg.Connection
             client.kill()
         stdout, stderr = client.communicate()
     return CliResult(client.returncode, stdout, stderr)
+
+
+def command_leaves() -> dict[tuple[str, ...], object]:
+    """Every command of ``pgflow`` that runs (not a group), by its path (``("migrate", "status")``), read
+    from the command line itself (imports every command module)."""
+    import typer
+
+    from pgflow_cli.cli import app
+
+    def leaves(group, ctx, prefix=()):
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            if hasattr(command, "list_commands"):
+                yield from leaves(command, ctx, (*prefix, name))
+            else:
+                yield (*prefix, name), command
+
+    root = typer.main.get_command(app)
+    return dict(leaves(root, root.make_context("pgflow", ["--help"], resilient_parsing=True)))
