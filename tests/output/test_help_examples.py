@@ -8,7 +8,6 @@ import pytest
 
 from tests.support.cli import command_leaves, run_cli
 
-
 LEAVES = command_leaves()
 
 
