@@ -266,3 +266,14 @@ def test_the_sandbox_runs_in_local_mode(sandbox_env):
     with psycopg.connect(status["conninfo"]) as conn:
         assert conn.execute("SELECT pgflow.is_local()").fetchone()[0] is True
     assert "mode: local" in run_cli("sandbox", "status", env=sandbox_env).stdout
+
+
+def test_sandbox_dsn_imports_neither_psycopg_nor_rich_nor_pydantic(sandbox_env, tmp_path):
+    """Issue 29 item 6: printing the connection string is cheap (bench/benchmarks/cli_startup.py measures it)."""
+    from tests.support.cli import run_cli_imports
+
+    assert run_cli("sandbox", "up", env=sandbox_env).code == ExitCode.OK
+    result, modules = run_cli_imports("sandbox", "dsn", workdir=tmp_path, env=sandbox_env)
+    assert result.code == ExitCode.OK and "dbname=pgflow" in result.stdout, result.output
+    heavy = {name for name in modules if name.split(".")[0] in ("psycopg", "rich", "pydantic", "tabulate")}
+    assert heavy == set()

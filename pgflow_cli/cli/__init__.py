@@ -110,9 +110,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for internal errors.")] = False,
-    version: Annotated[
-        bool | None, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
-    ] = None,
+    version: Annotated[  # a plain bool: typer coerces any other annotation through pydantic, which costs
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     STATE.debug = STATE.debug or debug
 

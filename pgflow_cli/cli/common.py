@@ -10,40 +10,27 @@ command needs them) and are re-exported here, where every command imports them f
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import inspect
 import re
 import typing
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import psycopg
 import typer
 
-from pgflow_cli import db, render
+from pgflow_cli import db
 from pgflow_cli.cli.state import STATE as STATE
+from pgflow_cli.cli.state import FormatOption as FormatOption
 from pgflow_cli.cli.state import OutputFormat as OutputFormat
 from pgflow_cli.cli.state import ReportFormat as ReportFormat
+from pgflow_cli.cli.state import ReportFormatOption as ReportFormatOption
 from pgflow_cli.cli.state import State as State
+from pgflow_cli.cli.state import _default_format as _default_format
 from pgflow_cli.errors import UsageError
-
-
-def _default_format(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-    """``--format`` not given and stdout not a terminal: ``plain`` instead of ``table`` (for formats
-    that have it); the chosen format is also what errors are reported in."""
-    source = ctx.get_parameter_source(param.name or "")
-    if (source is None or source.name in ("DEFAULT", "DEFAULT_MAP")) and value is not None \
-            and str(getattr(value, "value", value)) == "table" and not render.stdout_is_terminal():
-        with suppress(ValueError):
-            value = type(value)("plain")
-    if isinstance(value, enum.Enum) and value.value in OutputFormat._value2member_map_:
-        STATE.output_format = OutputFormat(value.value)
-        return STATE.output_format  # one type for the command, whichever set of choices it offered
-    return value
-
 
 DsnOption = Annotated[
     str | None,
@@ -63,26 +50,6 @@ ConnectTimeoutOption = Annotated[
     int,
     typer.Option("--connect-timeout", min=1, help="Seconds to wait for the server to answer.", metavar="SECONDS"),
 ]
-FormatOption = Annotated[
-    OutputFormat,
-    typer.Option("--format", "-f", help="Output format: table (terminal default), plain (default when piped; "
-                 "tabulate text for grep), markdown (for tickets), json (versioned document, docs/schemas/), "
-                 "csv (rows).", case_sensitive=False, callback=_default_format),
-]
-"""``--format`` of a command with rows: every :class:`OutputFormat`."""
-if typing.TYPE_CHECKING:  # what the command receives: the callback converts the choice
-    ReportFormatOption = FormatOption
-else:  # what typer reads the choices from
-    ReportFormatOption = Annotated[
-        ReportFormat,
-        typer.Option("--format", "-f", help="Output format: table (terminal default), plain (default when piped; "
-                     "tabulate text for grep), markdown (for tickets), json (versioned document, docs/schemas/).",
-                     case_sensitive=False, callback=_default_format),
-    ]
-"""``--format`` of a command that reports one document (no ``csv`` among the choices); the command
-receives an :class:`OutputFormat` all the same (the option's callback converts it)."""
-
-
 @dataclass(frozen=True)
 class TargetOptions:
     """``--dsn``, ``--sandbox`` and ``--connect-timeout``: the database a command talks to.

@@ -160,7 +160,6 @@ def disable(
     --timeout reached with work in flight (named); 6 an unknown function or flow, or a fence that no
     longer matches its row; 130 Ctrl-C (the fence stays).
 
-
     \b
     Examples:
       pgflow fence disable --flow orders -m 'deploy 2.4'
@@ -401,7 +400,6 @@ def restore(
     Exit 0 restored (and, with --wait-heartbeat, each enabled function has a new worker); 5 no new
     heartbeat by --timeout; 6 a conflict, or no recorded fence for what you named; 130 Ctrl-C.
 
-
     \b
     Examples:
       pgflow fence restore --flow orders --wait-heartbeat
@@ -503,7 +501,6 @@ def status(
 
     Read-only. With --watch the view refreshes every --interval seconds until Ctrl-C (exit 130;
     nothing changes); with --format json --watch, one JSON document per line.
-
 
     \b
     Examples:

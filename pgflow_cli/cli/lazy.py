@@ -60,7 +60,35 @@ class LazyCommand:
         module = importlib.import_module(self.module)
         holder = typer.Typer(rich_markup_mode=group.rich_markup_mode, suggest_commands=group.suggest_commands)
         module.register(holder)
-        return typer.main.get_group(holder).commands[self.name]
+        command = typer.main.get_group(holder).commands[self.name]
+        flags_off_by_default(command)
+        return command
+
+
+def flags_off_by_default(command: Command) -> None:
+    """Make the boolean flags of ``command`` (its help flag too) and of its subcommands default to False
+    instead of None.
+
+    typer (0.29) converts every option value but a bool through pydantic, whose import costs about a
+    tenth of a second of CPU; its --install-completion/--show-completion flags and every command's help
+    flag default to None, so each command paid it, even one with no option of its own (``pgflow sandbox
+    dsn``). A flag not given means the same either way. Options of other types are left as they are.
+    """
+    for param in command.params:
+        if getattr(getattr(param, "type_descriptor", None), "annotation", None) is bool and param.default is None:
+            param.default = False
+    make_help_option = command.get_help_option
+
+    def help_option(ctx: Context) -> Any:
+        option = make_help_option(ctx)
+        if option is not None and option.default is None:
+            option.default = False
+        return option
+
+    command.get_help_option = help_option  # type: ignore[method-assign]
+    for sub in getattr(command, "commands", {}).values():
+        if not isinstance(sub, _StandIn):
+            flags_off_by_default(sub)
 
 
 class _StandIn(TyperCommand):
@@ -91,6 +119,11 @@ class LazyGroup(TyperGroup):
         super().__init__(**attrs)
         for lazy in self.lazy_commands:
             self.commands.setdefault(lazy.name, _StandIn(lazy, self))
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        """Parse the root's own options, its flags off by default (:func:`flags_off_by_default`)."""
+        flags_off_by_default(self)
+        return super().parse_args(ctx, args)
 
     def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         """The command named ``cmd_name``, imported now if it was not yet (:meth:`LazyCommand.load`),

@@ -189,7 +189,6 @@ def plan(
     apply may proceed, 1 when the preflight audit would refuse it (blocking findings), 6 for a state conflict
     (changed files, newer database, a pgflow schema that matches no release).
 
-
     \b
     Examples:
       pgflow migrate plan
@@ -290,7 +289,6 @@ def apply(
     with --assume-release); 130 Ctrl-C (the message says what was left and how to go on). A database installed by pgflow itself is
     adopted first, in one transaction (with --dry-run: only the adoption runs, rolled back).
     Read docs/upgrade.md first: workers must be fenced and drained for an upgrade that changes their protocol.
-
 
     \b
     Examples:
@@ -425,7 +423,6 @@ def abort(
 
     Runs the migration's abort phase in one transaction and forgets its ledger row; the database is then
     back to the schema before that migration. Exit 6 if the migration is not in progress.
-
 
     \b
     Examples:

@@ -47,7 +47,6 @@ def list_(
     Exit 0: listed (also when none matched). Exit 2: a bad --status, --limit or --before. Exit 3: cannot
     connect or no pgflow schema. Exit 6: --flow or --before names nothing.
 
-
     \b
     Examples:
       pgflow runs list --flow orders --status failed
@@ -105,7 +104,6 @@ def show(
     """Show one run: its steps, tasks, attempts and errors (outputs only with --show-output).
 
     Exit 0: shown. Exit 2: RUN_ID is not a UUID. Exit 3: cannot connect or no pgflow schema. Exit 6: no such run.
-
 
     \b
     Examples:

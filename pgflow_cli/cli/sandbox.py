@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from pgflow_cli import render
-from pgflow_cli.cli.common import STATE, FormatOption, OutputFormat
+from pgflow_cli.cli.state import STATE, FormatOption, OutputFormat
 from pgflow_cli.errors import DeadlineReached, ExitCode, UsageError
-from pgflow_cli.sandbox import Sandbox, seeds
+
+if TYPE_CHECKING:  # imported where used: `pgflow sandbox dsn` needs neither psycopg nor rich
+    from rich.console import Console
+
+    from pgflow_cli.sandbox import Sandbox
 
 app = typer.Typer(
     help="A private local PostgreSQL (Unix socket only) with real PGMQ and the pgflow schema, so every "
@@ -37,11 +40,20 @@ SeedOption = Annotated[
 ]
 
 
+def _sandbox() -> Sandbox:
+    """The sandbox of the default directory (:func:`pgflow_cli.sandbox.default_dir`)."""
+    from pgflow_cli.sandbox import Sandbox
+
+    return Sandbox.default()
+
+
 def _err() -> Console:
     return render.stderr_console()
 
 
 def _seed(conninfo: str, seed: str) -> None:
+    from pgflow_cli.sandbox import seeds
+
     seeds.load(conninfo, seed, progress=lambda message: _err().print(render.text(message, "dim")))
 
 
@@ -65,15 +77,16 @@ def up(
     only started, never migrated nor seeded: its data is kept (the output says so); --reset throws it away
     first. Upgrade it with `pgflow migrate apply --sandbox`, as you would a real one.
 
-
     \b
     Examples:
       pgflow sandbox up
       pgflow sandbox up --seed demo
       pgflow sandbox up --seed demo --reset
     """
+    from pgflow_cli.sandbox import seeds
+
     STATE.output_format = output_format
-    sandbox = Sandbox.default()
+    sandbox = _sandbox()
     if seed is not None:
         seeds.check_name(seed)
     _err().print(render.text(f"sandbox directory: {sandbox.directory}", "dim"))
@@ -123,7 +136,6 @@ def worker(
     job does in production: the demo's task claimed by a vanished worker comes back 60 s after its
     claim (step timeout 30 s + 30 s). Ctrl-C drains in-flight tasks before exiting.
 
-
     \b
     Examples:
       pgflow sandbox worker
@@ -134,7 +146,7 @@ def worker(
     from pgflow_cli.sandbox import demo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    conninfo = Sandbox.default().running_conninfo()
+    conninfo = _sandbox().running_conninfo()
     unknown = [slug for slug in flow or [] if slug not in demo.RUNNABLE_AFTER_UPGRADE]
     if unknown:
         raise UsageError(f"not a runnable demo flow: {', '.join(unknown)}",
@@ -157,7 +169,7 @@ def status(output_format: FormatOption = OutputFormat.table) -> None:
       pgflow sandbox status --format json
     """
     STATE.output_format = output_format
-    _show(Sandbox.default(), output_format, headline=None)
+    _show(_sandbox(), output_format, headline=None)
 
 
 @app.command()
@@ -168,7 +180,11 @@ def dsn() -> None:
     Examples:
       pgflow sandbox dsn
     """
-    typer.echo(Sandbox.default().running_conninfo())
+    from pgflow_cli.sandbox import LocalServer, default_dir, validate_base_dir
+    from pgflow_cli.sandbox.location import running_conninfo
+
+    directory = validate_base_dir(default_dir())
+    typer.echo(running_conninfo(LocalServer(directory), directory))
 
 
 @app.command()
@@ -179,7 +195,7 @@ def down() -> None:
     Examples:
       pgflow sandbox down
     """
-    sandbox = Sandbox.default()
+    sandbox = _sandbox()
     was_running = sandbox.down()
     _err().print("sandbox stopped" if was_running else "sandbox was not running")
 
@@ -202,7 +218,7 @@ def reset(
       pgflow sandbox reset --destroy --yes
     """
     STATE.output_format = output_format
-    sandbox = Sandbox.default()
+    sandbox = _sandbox()
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError("reset deletes the sandbox database; confirm with --yes when not on a terminal")
@@ -214,7 +230,7 @@ def reset(
         _err().print(f"deleted {sandbox.directory}")
         if seed is None:
             return
-        sandbox = Sandbox.default()
+        sandbox = _sandbox()
     else:
         sandbox.reset()
     up(seed=seed, output_format=output_format)

@@ -55,21 +55,22 @@ main(sys.argv[2:])
 """
 
 
-def run_cli_imports(*args: str, workdir: Path) -> tuple[CliResult, set[str]]:
+def run_cli_imports(*args: str, workdir: Path, env: dict[str, str] | None = None) -> tuple[CliResult, set[str]]:
     """Run the command line's entry point (:func:`pgflow_cli.cli.main`) with ``ARGS`` in a fresh
     interpreter, as :func:`run_cli` does, and also return every module it had imported when it exited.
 
     Args:
         args: the command line after ``pgflow``.
         workdir: a directory for the list of modules (one file, ``imports.json``).
+        env: variables added to the clean environment.
 
     Returns:
         The result and the names in the child's ``sys.modules`` at exit.
     """
     listing = workdir / "imports.json"
-    env = {**_clean_env(), "COLUMNS": "200"}
     proc = subprocess.run([sys.executable, "-c", _IMPORTS_DRIVER, str(listing), *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env={**_clean_env(), "COLUMNS": "200", **(env or {})},
+                          timeout=120)
     return CliResult(proc.returncode, proc.stdout, proc.stderr), set(json.loads(listing.read_text()))
 
 
