@@ -30,20 +30,19 @@ import sys
 from bench.core import Context, Result
 
 COMMANDS = {
-    "pgflow --help": ["-m", "pgflow_cli", "--help"],
-    "pgflow --version": ["-m", "pgflow_cli", "--version"],
-    "pgflow sandbox dsn": ["-m", "pgflow_cli", "sandbox", "dsn"],
-    "pgflow audit --help": ["-m", "pgflow_cli", "audit", "--help"],
-    "pgflow audit --print-sql": ["-m", "pgflow_cli", "audit", "--print-sql"],
+    "pgflow --help": (["--help"], False),
+    "pgflow --version": (["--version"], False),
+    "pgflow sandbox dsn": (["sandbox", "dsn"], False),
+    "pgflow audit --help": (["audit", "--help"], False),
+    "pgflow audit --print-sql": (["audit", "--print-sql"], False),
+    "pgflow status": (["status"], True),
+    "pgflow coverage": (["coverage"], True),
+    "pgflow runs list": (["runs", "list"], True),
+    "pgflow workers list": (["workers", "list"], True),
+    "pgflow migrate status": (["migrate", "status"], True),
 }
-DATABASE_COMMANDS = {
-    "pgflow status": ["-m", "pgflow_cli", "status"],
-    "pgflow coverage": ["-m", "pgflow_cli", "coverage"],
-    "pgflow runs list": ["-m", "pgflow_cli", "runs", "list"],
-    "pgflow workers list": ["-m", "pgflow_cli", "workers", "list"],
-    "pgflow migrate status": ["-m", "pgflow_cli", "migrate", "status"],
-}
-"""Run with ``--dsn`` of a fresh database at the newest level (no flows: what is measured is the process)."""
+"""name -> (the arguments after ``pgflow``, whether ``--dsn`` of a fresh newest-level database is added: no
+flows there, what is measured is the process)."""
 BASELINE = ["-c", "import typer.main"]
 
 
@@ -61,7 +60,8 @@ def run(ctx: Context) -> list[Result]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "DATABASE_URL"}
     env["PGFLOW_SANDBOX_DIR"] = str(ctx.server.base_dir)  # a running server: what `sandbox dsn` looks for
     with ctx.database("cli_startup") as conninfo:
-        every = {**COMMANDS, **{name: [*args, "--dsn", conninfo] for name, args in DATABASE_COMMANDS.items()}}
+        every = {name: ["-m", "pgflow_cli", *args, *(["--dsn", conninfo] if database else [])]
+                 for name, (args, database) in COMMANDS.items()}
         baseline = Result("python -c 'import typer.main'", "ms CPU", [], work=1, details={"lower_is_better": True})
         measured = {name: Result(name, "ms CPU", [], work=1, baseline=baseline.name,
                                  details={"argv": ["python", *args[:4]], "lower_is_better": True})
