@@ -68,6 +68,8 @@ MATRIX: dict[tuple[str, ...], Case] = {
     ("task", "fail"): Case(("task", "fail", ZERO_RUN, "s", "--error", "declined"), (3, 3, 6)),
     ("runs", "list"): Case(("runs", "list"), (3, 0, 0)),
     ("runs", "show"): Case(("runs", "show", ZERO_RUN), (3, 6, 6)),
+    ("runs", "start"): Case(("runs", "start", "nope", "--input", "{}"), (3, 6, 6)),
+    ("runs", "wait"): Case(("runs", "wait", ZERO_RUN), (3, 6, 6)),
     ("workers", "list"): Case(("workers", "list"), (3, 0, 0)),
     ("workers", "forget"): Case(("workers", "forget", "--stale-for", "1d", "--yes"), (3, 0, 0)),
 }

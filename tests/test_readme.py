@@ -47,8 +47,7 @@ def test_the_readme_has_the_operator_quickstart_and_a_place_for_developers():
     text = README.read_text(encoding="utf-8")
     found = runnable.blocks(README)
     assert [b.needs for b in found] == ["", "sandbox", "none", "baseline"]
-    assert "## Quickstart for operators" in text and "## Quickstart for application developers" in text
-    assert "PLACEHOLDER for issue 26" in text
+    assert "## Quickstart for operators" in text and "## For application developers" in text
     assert all(b.lines[0] == "source .venv/bin/activate" for b in found[1:])  # a new shell activates first
 
 

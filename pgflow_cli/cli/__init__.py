@@ -50,13 +50,14 @@ COMMANDS = (
     LazyCommand("task", "pgflow_cli.cli.task",
                 "Manual tasks: the tasks of queue-less steps (Flow.step(..., manual=True)) that trusted code completes "
                 "or fails instead of a worker (pgflow.complete_manual_task / pgflow.fail_manual_task).", section="run"),
+    LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them; start a run and await its end.",
+                section="run"),
     LazyCommand("status", "pgflow_cli.cli.status",
                 "What runs, per flow, in one read-only snapshot: runs by state, tasks by state, the oldest queued task "
                 "and how long it has waited, stalled tasks (what the next pgflow.requeue_stalled_tasks() call would take "
                 "back, and tasks it gave up on), each queue's backlog (what pgmq.metrics() reports, counted from the "
                 "queue's own table; plain flow queues and private step queues) and the workers (live, deprecated, "
                 "stale).", section="inspect"),
-    LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them (read-only).", section="inspect"),
     LazyCommand("workers", "pgflow_cli.cli.workers",
                 "Worker rows (pgflow.workers): which worker serves which route, its heartbeat and its tasks in "
                 "flight; and deleting the rows of workers that died without saying so.", section="inspect"),
@@ -72,7 +73,7 @@ the help it is listed in (:data:`SECTIONS`). A new command is one entry here."""
 SECTIONS = (
     ("upgrade", "Upgrade (before and while changing the schema)"),
     ("deploy", "Deploy (rolling out and retiring workers and flows)"),
-    ("run", "Run (workers and manual tasks)"),
+    ("run", "Run (workers, runs, manual tasks)"),
     ("inspect", "Inspect (what runs, read-only)"),
     ("develop", "Develop (a local database to try everything)"),
 )

@@ -32,6 +32,7 @@ def flows(db):
     ["drop-flow", "procesOrder", "--dry-run"],
     ["fence", "disable", "--flow", "procesOrder", "-m", "x", "--dry-run"],
     ["audit", "--flow", "procesOrder"],
+    ["runs", "list", "--flow", "procesOrder"],
 ])
 def test_a_mistyped_flow_slug_gets_a_suggestion(flows, args):
     result = run_cli(*args, "--dsn", flows.conninfo)

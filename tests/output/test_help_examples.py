@@ -17,6 +17,7 @@ def test_the_help_ends_with_examples_of_the_command(path):
     assert "Examples:" in text, f"pgflow {' '.join(path)} --help has no Examples section"
     examples = text.rsplit("Examples:", 1)[1]
     lines = [line.strip() for line in examples.splitlines() if line.strip() and line.strip() != "\b"]
+    assert lines, "an empty Examples section"
     assert lines and all(line.startswith(f"pgflow {' '.join(path)}") for line in lines), lines
 
 
@@ -32,7 +33,7 @@ def test_every_example_parses(path):
 
     text = LEAVES[path].help or ""
     for line in text.rsplit("Examples:", 1)[1].splitlines():
-        words = shlex.split(line.split(" | ")[0].split(" > ")[0])
+        words = shlex.split(line.split(" | ")[0].split(" > ")[0].split(" < ")[0])
         if not words:
             continue
         LEAVES[path].make_context(" ".join(path), words[1 + len(path):])  # raises on a bad option or argument

@@ -1,9 +1,10 @@
-"""The application side of the step-queued version: submit runs, reflect failed runs.
+"""The application side of the step-queued version: submit runs, await them, reflect failed runs.
 
-pgflow owns queues, polling, claims, visibility, retries and recovery. What stays here:
-starting one run per document (in the same transaction as the document insert) and turning
-a run that pgflow failed (attempts exhausted) into the document's ``failed`` outcome, because
-a handler cannot tell that its attempt is the last one.
+pgflow owns queues, polling, claims, visibility, retries and recovery; the run client
+(:mod:`pgflow_cli.client`) starts and awaits runs. What stays here: starting one run per document
+in the same transaction as the document insert, and turning a run that pgflow failed (attempts
+exhausted) into the document's ``failed`` outcome with the failed step's error, because a handler
+cannot tell that its attempt is the last one.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from examples.ingest import domain
 from examples.ingest.stepqueues.flow import ingest
+from pgflow_cli.client import Client, RunOutcome, start_runs
 
 
 def setup(conn: psycopg.Connection) -> None:
@@ -22,20 +23,21 @@ def setup(conn: psycopg.Connection) -> None:
     domain.create_schema(conn)
 
 
-def submit(conn: psycopg.Connection, documents: list[tuple[int, str]], faults: Sequence[tuple[int, str, str]] = ()) -> None:
-    """Insert documents and start one run each, in one transaction."""
+def submit(conn: psycopg.Connection, documents: list[tuple[int, str]],
+           faults: Sequence[tuple[int, str, str]] = ()) -> dict[str, int]:
+    """Insert documents and start one run each, in one transaction. Returns ``{run_id: doc_id}``."""
     with conn.transaction():
         domain.insert_documents(conn, documents, faults)
-        for doc_id, _ in documents:
-            conn.execute("SELECT pgflow.start_flow(%s, %s)", (ingest.slug, Jsonb({"doc_id": doc_id})))
+        runs = start_runs(conn, ingest, [{"doc_id": doc_id} for doc_id, _ in documents])
+    return {run.run_id: doc_id for run, (doc_id, _) in zip(runs, documents, strict=True)}
 
 
-def sync_failed_runs(conn: psycopg.Connection) -> int:
-    """Mark documents of failed runs ``failed`` (with the failed task's error). Returns how many moved."""
-    return conn.execute(
-        "UPDATE ingest.documents d SET status = 'failed', updated_at = clock_timestamp(), "
-        "       error = coalesce((SELECT left(t.error_message, 500) FROM pgflow.step_tasks t "
-        "                         WHERE t.run_id = r.run_id AND t.status = 'failed' LIMIT 1), 'run failed') "
-        "FROM pgflow.runs r "
-        "WHERE r.flow_slug = %s AND r.status = 'failed' AND (r.input->>'doc_id')::bigint = d.id "
-        "  AND d.status NOT IN ('done', 'failed')", (ingest.slug,)).rowcount
+def error_of(outcome: RunOutcome) -> str:
+    """The failed step's error, as the document records it."""
+    return "; ".join(failure.describe() for failure in outcome.failures) or "run failed"
+
+
+def settle(conn: psycopg.Connection, client: Client, submitted: dict[str, int], timeout: float | None = None) -> int:
+    """Await the submitted runs; as each fails, mark its document ``failed``. Returns how many moved."""
+    return sum(domain.mark_failed(conn, submitted[outcome.run_id], error_of(outcome))
+               for outcome in client.as_completed(list(submitted), timeout=timeout) if not outcome.ok)
