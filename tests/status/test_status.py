@@ -86,14 +86,6 @@ def test_the_stalled_query_writes_the_rule_of_the_function_file():
     assert sqlfiles.statement("queries/status.sql", "stalled_before_manual_tasks").count(without_manual) == 1
 
 
-def test_the_workers_query_writes_the_liveness_rule_of_coverage():
-    """The status query's workers_x is the coverage fragment's, line for line."""
-    fragment = sqlfiles.load("fragments/coverage_sources.sql")
-    workers_x = fragment.split("), workers_x AS (\n", 1)[1].split("), pgmq_rel AS (", 1)[0]
-    assert workers_x.count("\n") >= 8
-    assert sqlfiles.statement("queries/status.sql", "workers").count(f"WITH workers_x AS (\n{workers_x})") == 1
-
-
 def test_unknown_flow_and_empty_database(db):
     result = run_cli("status", "--dsn", db.conninfo, "--flow", "nope")
     assert result.code == ExitCode.CONFLICT and "no flow named 'nope'" in result.stderr
