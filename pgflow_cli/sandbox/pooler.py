@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pgflow_cli.errors import UsageError
@@ -49,9 +50,15 @@ def find_pgbouncer() -> str | None:
     return next((path for path in PGBOUNCER_CANDIDATES if os.access(path, os.X_OK)), None)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def _die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` asking Linux to send the child SIGTERM when the starting thread ends. libc is
+    looked up here, in the parent: the child only calls the function (nothing that takes a lock)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:  # pragma: no cover - runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+    return preexec
 
 
 class LocalPooler:
@@ -127,7 +134,7 @@ class LocalPooler:
                 os.chown(path, account.pw_uid, account.pw_gid)
         self._proc = subprocess.Popen(
             [binary, str(self.config_file)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, cwd=str(self.base_dir), preexec_fn=_die_with_parent,
+            stderr=subprocess.DEVNULL, cwd=str(self.base_dir), preexec_fn=_die_with_parent(),
             user=account.pw_uid if account else None, group=account.pw_gid if account else None,
             extra_groups=[] if account else None,
         )

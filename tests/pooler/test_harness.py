@@ -4,9 +4,18 @@ state fails there every time, not only when the pooler happens to switch server 
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import psycopg
 import pytest
 from psycopg import errors as pgerrors
+
+from tests.worker.helpers import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_session_state_never_survives_a_transaction_through_the_strict_pooler(pooled):
@@ -37,3 +46,42 @@ def test_the_pooler_multiplexes_clients_over_its_server_connections(pooled, pgbo
     assert len(backends) <= pgbouncer.pool_size  # more clients than server connections: they are shared
     with psycopg.connect(pooled.server.conninfo(pooled.name)) as direct:
         assert direct.info.backend_pid == direct.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+_STARTER = """
+import sys, tempfile, time
+from pathlib import Path
+from pgflow_cli.sandbox import LocalServer
+from pgflow_cli.sandbox.pooler import LocalPooler
+pooler = LocalPooler(Path(tempfile.mkdtemp(prefix="pgflow-pooler-orphan-", dir="/tmp")), LocalServer(Path(sys.argv[1])))
+pooler.start()
+print(pooler.pid, pooler.base_dir, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_pooler_ends_when_the_process_that_started_it_is_killed(harness):
+    """A crashed test worker or benchmark leaves no PgBouncer behind (its directory stays: /tmp)."""
+    starter = subprocess.Popen([sys.executable, "-c", _STARTER, str(harness.server.base_dir)],
+                               stdout=subprocess.PIPE, text=True, cwd=REPO)
+    base_dir = ""
+    try:
+        assert starter.stdout is not None
+        pid_text, base_dir = starter.stdout.readline().split()
+        pid = int(pid_text)
+        assert _alive(pid)
+        starter.kill()
+        starter.wait(30)
+        wait_until(lambda: not _alive(pid), "the orphaned pgbouncer to end")
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        if base_dir:
+            shutil.rmtree(base_dir, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return b"pgbouncer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
