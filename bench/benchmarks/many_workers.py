@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER_COUNTS = (1, 2, 4, 8)
 CONCURRENCY = 10
 """Handler slots per worker process (``pgflow worker``'s default)."""
-PLAIN_RUNS = 600
+PLAIN_RUNS = 3_000
 MAP_SIZE = 10_000
 POOL_SIZE = 20
 """PgBouncer's server connections per database and user (its default ``default_pool_size``)."""
@@ -86,7 +86,11 @@ SELECT a.pid, a.wait_event_type, a.wait_event, a.state, a.query,
               THEN (SELECT 'task ' || left(t.run_id::text, 8) || '/' || t.step_slug || '[' || t.task_index || ']'
                     FROM pgflow.step_tasks AS t
                     WHERE t.ctid = pg_catalog.format('(%%s,%%s)', coalesce(w.page, h.page), coalesce(w.tuple, h.tuple))::tid)
-       END AS row_label
+       END AS row_label,
+       CASE WHEN w.pid IS NOT NULL THEN
+         (SELECT pg_catalog.string_agg(DISTINCT coalesce(b.state, '?') || ' ' || b.query, ' | ')
+          FROM pg_catalog.pg_stat_activity AS b WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(a.pid)))
+       END AS blockers
 FROM pg_catalog.pg_stat_activity AS a
 LEFT JOIN pg_catalog.pg_locks AS w ON w.pid = a.pid AND NOT w.granted
 LEFT JOIN LATERAL (SELECT t.relation, t.page, t.tuple FROM pg_catalog.pg_locks AS t
@@ -106,6 +110,17 @@ def statement_of(query: str | None) -> str:
     return f"{match.group(1)}.{match.group(2)}" if match else " ".join(query.split()[:4])
 
 
+def _blocking(blockers: str | None) -> str:
+    """The blocking sessions' states and statements, as ``state statement`` joined with ``|``."""
+    if not blockers:
+        return "-"
+    described = set()
+    for one in blockers.split(" | "):
+        state, _, query = one.partition(" ")
+        described.add(f"{state} {statement_of(query)}")
+    return " | ".join(sorted(described))
+
+
 @dataclass
 class LockSummary:
     """What the sampler saw in one or more samples (merged with :meth:`add`)."""
@@ -120,6 +135,8 @@ class LockSummary:
     """(kind, relation, statement) -> backend looks."""
     rows: Counter = field(default_factory=Counter)
     """(relation, row) -> backend looks waiting for it."""
+    blockers: Counter = field(default_factory=Counter)
+    """(waiter's statement, what the sessions blocking it were doing) -> backend looks."""
     events: Counter = field(default_factory=Counter)
     """wait event of busy backends ("CPU" when none) -> backend looks."""
     peak_busy: int = 0
@@ -134,6 +151,7 @@ class LockSummary:
         self.looks_with_waits += other.looks_with_waits
         self.by_wait.update(other.by_wait)
         self.rows.update(other.rows)
+        self.blockers.update(other.blockers)
         self.events.update(other.events)
         self.peak_busy = max(self.peak_busy, other.peak_busy)
         self.peak_connected = max(self.peak_connected, other.peak_connected)
@@ -153,6 +171,8 @@ class LockSummary:
             "distinct_rows_waited_for": len(self.rows),
             "rows_waited_for_most": [{"relation": rel, "row": row, "backend_looks": n}
                                      for (rel, row), n in self.rows.most_common(top)],
+            "waiters_blocked_by": [{"waiter": w, "blockers": b, "backend_looks": n}
+                                   for (w, b), n in self.blockers.most_common(top)],
             "busy_wait_events": [{"event": e, "backend_looks": n, "pct_of_busy": round(100.0 * n / self.busy, 1)}
                                  for e, n in self.events.most_common(top)],
             "peak_busy_backends": self.peak_busy,
@@ -191,11 +211,12 @@ class LockSampler(threading.Thread):
         s.peak_polling = max(s.peak_polling, len(polling))
         s.busy += len(busy)
         waiting: set[int] = set()
-        for pid, _event_type, _event, _state, query, locktype, _mode, relation, page, tup, row_label in rows:
+        for pid, _event_type, _event, _state, query, locktype, _mode, relation, page, tup, row_label, blockers in rows:
             if pid not in busy or locktype is None:
                 continue
             waiting.add(pid)
             s.by_wait[(locktype, relation or "-", statement_of(query))] += 1
+            s.blockers[(statement_of(query), _blocking(blockers))] += 1
             if locktype in ("tuple", "transactionid") and relation:  # a row lock: which row
                 s.rows[(relation, row_label or f"ctid ({page},{tup})")] += 1
         for pid, event_type, event, *_ in {r[0]: r for r in rows}.values():

@@ -4,7 +4,7 @@ Most of pgflow-cli works through a transaction-mode pooler (PgBouncer): every st
 one transaction or runs inside one, and it prepares nothing on the server. A few commands need the
 same server session from start to end and refuse a pooler (:func:`require_direct_session`):
 ``migrate apply`` and ``migrate abort`` (a session advisory lock held across transactions, index
-builds outside a transaction, a temporary table during an adoption) and ``fence disable`` /
+builds outside a transaction, a session ``lock_timeout`` for them) and ``fence disable`` /
 ``fence restore`` (the fence record names the client address of whoever changed it, and a pooler
 would put its own address there).
 
