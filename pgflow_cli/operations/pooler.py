@@ -65,7 +65,7 @@ def evidence(conn: psycopg.Connection) -> PoolerEvidence | None:
     """Look at one connection: ``None`` when it is a server session of its own, else the evidence.
 
     Args:
-        conn: an open connection (autocommit or not; the check is one read-only statement).
+        conn: an open autocommit connection (the check is one read-only statement, its own transaction).
     """
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(sqlfiles.statement(QUERIES, "server_session")).fetchone()
@@ -99,10 +99,9 @@ def direct_conninfo(target: db.Target, conn: psycopg.Connection, found: PoolerEv
         params: dict[str, Any] = conninfo_to_dict(db.without_password(target.conninfo))
     except psycopg.ProgrammingError:
         params = {}
-    for name in ("host", "hostaddr", "port", "service", "password", "application_name", "connect_timeout"):
+    for name in ("host", "hostaddr", "port", "service", "password", "application_name", "connect_timeout", "dbname",
+                 "user"):
         params.pop(name, None)
-    params.pop("dbname", None)
-    params.pop("user", None)
     return make_conninfo("", host=found.server_host or "SERVER_HOST", port=str(found.server_port),
                          dbname=conn.info.dbname, user=conn.info.user, **params)
 
