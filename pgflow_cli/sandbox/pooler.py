@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pgflow_cli.errors import UsageError
+from pgflow_cli.errors import ConnectionFailed, UsageError
 from pgflow_cli.sandbox.embedded import LocalServer, ServerError, _service_account, free_port
 
 PGBOUNCER_CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
@@ -172,9 +172,9 @@ class LocalPooler:
 
     def _auth_file(self) -> str:
         """The superuser's SCRAM secret as the server stores it (the pooler's own login as ``auth_user``)."""
-        import psycopg
+        from pgflow_cli import db
 
-        with psycopg.connect(self.server.conninfo("postgres"), autocommit=True) as conn:
+        with db.connect(db.Target(self.server.conninfo("postgres"), "local server")) as conn:
             row = conn.execute("SELECT rolname, rolpassword FROM pg_catalog.pg_authid WHERE rolname = current_user"
                                ).fetchone()
         if row is None or not row[1]:
@@ -182,7 +182,7 @@ class LocalPooler:
         return f'"{row[0]}" "{row[1]}"\n'
 
     def _wait_ready(self, timeout: float) -> None:
-        import psycopg
+        from pgflow_cli import db
 
         deadline = time.monotonic() + timeout
         last = ""
@@ -192,10 +192,10 @@ class LocalPooler:
                 raise ServerError(f"pgbouncer exited at start (status {self._proc.returncode})",
                                   hint=f"read {self.log_file}", detail=self._log_tail())
             try:
-                psycopg.connect(self.conninfo("postgres"), connect_timeout=5).close()
+                db.connect(db.Target(self.conninfo("postgres"), "local pooler"), connect_timeout=5).close()
                 return
-            except psycopg.OperationalError as exc:
-                last = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            except ConnectionFailed as exc:
+                last = exc.message
             if time.monotonic() > deadline:
                 self.stop()
                 raise ServerError(f"pgbouncer did not let a client in within {timeout:.0f} s: {last}",
