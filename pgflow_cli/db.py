@@ -10,7 +10,9 @@ Connection target, first match wins (DESIGN.md "Every command"):
    service files, and ``.pgpass`` (an empty conninfo string lets libpq apply them).
 
 Every connection sets ``application_name`` (``pgflow-cli`` unless told otherwise) and a
-connect timeout. Every transaction opened through :func:`transaction` sets
+connect timeout, and never prepares statements on the server (:data:`POOLER_SAFE_PREPARE`), so a
+transaction-mode pooler may stand between; the commands that need one server session of their own
+refuse a pooler (:func:`require_direct_session`). Every transaction opened through :func:`transaction` sets
 ``lock_timeout`` and ``statement_timeout`` with ``SET LOCAL`` semantics, so they never
 leak into a pooled session. Passwords never appear in messages: targets are shown
 with :func:`describe_target`, and libpq error text is passed through :func:`redact`.
@@ -53,6 +55,12 @@ MAX_TIMEOUT_SECONDS = 2_147_483
 
 DSN_ENV_VARS = ("PGFLOW_DATABASE_URL", "DATABASE_URL")
 """Environment variables read for the connection string, in order."""
+
+POOLER_SAFE_PREPARE: int | None = None
+"""psycopg's ``prepare_threshold`` for every connection: ``None``, never prepare. A prepared statement
+lives in one server session; behind a transaction-mode pooler (PgBouncer before 1.21, or with
+``max_prepared_statements = 0``) the next transaction may run in another one, which does not know it.
+Each statement pgflow-cli sends is a function call or a catalog read whose planning costs little."""
 
 LOCK_ERRORS = (pgerrors.LockNotAvailable, pgerrors.DeadlockDetected)
 """Errors worth a bounded retry: lock_timeout expiry (55P03) and deadlocks (40P01)."""
@@ -388,7 +396,7 @@ def connect(
     """
     conninfo = connection_string(target, application_name=application_name, connect_timeout=connect_timeout)
     try:
-        return psycopg.connect(conninfo, autocommit=autocommit)
+        return psycopg.connect(conninfo, autocommit=autocommit, prepare_threshold=POOLER_SAFE_PREPARE)
     except psycopg.OperationalError as exc:
         error = _connect_error(target, exc, conninfo, connect_timeout)
     if error.reason == "password_required" and ask_password(
@@ -454,7 +462,8 @@ async def connect_async(
     """
     conninfo = connection_string(target, application_name=application_name, connect_timeout=connect_timeout)
     try:
-        return await psycopg.AsyncConnection.connect(conninfo, autocommit=autocommit)
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=autocommit,
+                                                     prepare_threshold=POOLER_SAFE_PREPARE)
     except psycopg.OperationalError as exc:
         raise _connect_error(target, exc, conninfo, connect_timeout) from None
 

@@ -10,7 +10,13 @@ Fixtures:
 * ``client_role_names``: taken by tests that create and drop the fixed cluster-wide roles
   ``anon``/``authenticated``, so two xdist workers never do it at the same time;
 * ``published_db``: a database built from the published ``@pgflow/core`` release
-  (tests/support/published.py), holding exactly ``published.EXPECTED_FINDINGS``.
+  (tests/support/published.py), holding exactly ``published.EXPECTED_FINDINGS``;
+* ``pgbouncer``: a real PgBouncer in transaction mode in front of the server (one per xdist worker,
+  :class:`pgflow_cli.sandbox.pooler.LocalPooler`), strict: every server connection is reset after
+  each transaction, so reliance on session state fails every time; tests that take it are skipped,
+  saying why, only where the ``pgbouncer`` binary is missing (.ci/run installs it);
+* ``pooled``: the test's ``db`` through that PgBouncer (:meth:`TestDatabase.through`): ``conninfo``
+  and ``connect()`` (no prepared statements, as any client of a transaction pooler must).
 
 The process that owns the server (the xdist controller, or the only process) stops and deletes it
 however the run ends: normally, on Ctrl-C, and on SIGTERM or SIGHUP, which end the run as Ctrl-C
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,8 +35,16 @@ import psycopg
 import pytest
 
 from pgflow_cli import installer
+from pgflow_cli.sandbox.pooler import LocalPooler, find_pgbouncer
 from tests.support import published
-from tests.support.server import TERMINATING, Harness, TestDatabase, start_shared_server, stop_shared_server
+from tests.support.server import (
+    TERMINATING,
+    Harness,
+    PooledDatabase,
+    TestDatabase,
+    start_shared_server,
+    stop_shared_server,
+)
 
 # before any test module imports it (tests/breaker/s4 uses the claim helpers too)
 pytest.register_assert_rewrite("tests.claim.helpers")
@@ -158,3 +173,27 @@ def published_template(harness) -> str:
 def published_db(harness, published_template, request):
     """A fresh database cloned from the published-release template."""
     yield from harness.fresh(published_template, request)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(harness) -> Iterator[LocalPooler]:
+    """A PgBouncer in transaction mode (strict) in front of the run's server, for this process's tests."""
+    if find_pgbouncer() is None:
+        pytest.skip("PgBouncer is not installed here (apt-get install pgbouncer; .ci/run installs it in CI)")
+    base = tempfile.mkdtemp(prefix="pgflow-pooler-", dir="/tmp")
+    pooler = LocalPooler(Path(base), harness.server, pool_mode="transaction", pool_size=10, strict=True)
+    try:
+        pooler.start()
+        yield pooler
+    finally:
+        pooler.destroy()
+
+
+@pytest.fixture
+def pooled(pgbouncer, db) -> Iterator[PooledDatabase]:
+    """The test's ``db`` reached through ``pgbouncer`` (its connections closed after the test)."""
+    view = db.through(pgbouncer)
+    try:
+        yield view
+    finally:
+        view.close_all()

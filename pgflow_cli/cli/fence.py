@@ -27,6 +27,7 @@ from pgflow_cli.cli import common
 from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
 from pgflow_cli.errors import DeadlineReached, ExitCode, PgflowError
 from pgflow_cli.operations import fence as fence_op
+from pgflow_cli.operations import pooler
 from pgflow_cli.operations.waiting import Pacer
 
 app = typer.Typer(
@@ -101,15 +102,27 @@ def application_name() -> str:
     return name.encode("utf-8")[:63].decode("utf-8", "ignore")
 
 
+FENCE_ORIGIN = ("records who changed the fence by the client address of its session (a pooler would record its "
+                "own)")
+"""Why ``fence disable`` and ``fence restore`` refuse a connection pooler (:mod:`pgflow_cli.operations.pooler`)."""
+
+
 @contextmanager
-def _connection(where: TargetOptions) -> Iterator[psycopg.Connection]:
-    """Connect as ``pgflow fence (user@host)``, check the fence record exists, map database errors."""
+def _connection(where: TargetOptions, command: str | None = None) -> Iterator[psycopg.Connection]:
+    """Connect as ``pgflow fence (user@host)``, check the fence record exists, map database errors.
+
+    Args:
+        command: the command (``pgflow fence disable``) when it changes the fence: it then refuses a
+            connection pooler (exit 2) before anything is read.
+    """
     target = where.resolve()
     common.STATE.target = target
     conn = db.connect(target, application_name=application_name(), connect_timeout=where.connect_timeout)
     common.STATE.target = target = target.connected(conn)
     try:
         with common.mapped_errors(target, conn):
+            if command is not None:
+                pooler.require_direct_session(conn, target, command, FENCE_ORIGIN)
             fence_op.require_installed(conn)
             yield conn
     finally:
@@ -168,7 +181,7 @@ def disable(
     """
     common.STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == OutputFormat.json
-    with _connection(where) as conn:
+    with _connection(where, "pgflow fence disable") as conn:
         selection = fence_op.select(conn, function or [], flow or [], every=every)
         result = fence_op.disable(conn, selection, reason, dry_run=options.dry_run, lock_timeout=options.lock_timeout,
                                   attempts=options.retries)
@@ -407,7 +420,7 @@ def restore(
     """
     common.STATE.output_format = OutputFormat(output_format.value)
     as_json = output_format == OutputFormat.json
-    with _connection(where) as conn:
+    with _connection(where, "pgflow fence restore") as conn:
         selection = fence_op.restore_selection(conn, function or [], flow or [], every)
         result = fence_op.restore(conn, selection, dry_run=options.dry_run, lock_timeout=options.lock_timeout,
                                   attempts=options.retries)

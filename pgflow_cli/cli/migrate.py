@@ -12,7 +12,7 @@ from pgflow_cli.cli import common
 from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
 from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import migrate as migrate_op
-from pgflow_cli.operations import upstream
+from pgflow_cli.operations import pooler, upstream
 
 DOCUMENT_VERSION = 2
 """Version of the migrate-plan/-apply JSON documents: 2 made ``database`` an object
@@ -20,6 +20,10 @@ DOCUMENT_VERSION = 2
 STATUS_DOCUMENT_VERSION = 3
 """Version of the migrate-status document: 3 compares every function file with the catalog
 (``files``: path, state, detail) instead of listing the per-file ledger's checksums."""
+
+MIGRATOR_SESSION = ("holds the migrators' advisory lock for its whole session, across its transactions, and builds "
+                    "indexes outside a transaction")
+"""Why ``migrate apply`` and ``migrate abort`` refuse a connection pooler (:mod:`pgflow_cli.operations.pooler`)."""
 
 app = typer.Typer(
     help="Apply pgflow's SQL migrations in order, each in one transaction recorded with its checksum in "
@@ -317,6 +321,7 @@ def apply(
             for note in script.notes:
                 err.print(render.text(common.with_target(note), "yellow"))
             return
+        pooler.require_direct_session(conn, target, "pgflow migrate apply", MIGRATOR_SESSION)
 
         def progress(event: str, data: dict[str, Any]) -> None:
             # json/csv: stderr carries one JSON error document at most (blockers go into its detail)
@@ -444,7 +449,8 @@ def abort(
         if not typer.confirm(f"Undo the prepared phases of migration {version:04d}?", err=True):
             render.stderr_console().print("cancelled; nothing changed")
             raise typer.Exit(int(ExitCode.INTERRUPTED))
-    conn, _target = where.open()
+    conn, target = where.open()
     with conn:
+        pooler.require_direct_session(conn, target, "pgflow migrate abort", MIGRATOR_SESSION)
         label = migrate_op.abort(conn, version)
     render.stderr_console().print(render.text(f"aborted {label}: its prepared phases were undone", "green"))

@@ -330,7 +330,8 @@ class Worker:
                                  connect_timeout=self.connect_timeout),
             min_size=1,
             max_size=self.max_concurrent + 2,
-            kwargs={"autocommit": True},
+            # no server-side prepared statements: a transaction-mode pooler may stand between
+            kwargs={"autocommit": True, "prepare_threshold": db.POOLER_SAFE_PREPARE},
             open=True,
             name=f"pgflow-worker-{self.worker_id[:8]}",
         )

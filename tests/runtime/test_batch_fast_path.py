@@ -292,7 +292,10 @@ def test_overlapping_independent_batches_from_several_connections_finish_each_ta
     assert "set" in paths  # at least the first caller of each batch took the pass
 
 
-def test_concurrent_claims_then_set_based_reports_run_each_task_exactly_once(rt, db):
+@pytest.mark.parametrize("via", ["direct", "pgbouncer"])
+def test_concurrent_claims_then_set_based_reports_run_each_task_exactly_once(rt, db, via, request):
+    """``pgbouncer``: the three callers go through a real PgBouncer in transaction mode (strict)."""
+    callers = db if via == "direct" else db.through(request.getfixturevalue("pgbouncer"))
     rt.flow("claimed", LINEAR)
     workers = [uuid.uuid4() for _ in range(3)]
     for worker in workers:
@@ -313,7 +316,7 @@ def test_concurrent_claims_then_set_based_reports_run_each_task_exactly_once(rt,
                 _, path = _batch(conn, [(r, "done") for r in rows])
                 return len(rows), path
 
-            outcomes = concurrently(db, [lambda c, w=w: claim_and_report(c, w) for w in workers])
+            outcomes = concurrently(callers, [lambda c, w=w: claim_and_report(c, w) for w in workers])
             assert sum(n for n, _ in outcomes) == 9
             assert all(path in ("set", "none") for _, path in outcomes), outcomes
         for run in runs:

@@ -6,7 +6,8 @@
 * a malformed element raises naming its index and applies nothing (an element the single call
   refuses: tests/manual/test_batch_reports.py);
 * several callers on real connections, each reporting overlapping batches in different orders,
-  never deadlock and finish every task exactly once; the same after concurrent claims.
+  never deadlock and finish every task exactly once; the same after concurrent claims, also with
+  the callers behind a real PgBouncer in transaction mode.
 """
 
 from __future__ import annotations
@@ -227,12 +228,17 @@ def test_concurrent_fail_batches_use_each_attempt_once(rt, db):
     assert len(rt.messages("flaky")) == 10
 
 
-def test_concurrent_claims_then_batch_reports_run_each_task_exactly_once(rt, db):
+@pytest.mark.parametrize("via", ["direct", "pgbouncer"])
+def test_concurrent_claims_then_batch_reports_run_each_task_exactly_once(rt, db, via, request):
+    """``pgbouncer``: the claiming and reporting connections go through a real PgBouncer in transaction
+    mode that resets every server connection after each transaction (the claim and the batch report
+    need no session state)."""
     rt.flow("race", [{"slug": "each", "step_type": "map"}])
     workers = [uuid.uuid4() for _ in range(3)]
     for worker in workers:
         rt.conn.execute("SELECT pgflow.register_worker(%s, 'test-worker', 'race', 'race')", (worker,))
-    conns = [db.connect() for _ in workers]
+    callers = db if via == "direct" else db.through(request.getfixturevalue("pgbouncer"))
+    conns = [callers.connect() for _ in workers]
     try:
         for _ in range(6):
             run = rt.start("race", list(range(9)))

@@ -120,6 +120,28 @@ class TestDatabase:
                 conn.close()
         self._connections.clear()
 
+    def through(self, pooler: Any) -> PooledDatabase:
+        """This database reached through ``pooler`` (a :class:`pgflow_cli.sandbox.pooler.LocalPooler`)."""
+        return PooledDatabase(self.name, self.server, pooler=pooler)
+
+
+@dataclass
+class PooledDatabase(TestDatabase):
+    """A test database reached through a connection pooler: ``conninfo`` is the pooler's (TCP, with the
+    server's password), and :meth:`connect` turns psycopg's prepared statements off, as every client of a
+    transaction-mode pooler must (a statement prepared in one server session is unknown in the next).
+    The test's ``db`` fixture drops the database; this view only closes its own connections."""
+
+    pooler: Any = None
+
+    @property
+    def conninfo(self) -> str:
+        return str(self.pooler.conninfo(self.name))
+
+    def connect(self, *, autocommit: bool = True, **kwargs) -> psycopg.Connection:
+        kwargs.setdefault("prepare_threshold", None)
+        return super().connect(autocommit=autocommit, **kwargs)
+
 
 def label_of(request: Any, suffix: str = "") -> str:
     """The test's name as a database-name part: lower case, ``[a-z0-9_]``, at most 40 characters

@@ -3,7 +3,9 @@
 Every handler invocation is recorded with (run_id, step_slug, task_index, worker); the record
 is compared with ``pgflow.step_tasks`` (status, attempts_count, last_worker_id) and with the
 flow's PGMQ queue and archive. Each case runs with one report call per task and with batched
-reports (``complete_tasks``, migration 0010).
+reports (``complete_tasks``, migration 0010), and with the workers connected to the server directly
+and through a real PgBouncer in transaction mode (strict: every server connection is reset after each
+transaction, so a worker that relied on session state would fail every time).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from tests.worker.flows import diamond_map_flow
 from tests.worker.helpers import assert_each_task_ran_exactly_once, wait_until
 
 
+@pytest.mark.parametrize("via", ["direct", "pgbouncer"])
 @pytest.mark.parametrize("reports", ["one call per task", "batched"])
 @pytest.mark.parametrize("n_workers", [2, 4])
-def test_concurrent_workers_run_every_task_exactly_once(env, n_workers, reports):
+def test_concurrent_workers_run_every_task_exactly_once(env, n_workers, reports, via, request):
     batched = reports == "batched"
+    if via == "pgbouncer":
+        env.conninfo = request.getfixturevalue("pooled").conninfo  # the workers' connections, not the test's
     if batched:
         ensure_batch_functions(env)
     rec = env.recorder

@@ -12,7 +12,7 @@ What must hold: no deadlock (every statement takes its locks in run_id order), n
 those the contract names (a late report behind a newer claim of its task is recorded since 0016), every task
 claimed exactly as often as its ``attempts_count`` says (the claim ledger of tests/claim/helpers.py),
 and the runtime invariants afterwards (tests/support/invariants.py: no task lost, no message left
-behind, bookkeeping intact).
+behind, bookkeeping intact). The same with the sessions behind a real PgBouncer in transaction mode.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.claim.helpers import ClaimEnv
@@ -87,9 +88,17 @@ def _session(cl: ClaimEnv, seed: int, stop: threading.Event, errors: list[str], 
             return
 
 
-def test_claims_and_batch_reports_of_four_sessions_never_deadlock_or_lose_a_task(gappy):
-    """(``gappy``: a report refused by F2 used up message ids, which message conservation would count.)"""
+@pytest.mark.parametrize("via", ["direct", "pgbouncer"])
+def test_claims_and_batch_reports_of_four_sessions_never_deadlock_or_lose_a_task(gappy, via, request):
+    """(``gappy``: a report refused by F2 used up message ids, which message conservation would count.)
+
+    ``pgbouncer``: the four sessions are client connections of a real PgBouncer in transaction mode
+    that resets every server connection after each transaction, so each statement may run in another
+    server session than the one before (the generic plans above then belong to the pooler's sessions).
+    """
     cl = gappy
+    if via == "pgbouncer":
+        cl.db = cl.db.through(request.getfixturevalue("pgbouncer"))
     _flows(cl)
     for i in range(12):
         cl.start("storm_map", list(range(i + 3)))
