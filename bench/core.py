@@ -67,12 +67,17 @@ class Context:
         server: the private :class:`LocalServer` of this bench run.
         repeat: how many times to measure each quantity.
         scale: multiply your default work sizes by this (``--scale``); see :meth:`size`.
+        prefix: starts the name of every database this context makes (two contexts share a server).
+        statements_context: a context on a server that loads pg_stat_statements, kept for the whole
+            run, that :func:`statements_server` hands out instead of starting a server (bench/ab.py).
     """
 
-    def __init__(self, server: LocalServer, *, repeat: int, scale: float) -> None:
+    def __init__(self, server: LocalServer, *, repeat: int, scale: float, prefix: str = "b") -> None:
         self.server = server
         self.repeat = repeat
         self.scale = scale
+        self.prefix = prefix
+        self.statements_context: Context | None = None
         self._admin = psycopg.connect(server.conninfo("postgres"), autocommit=True)
         self._templates: dict[int | None, str] = {}
         self._counter = itertools.count(1)
@@ -92,19 +97,24 @@ class Context:
         """Name of the template database with PGMQ and the migrations up to ``schema`` (all: ``None``)."""
         if schema not in self._templates:
             name = "bench_template" if schema is None else f"bench_template_{schema:04d}"
+            name = name if self.prefix == "b" else f"{self.prefix}_{name}"
             self._admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
             self._admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            with psycopg.connect(self.conninfo(name), autocommit=True) as conn:
-                installer.install(conn, target=schema)
+            self.install(self.conninfo(name), schema)
             self._templates[schema] = name
         return self._templates[schema]
+
+    def install(self, conninfo: str, schema: int | None) -> None:
+        """Install PGMQ and the migrations up to ``schema`` into the empty database ``conninfo``."""
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            installer.install(conn, target=schema)
 
     @contextlib.contextmanager
     def database(self, label: str, *, schema: int | None = None) -> Iterator[str]:
         """A fresh database with PGMQ and the pgflow migrations up to ``schema`` (default: all),
         dropped afterwards; yields its conninfo."""
         template = self.template(schema)
-        name = f"b{next(self._counter)}_{label}"[:60]
+        name = f"{self.prefix}{next(self._counter)}_{label}"[:60]
         self._admin.execute(
             sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
         try:
@@ -128,7 +138,11 @@ STATEMENTS_SETTINGS = {
 def statements_server(ctx: Context, label: str) -> Iterator[Context]:
     """A private server of its own with pg_stat_statements loaded (the shared bench server does not
     load it), as a :class:`Context` with the same repeat and scale; stopped and deleted afterwards.
-    Each database made on it needs ``CREATE EXTENSION pg_stat_statements``."""
+    Each database made on it needs ``CREATE EXTENSION pg_stat_statements``. When ``ctx`` names one
+    already (``ctx.statements_context``: bench/ab.py keeps one for both trees), that one is used."""
+    if ctx.statements_context is not None:
+        yield ctx.statements_context
+        return
     base = Path(tempfile.mkdtemp(prefix="pgflow-bench-pgss-", dir="/tmp"))
     os.chmod(base, 0o755)  # the server may run as the 'postgres' user
     server = LocalServer(base / "pg", settings=STATEMENTS_SETTINGS)

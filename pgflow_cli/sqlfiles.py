@@ -5,13 +5,12 @@ SQL lives in ``sql/`` at the repository root and ships inside the wheel as
 reads these files. Migrations (``sql/migrations``) are literal: read with :func:`read_file`,
 executed as written. Other files may use two small, static directives:
 
-``--@include <relative path> [NAME=VALUE ...]``
+``--@include <relative path>``
     on a line of its own: replaced by the whole text of that file (recursively, cycles
-    rejected): the ``parts/`` a function file shares with another, and the fragments the
-    queries and the audit share (``fragments/*.sql``, ``audit/*.sql``), so the slug and
-    queue-name rules exist exactly once. ``NAME=VALUE``: every ``{{NAME}}`` in the included
-    text becomes ``VALUE`` (a shared part that differs only by a name, e.g. the function whose
-    parameters it reads). The indentation of the directive line is not kept: the included
+    rejected): the fragments the queries, the audit and the few functions that implement the
+    same rule share (``fragments/*.sql``, ``audit/*.sql``), so the slug and queue-name rules
+    exist exactly once, and the function file an optional install carries
+    (``optional/prune.sql``). The indentation of the directive line is not kept: the included
     text brings its own.
 
 ``--@name <identifier>`` / ``--@end``
@@ -28,11 +27,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-INCLUDE = re.compile(
-    r"^[ \t]*--@include[ \t]+(?P<path>[A-Za-z0-9_./-]+)(?P<options>(?:[ \t]+[^ \t\n]+)*)[ \t]*$", re.MULTILINE
-)
-_SETTING = re.compile(r"^(?P<name>[a-z_][a-z0-9_]*)=(?P<value>[A-Za-z0-9_.]+)$")
-_PLACEHOLDER = re.compile(r"\{\{(?P<name>[a-z_][a-z0-9_]*)\}\}")
+INCLUDE = re.compile(r"^[ \t]*--@include[ \t]+(?P<path>[A-Za-z0-9_./-]+)(?P<rest>[^\n]*)$", re.MULTILINE)
 _NAME = re.compile(r"^--@name[ \t]+(?P<name>[a-z_][a-z0-9_]*)[ \t]*$")
 _END = re.compile(r"^--@end[ \t]*$")
 
@@ -57,7 +52,7 @@ def load(relative: str) -> str:
 
     Raises:
         FileNotFoundError: the file or an included file does not exist.
-        ValueError: an include cycle, a path escaping ``sql/``, or a placeholder without a value.
+        ValueError: an include cycle, a path escaping ``sql/``, or text after the included path.
     """
     return _expand(relative, ())
 
@@ -82,22 +77,11 @@ def _expand(relative: str, stack: tuple[str, ...]) -> str:
 
     def replace(match: re.Match[str]) -> str:
         target = match.group("path")
+        if match.group("rest").strip():
+            raise ValueError(f"{relative}: --@include takes a path and nothing else: {match.group(0).strip()!r}")
         if target in stack:
             raise ValueError(f"include cycle: {' -> '.join(stack + (target,))}")
-        settings: dict[str, str] = {}
-        for option in match.group("options").split():
-            setting = _SETTING.match(option)
-            if setting is None:
-                raise ValueError(f"{relative}: unknown --@include option {option!r} (only NAME=VALUE)")
-            settings[setting["name"]] = setting["value"]
-        included = _expand(target, stack).rstrip("\n")
-
-        def fill(placeholder: re.Match[str]) -> str:
-            if placeholder["name"] not in settings:
-                raise ValueError(f"{relative}: {target} needs {placeholder['name']}=... on its --@include line")
-            return settings[placeholder["name"]]
-
-        return _PLACEHOLDER.sub(fill, included)
+        return _expand(target, stack).rstrip("\n")
 
     return INCLUDE.sub(replace, read_file(relative))
 

@@ -10,8 +10,9 @@ exists). Its generated sections stand between marker lines (``-- >>> NAME ...`` 
 
 * ``recheck``: the blocking rules of ``sql/audit/findings.sql`` in a ``DO`` block that raises PF005;
 * ``types``: the composite types of ``sql/functions`` that no released migration creates;
-* ``functions``: every other file of ``sql/functions`` (``parts/`` expanded into the files that
-  include them), with ``check_function_bodies`` off around them so their order does not matter;
+* ``functions``: every other file of ``sql/functions`` (a shared fragment of ``sql/fragments``
+  expanded where one is included), with ``check_function_bodies`` off around them so their order
+  does not matter;
   a file that ``sql/optional`` installs on request (pruning) is replaced only where it is installed.
 
 Every other line of the migration is written by hand and kept as it is.

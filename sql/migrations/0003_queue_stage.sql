@@ -1794,7 +1794,7 @@ SET LOCAL check_function_bodies = off;
 -- (queue_name, message_id) first and message body second, before changing anything:
 --
 --   queued task of this exact route, run and step started -> claimed: attempt counted, worker
---       recorded, visibility = effective step timeout + 2 s (all or nothing, as in 0002)
+--       recorded, visibility = effective step timeout + 2 s (all or nothing, as the baseline's start_tasks)
 --   started task                      -> duplicate: no attempt used, no handler; the message
 --       is deferred toward the task's recovery deadline (started_at + timeout + 30 s)
 --   completed/failed/skipped/cancelled or permanently stalled task -> archived_terminal
@@ -1813,8 +1813,8 @@ SET LOCAL check_function_bodies = off;
 -- function paused: the row belongs to whoever registered it last), as an unregistered id does.
 -- Ordinary database errors still raise (and roll back): they are retryable. Notices carry
 -- queue names and message ids, never message bodies.
--- Every lookup is by a unique key (from 0010 the run and step state too), so a claim costs the
--- same next to 1,000 or 1,000,000 rows, with or without statistics. From 0015 one statement
+-- Every lookup is by a unique key (the run and step state too), so a claim costs the
+-- same next to 1,000 or 1,000,000 rows, with or without statistics. One statement
 -- classifies the whole batch and claims its queued work (only when no message is fatal): a batch
 -- of plain queued work runs the route check, the two lock statements, the body read, that
 -- statement and the visibility helper.
@@ -1984,7 +1984,7 @@ BEGIN
       WHERE st.queue_name = claim_tasks.queue_name AND st.message_id = rq.msg_id
       LIMIT 1  -- unique anyway; keeps the planner from flattening this into a hash join
     ) AS t ON true
-    -- run and step state by key too: one probe each per message (0010)
+    -- run and step state by key too: one probe each per message
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = t.run_id LIMIT 1) AS r ON true
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
                        WHERE x.run_id = t.run_id AND x.step_slug = t.step_slug LIMIT 1) AS ss ON true
@@ -4321,10 +4321,9 @@ $$;
 -- sql/functions/runtime/_advance_run.sql
 -- Moves a run forward after a change: conditions and taskless steps settle, then ready steps
 -- start and the run completes if nothing is left. Caller holds the run row lock.
--- Only what the flow can need runs (from 0010): the condition cascade only when a step of the
--- flow has a condition, the taskless cascade only when the flow has a map step (only a map can
--- have zero tasks), and run completion only when no step is left (from 0013 ready steps are
--- looked for only while a step is left).
+-- Only what the flow can need runs: the condition cascade only when a step of the flow has a
+-- condition, the taskless cascade only when the flow has a map step (only a map can have zero
+-- tasks), ready steps only while a step is left, and run completion only when none is.
 CREATE OR REPLACE FUNCTION pgflow._advance_run(p_run_id uuid)
 RETURNS void
 LANGUAGE plpgsql
@@ -4337,7 +4336,7 @@ DECLARE
   v_status text;
   v_remaining integer;
 BEGIN
-  -- the flow's flags and the run's state in one look-up (0013); read again only after a cascade
+  -- the flow's flags and the run's state in one look-up; read again only after a cascade
   SELECT pg_catalog.bool_or(s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL),
          pg_catalog.bool_or(s.step_type = 'map'), pg_catalog.min(r.status), pg_catalog.min(r.remaining_steps)
   INTO v_conditions, v_maps, v_status, v_remaining
@@ -4357,7 +4356,7 @@ BEGIN
     RETURN;
   END IF;
   IF v_remaining = 0 THEN
-    -- no step is created or started any more, so none can be ready (0013)
+    -- no step is created or started any more, so none can be ready
     PERFORM pgflow.maybe_complete_run(p_run_id);
   ELSE
     PERFORM pgflow.start_ready_steps(p_run_id);
@@ -4444,367 +4443,81 @@ BEGIN
 END;
 $$;
 
--- sql/functions/runtime/_complete_task_progress.sql
--- The progression core of a task's success, shared by complete_task (worker) and
--- complete_manual_task: the caller holds the run row lock (FOR UPDATE), has locked the step state
--- and task, and has checked that run, step and task are started. The task completes; when it was
--- the step's last one the step completes (map output: task outputs in task_index order), the
--- children are released, and the run moves on (_advance_run: conditions, taskless cascades, ready
--- steps, run completion). A single step whose output is not an array but feeds a map step fails
--- the run with a [TYPE_VIOLATION] error; the failed task keeps that output. No PGMQ call of its
--- own for this task: the queue-backed wrapper archives the task's message afterwards.
-CREATE OR REPLACE FUNCTION pgflow._complete_task_progress(p_run_id uuid, p_step_slug text, p_task_index integer, p_output jsonb)
-RETURNS pgflow.step_tasks
+-- sql/functions/runtime/_complete_started_tasks.sql
+-- The one way started tasks complete, whoever reports them: complete_task and complete_manual_task
+-- with one element, complete_tasks with a whole batch of independent completions (one statement per
+-- table instead of a chain of calls per element), and each element of a batch it cannot take.
+-- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
+-- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
+-- lock FOR UPDATE; the step states and tasks are locked by _write_task_completions.
+-- It applies the elements only when that gives exactly what one call per element, in array order,
+-- gives: every element names a different run (no element can see another's effects); every
+-- element's run, step and task are started and the task has p_execution_mode; and with several
+-- elements, none can raise a [TYPE_VIOLATION] and realtime.send does not exist (a call per element
+-- fails its run, or sends its events, between the other elements). Otherwise it changes nothing and
+-- returns NULL; complete_tasks then goes element by element.
+-- Applying:
+--   * a single step whose output is not an array but feeds a map step fails its task and run
+--     through _fail_started_task with a [TYPE_VIOLATION] error (no later step could use it);
+--   * every other task completes and its step counts down or completes, children released
+--     (_write_task_completions);
+--   * the step:completed event goes out when realtime.send exists, and each run whose step
+--     completed moves on as _advance_run moves it. When several runs move on and no flow of them
+--     has a condition or a map step (no cascade can run), the runs with no step left complete and
+--     the others start their ready steps together (_start_ready_steps_of_runs: one UPDATE, one
+--     send, one INSERT) when their steps share a queue and a start delay.
+-- Returns the task rows in array order. Its only PGMQ calls are those of the runs moving on and of
+-- a failed run; the caller archives the reported tasks' messages (a manual task has none).
+CREATE OR REPLACE FUNCTION pgflow._complete_started_tasks(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[],
+                                                          p_outputs jsonb[], p_execution_mode text)
+RETURNS pgflow.step_tasks[]
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = ''
 AS $$
 DECLARE
-  v_flow text;
-  v_task pgflow.step_tasks;
-  v_state pgflow.step_states;
-  v_step pgflow.steps;
-  v_error text;
-  v_child_tasks integer;
-BEGIN
-  SELECT r.flow_slug INTO v_flow FROM pgflow.runs AS r WHERE r.run_id = p_run_id;
-  SELECT s.* INTO v_step FROM pgflow.steps AS s
-  WHERE s.flow_slug = v_flow AND s.step_slug = p_step_slug;
-
-  -- A map step over a single step's output needs an array.
-  IF v_step.step_type = 'single'
-     AND pg_catalog.jsonb_typeof(p_output) IS DISTINCT FROM 'array'
-     AND EXISTS (SELECT 1 FROM pgflow.deps AS d
-                 JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-                 WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slug AND c.step_type = 'map') THEN
-    SELECT pg_catalog.format('[TYPE_VIOLATION] step "%s" returned %s, but map step(s) %s need a JSON array from it',
-                             p_step_slug,
-                             coalesce(pg_catalog.jsonb_typeof(p_output), 'no output'),
-                             pg_catalog.string_agg('"' || d.step_slug || '"', ', ' ORDER BY d.step_slug))
-    INTO v_error
-    FROM pgflow.deps AS d
-    JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-    WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slug AND c.step_type = 'map';
-
-    -- the failed task keeps the offending output, for diagnosis (docs/compatibility.md item 4)
-    UPDATE pgflow.step_tasks AS t
-       SET status = 'failed', failed_at = GREATEST(pg_catalog.now(), t.started_at), error_message = v_error, output = p_output
-     WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index
-    RETURNING t.* INTO v_task;
-    PERFORM pgflow._fail_run(p_run_id, p_step_slug, v_error);
-    RETURN v_task;
-  END IF;
-
-  UPDATE pgflow.step_tasks AS t
-     SET status = 'completed', completed_at = GREATEST(pg_catalog.now(), t.started_at), output = p_output
-   WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index
-  RETURNING t.* INTO v_task;
-
-  UPDATE pgflow.step_states AS ss
-     SET remaining_tasks = ss.remaining_tasks - 1
-   WHERE ss.run_id = p_run_id AND ss.step_slug = p_step_slug
-  RETURNING ss.* INTO v_state;
-
-  IF v_state.remaining_tasks = 0 THEN
-    UPDATE pgflow.step_states AS ss
-       SET status = 'completed',
-           completed_at = pg_catalog.now(),
-           output = CASE WHEN v_step.step_type = 'map' THEN
-                           -- a map step's output: its completed tasks' outputs in task_index order, [] for none
-                           coalesce((SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
-                                     FROM pgflow.step_tasks AS t
-                                     WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
-                                    '[]'::jsonb)
-                         ELSE p_output END
-     WHERE ss.run_id = p_run_id AND ss.step_slug = p_step_slug
-    RETURNING ss.* INTO v_state;
-
-    -- Size of a map child that maps over this step's output (computed here: a CASE inside the
-    -- UPDATE could be folded at plan time and evaluated for non-arrays).
-    IF pg_catalog.jsonb_typeof(v_state.output) = 'array' THEN
-      v_child_tasks := pg_catalog.jsonb_array_length(v_state.output);
-    END IF;
-
-    UPDATE pgflow.step_states AS cs
-       SET remaining_deps = cs.remaining_deps - 1,
-           initial_tasks = CASE
-             WHEN c.step_type = 'map' AND cs.initial_tasks IS NULL THEN v_child_tasks
-             ELSE cs.initial_tasks END
-      FROM pgflow.deps AS d
-      JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-     WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slug
-       AND cs.run_id = p_run_id AND cs.step_slug = d.step_slug AND cs.status = 'created';
-
-    UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = p_run_id;
-
-    PERFORM pgflow._broadcast_step(v_state);
-    PERFORM pgflow._advance_run(p_run_id);
-  END IF;
-
-  RETURN v_task;
-END;
-$$;
-REVOKE ALL ON FUNCTION pgflow._complete_task_progress(uuid, text, integer, jsonb) FROM PUBLIC;
-
--- sql/functions/runtime/_complete_worker_progress.sql
--- The progression of a worker task's success (0013), called by complete_task and
--- _complete_worker_task (complete_tasks) with the run row locked (FOR UPDATE), the step state
--- and task locked, and run, step and task checked started. The same outcome as the shared core
--- _complete_task_progress (which manual completion keeps using), in fewer statements:
---   * a single step whose output is not an array but feeds a map step goes to
---     _complete_task_progress, which fails the run with the [TYPE_VIOLATION] error;
---   * the task completes; the step's remaining_tasks drops and, when it reaches 0, the step
---     completes (map output: task outputs in task_index order) in the same UPDATE: one new row
---     version per step state and call, so the step state's foreign keys are not checked again
---     (PostgreSQL re-checks them on every further update of a row the transaction changed);
---   * the children are released, the run's remaining_steps drops, the step:completed event is
---     built only when realtime.send exists, and the run moves on (_advance_run).
--- Returns the task row. No PGMQ call: the caller archives the task's message.
-CREATE OR REPLACE FUNCTION pgflow._complete_worker_progress(p_run_id uuid, p_step_slug text, p_task_index integer,
-                                                            p_output jsonb)
-RETURNS pgflow.step_tasks
-LANGUAGE plpgsql VOLATILE
-SET search_path = ''
-AS $$
-DECLARE
-  v_flow text;
-  v_type text;
-  v_task pgflow.step_tasks;
-  v_state pgflow.step_states;
-  v_child_tasks integer;
-BEGIN
-  SELECT r.flow_slug, s.step_type INTO v_flow, v_type
-  FROM pgflow.runs AS r
-  JOIN pgflow.steps AS s ON s.flow_slug = r.flow_slug AND s.step_slug = p_step_slug
-  WHERE r.run_id = p_run_id;
-
-  IF v_type = 'single'
-     AND pg_catalog.jsonb_typeof(p_output) IS DISTINCT FROM 'array'
-     AND EXISTS (SELECT 1 FROM pgflow.deps AS d
-                 JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-                 WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slug AND c.step_type = 'map') THEN
-    RETURN pgflow._complete_task_progress(p_run_id, p_step_slug, p_task_index, p_output);
-  END IF;
-
-  UPDATE pgflow.step_tasks AS t
-     SET status = 'completed', completed_at = GREATEST(pg_catalog.now(), t.started_at), output = p_output
-   WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index
-  RETURNING t.* INTO v_task;
-
-  UPDATE pgflow.step_states AS ss
-     SET remaining_tasks = ss.remaining_tasks - 1,
-         status = CASE WHEN ss.remaining_tasks = 1 THEN 'completed' ELSE ss.status END,
-         completed_at = CASE WHEN ss.remaining_tasks = 1 THEN pg_catalog.now() ELSE ss.completed_at END,
-         output = CASE WHEN ss.remaining_tasks <> 1 THEN ss.output
-                       WHEN v_type = 'map' THEN
-                           -- a map step's output: its completed tasks' outputs in task_index order, [] for none
-                           coalesce((SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
-                                     FROM pgflow.step_tasks AS t
-                                     WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
-                                    '[]'::jsonb)
-                       ELSE p_output END
-   WHERE ss.run_id = p_run_id AND ss.step_slug = p_step_slug
-  RETURNING ss.* INTO v_state;
-  IF v_state.remaining_tasks IS DISTINCT FROM 0 THEN
-    RETURN v_task;
-  END IF;
-
-  -- map children learn their size, dependents lose a dependency, the run a step (the lines
-  -- _complete_task_progress runs at the same point)
-    IF pg_catalog.jsonb_typeof(v_state.output) = 'array' THEN
-      v_child_tasks := pg_catalog.jsonb_array_length(v_state.output);
-    END IF;
-
-    UPDATE pgflow.step_states AS cs
-       SET remaining_deps = cs.remaining_deps - 1,
-           initial_tasks = CASE
-             WHEN c.step_type = 'map' AND cs.initial_tasks IS NULL THEN v_child_tasks
-             ELSE cs.initial_tasks END
-      FROM pgflow.deps AS d
-      JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-     WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slug
-       AND cs.run_id = p_run_id AND cs.step_slug = d.step_slug AND cs.status = 'created';
-
-    UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = p_run_id;
-
-  IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL THEN
-    PERFORM pgflow._broadcast_step(v_state);
-  END IF;
-  PERFORM pgflow._advance_run(p_run_id);
-  RETURN v_task;
-END;
-$$;
-REVOKE ALL ON FUNCTION pgflow._complete_worker_progress(uuid, text, integer, jsonb) FROM PUBLIC;
-
--- sql/functions/runtime/_complete_worker_task.sql
--- One element of complete_tasks: complete_task without its own archive. Locks run
--- (FOR UPDATE), step state and task, handles a late report as complete_task does (the late
--- task's message is archived here, idempotently; a task stalled recovery queued again keeps it),
--- refuses a manual task (PF010), and otherwise runs _complete_worker_progress. Returns the task row
--- (nothing for an unknown run or task); the caller archives the messages of every returned task
--- that is not queued, in one helper call for the whole batch.
-CREATE OR REPLACE FUNCTION pgflow._complete_worker_task(run_id uuid, step_slug text, task_index integer, output jsonb)
-RETURNS SETOF pgflow.step_tasks
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = ''
-AS $$
-#variable_conflict use_column
-DECLARE
-  v_run pgflow.runs;
-  v_state pgflow.step_states;
-  v_task pgflow.step_tasks;
-BEGIN
-  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = _complete_worker_task.run_id FOR UPDATE;
-  IF v_run.run_id IS NULL THEN
-    RETURN;
-  END IF;
-  SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
-  WHERE ss.run_id = _complete_worker_task.run_id AND ss.step_slug = _complete_worker_task.step_slug FOR UPDATE;
-  SELECT t.* INTO v_task FROM pgflow.step_tasks AS t
-  WHERE t.run_id = _complete_worker_task.run_id AND t.step_slug = _complete_worker_task.step_slug
-    AND t.task_index = _complete_worker_task.task_index FOR UPDATE;
-  IF v_task.run_id IS NULL THEN
-    RETURN;
-  END IF;
-  IF v_task.execution_mode = 'manual' THEN
-    PERFORM pgflow._refuse_worker_report_of_manual_task('_complete_worker_task', v_task);
-  END IF;
-
-  IF v_run.status <> 'started' OR v_state.status <> 'started' OR v_task.status <> 'started' THEN
-    IF NOT (v_task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN
-      PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
-    END IF;
-    RETURN NEXT v_task;
-    RETURN;
-  END IF;
-
-  RETURN NEXT pgflow._complete_worker_progress(_complete_worker_task.run_id, _complete_worker_task.step_slug,
-                                               _complete_worker_task.task_index, _complete_worker_task.output);
-END;
-$$;
-REVOKE ALL ON FUNCTION pgflow._complete_worker_task(uuid, text, integer, jsonb) FROM PUBLIC;
-
--- sql/functions/runtime/_complete_worker_tasks.sql
--- The set-based path of complete_tasks (0014): applies a whole batch of worker completions with
--- one statement per table instead of a chain of calls per element, when that gives exactly what
--- one complete_task per element, in array order, gives. The caller (complete_tasks) has checked
--- the elements and locked their runs FOR UPDATE; the arrays are the batch in array order.
--- It applies the batch only when
---   * every element names a different run (so no element can see another's effects: each run
---     gets one task update, one step-state update, its children released once, and moves on
---     once, in array order, so messages are sent in the order the element path sends them);
---   * every element's run, step and task are started, the task is queue-backed (not manual),
---     and the step cannot raise a [TYPE_VIOLATION] (a single step with a non-array output that
---     feeds a map step);
---   * realtime.send does not exist (the element path's events interleave per element).
--- Then, under the same locks the element path takes (step state, then task, FOR UPDATE, per
--- element in array order; the rows are then addressed by their locked ctid, so no statement
--- depends on the planner's estimates): tasks completed, step states decremented and completed
--- in one UPDATE (map output in task_index order), children released, remaining_steps of the runs
--- whose step completed decremented, and those runs moved on as _advance_run moves each in array
--- order (together when their flows have no condition and no map step, below). Returns true when
--- it applied the batch; false when it applied nothing (the caller then applies the elements one
--- by one). Its only PGMQ call is the send of the runs started together; the caller archives.
-CREATE OR REPLACE FUNCTION pgflow._complete_worker_tasks(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[],
-                                                         p_outputs jsonb[])
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = ''
-AS $$
-DECLARE
-  v_ok boolean;
-  v_state_tids tid[];
-  v_task_tids tid[];
-  v_types text[];
-  v_flows text[];
+  v_realtime boolean := pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL;
+  v_written record;
+  v_done pgflow.step_states[];
   v_done_runs uuid[];
   v_cascades boolean;
   v_finished uuid[];
   v_going uuid[];
 BEGIN
-  IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL
-     OR (SELECT pg_catalog.count(DISTINCT u.run_id) FROM pg_catalog.unnest(p_run_ids) AS u (run_id))
-        <> pg_catalog.cardinality(p_run_ids) THEN
-    RETURN false;
+  IF pg_catalog.cardinality(p_run_ids) > 1
+     AND (v_realtime OR (SELECT pg_catalog.count(DISTINCT u.run_id) FROM pg_catalog.unnest(p_run_ids) AS u (run_id))
+                        <> pg_catalog.cardinality(p_run_ids)) THEN
+    RETURN NULL;
   END IF;
 
-  SELECT pg_catalog.bool_and(coalesce(
-           r.status = 'started' AND ss.status = 'started' AND t.status = 'started' AND t.execution_mode = 'queue'
-           AND NOT (s.step_type = 'single' AND pg_catalog.jsonb_typeof(k.output) IS DISTINCT FROM 'array'
-                    AND EXISTS (SELECT 1 FROM pgflow.deps AS d
-                                JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-                                WHERE d.flow_slug = s.flow_slug AND d.dep_slug = s.step_slug AND c.step_type = 'map')),
-           false)),
-         pg_catalog.array_agg(ss.ctid ORDER BY k.n),
-         pg_catalog.array_agg(t.ctid ORDER BY k.n),
-         pg_catalog.array_agg(s.step_type ORDER BY k.n),
-         pg_catalog.array_agg(r.flow_slug ORDER BY k.n)
-  INTO v_ok, v_state_tids, v_task_tids, v_types, v_flows
-  FROM ROWS FROM (pg_catalog.unnest(p_run_ids), pg_catalog.unnest(p_step_slugs), pg_catalog.unnest(p_task_indexes),
-                  pg_catalog.unnest(p_outputs)) WITH ORDINALITY AS k (run_id, step_slug, task_index, output, n)
-  -- one primary-key probe per element (LIMIT 1 keeps the planner from a join over the tables)
-  LEFT JOIN LATERAL (SELECT x.status, x.flow_slug FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r ON true
-  LEFT JOIN LATERAL (SELECT y.ctid, y.status FROM pgflow.step_states AS y
-                     WHERE y.run_id = k.run_id AND y.step_slug = k.step_slug LIMIT 1 FOR UPDATE) AS ss ON true
-  LEFT JOIN LATERAL (SELECT z.ctid, z.status, z.execution_mode FROM pgflow.step_tasks AS z
-                     WHERE z.run_id = k.run_id AND z.step_slug = k.step_slug AND z.task_index = k.task_index
-                     LIMIT 1 FOR UPDATE) AS t ON true
-  LEFT JOIN LATERAL (SELECT w.flow_slug, w.step_slug, w.step_type FROM pgflow.steps AS w
-                     WHERE w.flow_slug = r.flow_slug AND w.step_slug = k.step_slug LIMIT 1) AS s ON true;
-  IF v_ok IS NOT TRUE THEN
-    RETURN false;
+  v_written := pgflow._write_task_completions(p_run_ids, p_step_slugs, p_task_indexes, p_outputs, p_execution_mode);
+  IF v_written.type_violation IS NOT NULL THEN
+    RETURN ARRAY[pgflow._fail_started_task(p_run_ids[1], p_step_slugs[1], p_task_indexes[1], v_written.type_violation,
+                                           true, p_outputs[1])];
   END IF;
-
-  UPDATE pgflow.step_tasks AS t
-     SET status = 'completed', completed_at = GREATEST(pg_catalog.now(), t.started_at), output = u.output
-    FROM ROWS FROM (pg_catalog.unnest(v_task_tids), pg_catalog.unnest(p_outputs)) AS u (tid, output)
-   WHERE t.ctid = u.tid;
-
-  WITH done AS (
-    UPDATE pgflow.step_states AS ss
-       SET remaining_tasks = ss.remaining_tasks - 1,
-           status = CASE WHEN ss.remaining_tasks = 1 THEN 'completed' ELSE ss.status END,
-           completed_at = CASE WHEN ss.remaining_tasks = 1 THEN pg_catalog.now() ELSE ss.completed_at END,
-           output = CASE WHEN ss.remaining_tasks <> 1 THEN ss.output
-                         WHEN u.step_type = 'map' THEN
-                           -- a map step's output: its completed tasks' outputs in task_index order, [] for none
-                           coalesce((SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
-                                     FROM pgflow.step_tasks AS t
-                                     WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
-                                    '[]'::jsonb)
-                         ELSE u.output END
-      FROM ROWS FROM (pg_catalog.unnest(v_state_tids), pg_catalog.unnest(p_outputs), pg_catalog.unnest(v_types),
-                      pg_catalog.unnest(v_flows)) WITH ORDINALITY AS u (tid, output, step_type, flow_slug, n)
-     WHERE ss.ctid = u.tid
-    RETURNING ss.run_id, ss.step_slug, ss.remaining_tasks, ss.output, u.flow_slug, u.n
-  ), released AS (
-    -- the children of every step that completed (each run has one element, so one release per child)
-    UPDATE pgflow.step_states AS cs
-       SET remaining_deps = cs.remaining_deps - 1,
-           initial_tasks = CASE
-             WHEN c.step_type = 'map' AND cs.initial_tasks IS NULL
-               THEN CASE WHEN pg_catalog.jsonb_typeof(done.output) = 'array' THEN pg_catalog.jsonb_array_length(done.output) END
-             ELSE cs.initial_tasks END
-      FROM done
-      JOIN pgflow.deps AS d ON d.flow_slug = done.flow_slug AND d.dep_slug = done.step_slug
-      JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-     WHERE done.remaining_tasks = 0
-       AND cs.run_id = done.run_id AND cs.step_slug = d.step_slug AND cs.status = 'created'
-  )  -- (a data-modifying WITH runs to completion whether or not the query reads it)
-  SELECT pg_catalog.array_agg(done.run_id ORDER BY done.n) INTO v_done_runs
-  FROM done
-  WHERE done.remaining_tasks = 0;
-
-  IF v_done_runs IS NULL THEN
-    RETURN true;
+  IF v_written.tasks IS NULL THEN
+    RETURN NULL;
   END IF;
-  UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = ANY (v_done_runs);
-
-  -- Moving the runs on. When no flow of them has a condition or a map step, _advance_run would
-  -- only complete the runs with no step left and start the others' ready steps: the runs that
-  -- go on start together (_start_ready_steps_of_runs: one UPDATE, one send, one INSERT) when
-  -- their steps share a queue and a start delay. Otherwise each run moves on by itself, in array order.
+  v_done := v_written.completed_steps;
+  IF v_done IS NULL THEN
+    RETURN v_written.tasks;
+  END IF;
+  -- Moving the runs on. One run (and every run where realtime.send exists, which is then the only
+  -- one) goes through _advance_run after its step's event.
+  IF v_realtime OR pg_catalog.cardinality(v_done) = 1 THEN
+    FOR v_i IN 1 .. pg_catalog.cardinality(v_done) LOOP
+      IF v_realtime THEN
+        PERFORM pgflow._broadcast_step(v_done[v_i]);
+      END IF;
+      PERFORM pgflow._advance_run((v_done[v_i]).run_id);
+    END LOOP;
+    RETURN v_written.tasks;
+  END IF;
+  -- Several: when a flow of them has a condition or a map step, each run moves on by itself, in
+  -- array order. Otherwise _advance_run would only complete the runs with no step left and start the
+  -- others' ready steps, which can start together.
+  SELECT pg_catalog.array_agg(d.run_id ORDER BY d.ordinality) INTO v_done_runs
+  FROM pg_catalog.unnest(v_done) WITH ORDINALITY AS d;
   SELECT pg_catalog.bool_or(s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL
                             OR s.step_type = 'map'),
          pg_catalog.array_agg(DISTINCT d.run_id) FILTER (WHERE d.remaining_steps = 0)
@@ -4816,7 +4529,7 @@ BEGIN
     FOR v_i IN 1 .. pg_catalog.cardinality(v_done_runs) LOOP
       PERFORM pgflow._advance_run(v_done_runs[v_i]);
     END LOOP;
-    RETURN true;
+    RETURN v_written.tasks;
   END IF;
   -- (a run completing sends nothing, so completing them first keeps the message order)
   SELECT pg_catalog.array_agg(u.run_id ORDER BY u.n) FILTER (WHERE u.run_id = ANY (coalesce(v_finished, '{}'))),
@@ -4831,10 +4544,10 @@ BEGIN
       PERFORM pgflow.start_ready_steps(v_going[v_i]);
     END LOOP;
   END IF;
-  RETURN true;
+  RETURN v_written.tasks;
 END;
 $$;
-REVOKE ALL ON FUNCTION pgflow._complete_worker_tasks(uuid[], text[], integer[], jsonb[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgflow._complete_started_tasks(uuid[], text[], integer[], jsonb[], text) FROM PUBLIC;
 
 -- sql/functions/runtime/_fail_run.sql
 -- Fails a started run because of p_step_slug: the step becomes failed, the run failed, every
@@ -4894,18 +4607,26 @@ BEGIN
 END;
 $$;
 
--- sql/functions/runtime/_fail_task_exhausted.sql
--- The progression core of a task's final failure, shared by fail_task (worker, once no attempt is
--- left) and fail_manual_task (a manual task never retries): the caller holds the run row lock, has
--- locked the step state and task, and has checked that run, step and task are started. The task
--- fails with p_error_message and its step's when_exhausted decides:
---   fail         -> the step and the run fail; every other unfinished task is cancelled
---   skip         -> the step is skipped (handler_failed), its other tasks skipped, children released
---   skip-cascade -> the step and everything below it are skipped
--- and the run moves on (_advance_run). Messages of other tasks this cancels or skips are archived
--- by _fail_run/_skip_step/_cascade_force_skip_steps; the failing task's own message is the
--- wrapper's business (a manual task has none).
-CREATE OR REPLACE FUNCTION pgflow._fail_task_exhausted(p_run_id uuid, p_step_slug text, p_task_index integer, p_error_message text)
+-- sql/functions/runtime/_fail_started_task.sql
+-- The one way a started task fails for good, whoever reports it: fail_task once no attempt is
+-- left, fail_manual_task (a manual task never retries) and a completion whose output breaks the
+-- type rule (_complete_started_tasks: a single step's non-array output feeding a map step). The
+-- caller holds the run row lock FOR UPDATE, has locked the step state and the task, and has checked
+-- that run, step and task are started.
+-- The task fails with p_error_message; it ends no earlier than it started (a report that waited
+-- behind a newer claim of its task ends it no earlier than that claim). Then:
+--   p_type_violation   the task keeps the output it was given (p_output), for diagnosis, and the
+--                      run fails: no later step can use that output, whatever when_exhausted says;
+--   otherwise          the step's when_exhausted decides:
+--     fail             the step and the run fail; every other unfinished task is cancelled
+--     skip             the step is skipped (handler_failed), its other tasks skipped, children released
+--     skip-cascade     the step and everything below it are skipped
+--                      and the run moves on (_advance_run).
+-- Messages of other tasks this cancels or skips are archived by _fail_run, _skip_step and
+-- _cascade_force_skip_steps; the failing task's own message is its caller's (a manual task has
+-- none). Returns the failed task row.
+CREATE OR REPLACE FUNCTION pgflow._fail_started_task(p_run_id uuid, p_step_slug text, p_task_index integer,
+                                                     p_error_message text, p_type_violation boolean, p_output jsonb)
 RETURNS pgflow.step_tasks
 LANGUAGE plpgsql
 VOLATILE
@@ -4913,15 +4634,18 @@ SET search_path = ''
 AS $$
 DECLARE
   v_task pgflow.step_tasks;
-  v_when_exhausted text;
+  v_when_exhausted text := 'fail';
 BEGIN
-  SELECT s.when_exhausted INTO v_when_exhausted
-  FROM pgflow.runs AS r
-  JOIN pgflow.steps AS s ON s.flow_slug = r.flow_slug AND s.step_slug = p_step_slug
-  WHERE r.run_id = p_run_id;
+  IF NOT p_type_violation THEN
+    SELECT s.when_exhausted INTO v_when_exhausted
+    FROM pgflow.runs AS r
+    JOIN pgflow.steps AS s ON s.flow_slug = r.flow_slug AND s.step_slug = p_step_slug
+    WHERE r.run_id = p_run_id;
+  END IF;
 
   UPDATE pgflow.step_tasks AS t
-     SET status = 'failed', failed_at = GREATEST(pg_catalog.now(), t.started_at), error_message = p_error_message
+     SET status = 'failed', failed_at = GREATEST(pg_catalog.now(), t.started_at), error_message = p_error_message,
+         output = CASE WHEN p_type_violation THEN p_output ELSE t.output END
    WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index
   RETURNING t.* INTO v_task;
 
@@ -4940,7 +4664,7 @@ BEGIN
   RETURN v_task;
 END;
 $$;
-REVOKE ALL ON FUNCTION pgflow._fail_task_exhausted(uuid, text, integer, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgflow._fail_started_task(uuid, text, integer, text, boolean, jsonb) FROM PUBLIC;
 
 -- sql/functions/runtime/_forbid_execution_mode_change.sql
 -- step_tasks.execution_mode is an immutable snapshot, like queue_name: a manual task never becomes
@@ -5066,24 +4790,88 @@ END;
 $$;
 REVOKE ALL ON FUNCTION pgflow._lock_manual_task(text, uuid, text, integer, text, jsonb, text) FROM PUBLIC;
 
--- sql/functions/runtime/_refuse_worker_report_of_manual_task.sql
--- Worker completion and failure (complete_task, fail_task) refuse a manual task: no worker ever
--- claimed it, so a worker report for it is a bug or a forgery. Raises PF010 (execution mode does
--- not match the entry point) naming the task and the manual entry points; never returns.
-CREATE OR REPLACE FUNCTION pgflow._refuse_worker_report_of_manual_task(p_function text, p_task pgflow.step_tasks)
+-- sql/functions/runtime/_lock_worker_task.sql
+-- What every worker report (complete_task, fail_task, each element of complete_tasks) does before
+-- it records anything: it locks the run row FOR UPDATE, then the step state, then the task (the
+-- runtime's lock order: a report serialises with claims and with other reports of the run), and
+-- decides whether the report still counts. A worker report may arrive late or twice, so only a
+-- task that is started in a started step of a started run takes it.
+-- p_function names the entry point in the error it raises.
+-- Returns (task, started):
+--   task NULL                  no such run or task: the caller returns nothing;
+--   started false              a late report (the run or step is no longer started, or the task is
+--                              not started): nothing changes and the task's message is archived
+--                              here, idempotently, unless stalled recovery queued the task again in
+--                              a run and step that go on (the next claim needs that message); the
+--                              caller returns the task as it is;
+--   started true               the caller records the report.
+-- Raises PF010 for a manual task, whatever its state: no worker ever claimed it, so a worker report
+-- of it is a bug or a forgery.
+CREATE OR REPLACE FUNCTION pgflow._lock_worker_task(p_function text, p_run_id uuid, p_step_slug text, p_task_index integer,
+                                                    OUT task pgflow.step_tasks, OUT started boolean)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_run pgflow.runs;
+  v_state pgflow.step_states;
+BEGIN
+  started := false;
+  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = p_run_id FOR UPDATE;
+  IF v_run.run_id IS NULL THEN
+    RETURN;
+  END IF;
+  SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
+  WHERE ss.run_id = p_run_id AND ss.step_slug = p_step_slug FOR UPDATE;
+  SELECT t.* INTO task FROM pgflow.step_tasks AS t
+  WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index FOR UPDATE;
+  IF task.run_id IS NULL THEN
+    RETURN;
+  END IF;
+  IF task.execution_mode = 'manual' THEN
+    RAISE EXCEPTION '%(): task %/%/% is a manual task (no queue, no worker); a worker cannot report it',
+      p_function, task.run_id, task.step_slug, task.task_index
+      USING ERRCODE = 'PF010',
+            HINT = 'trusted server code completes it with pgflow.complete_manual_task() or pgflow.fail_manual_task()';
+  END IF;
+
+  started := v_run.status = 'started' AND v_state.status = 'started' AND task.status = 'started';
+  IF NOT started AND NOT (task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN
+    PERFORM pgflow._archive_task_messages(ARRAY[task.run_id], ARRAY[task.step_slug], ARRAY[task.task_index]);
+  END IF;
+END;
+$$;
+REVOKE ALL ON FUNCTION pgflow._lock_worker_task(text, uuid, text, integer) FROM PUBLIC;
+
+-- sql/functions/runtime/_raise_task_report_error.sql
+-- Raises the error of one element of a batch report (complete_tasks, fail_tasks) as the single
+-- call raised it, so a caller handles a batch's errors as the single call's: the same SQLSTATE,
+-- detail and hint; the message prefixed "<p_function>(): element <p_element>: " (p_element: the
+-- 0-based index of the element being applied; NULL: the batch's closing archive call) and ending
+-- "; nothing was applied" (the whole call rolls back). Never returns.
+CREATE OR REPLACE FUNCTION pgflow._raise_task_report_error(p_function text, p_element integer, p_sqlstate text,
+                                                           p_message text, p_detail text, p_hint text)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = ''
 AS $$
+DECLARE
+  v_message text := pg_catalog.format('%s(): %s%s; nothing was applied', p_function,
+                                      coalesce('element ' || p_element || ': ', 'archiving the messages: '), p_message);
 BEGIN
-  RAISE EXCEPTION '%(): task %/%/% is a manual task (no queue, no worker); a worker cannot report it',
-    p_function, p_task.run_id, p_task.step_slug, p_task.task_index
-    USING ERRCODE = 'PF010',
-          HINT = 'trusted server code completes it with pgflow.complete_manual_task() or pgflow.fail_manual_task()';
+  IF p_detail <> '' AND p_hint <> '' THEN
+    RAISE EXCEPTION USING ERRCODE = p_sqlstate, MESSAGE = v_message, DETAIL = p_detail, HINT = p_hint;
+  ELSIF p_detail <> '' THEN
+    RAISE EXCEPTION USING ERRCODE = p_sqlstate, MESSAGE = v_message, DETAIL = p_detail;
+  ELSIF p_hint <> '' THEN
+    RAISE EXCEPTION USING ERRCODE = p_sqlstate, MESSAGE = v_message, HINT = p_hint;
+  END IF;
+  RAISE EXCEPTION USING ERRCODE = p_sqlstate, MESSAGE = v_message;
 END;
 $$;
-REVOKE ALL ON FUNCTION pgflow._refuse_worker_report_of_manual_task(text, pgflow.step_tasks) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgflow._raise_task_report_error(text, integer, text, text, text, text) FROM PUBLIC;
 
 -- sql/functions/runtime/_release_children_of_skipped.sql
 -- Releases the children of a step that just finished without producing tasks for them to wait
@@ -5179,7 +4967,7 @@ $$;
 REVOKE ALL ON FUNCTION pgflow._start_manual_tasks(uuid, text) FROM PUBLIC;
 
 -- sql/functions/runtime/_start_ready_steps_of_runs.sql
--- The ready steps of several runs at once (0014: complete_tasks' set-based pass, start_flows): what
+-- The ready steps of several runs at once (complete_tasks' set-based pass, start_flows): what
 -- start_ready_steps(run_id) for each run of run_ids, in array order, does, when every step that
 -- starts is queue-backed and all of them send to one queue with one start delay and realtime.send
 -- does not exist. Then the step states are started with one UPDATE and every task's message goes
@@ -5252,7 +5040,7 @@ $$;
 REVOKE ALL ON FUNCTION pgflow._start_ready_steps_of_runs(uuid[]) FROM PUBLIC;
 
 -- sql/functions/runtime/_start_runs.sql
--- The core of start_flow and start_flows (0010): starts one run per element of p_inputs (a JSON
+-- The core of start_flow and start_flows: starts one run per element of p_inputs (a JSON
 -- array of run inputs), created in array order; p_run_id, when given, is the first run's id.
 -- p_function names the entry point in errors; start_flows' per-element errors name the element's
 -- 0-based index. Under the flow advisory lock in shared mode (no run starts while its flow is
@@ -5375,6 +5163,207 @@ BEGIN
 END;
 $$;
 REVOKE ALL ON FUNCTION pgflow._start_runs(text, text, jsonb, uuid) FROM PUBLIC;
+
+-- sql/functions/runtime/_task_report_elements.sql
+-- The elements of a batch report (complete_tasks, fail_tasks), checked before anything is applied,
+-- with their runs locked: p_tasks must be a JSON array of objects with "run_id" (a UUID string),
+-- "step_slug" (a string), "task_index" (an integer) and p_value_key ('output': any JSON;
+-- 'error_message': a string or null). p_function names the entry point in the errors. Then every
+-- run the batch names is locked FOR UPDATE in run_id order, before any element is applied: the
+-- lock order of claims, so two batches (or a batch and a claim) whose runs overlap take turns and
+-- never deadlock.
+-- Returns the elements as arrays in array order (all NULL for an empty array); the values stay
+-- JSON (an error message is read from it with #>> '{}').
+-- Raises 22023 when p_tasks is not an array, or naming the 0-based index of the first element that
+-- is not such an object: "<p_function>(): element <i>: ...; nothing was applied".
+CREATE OR REPLACE FUNCTION pgflow._task_report_elements(p_function text, p_tasks jsonb, p_value_key text,
+                                                        OUT run_ids uuid[], OUT step_slugs text[],
+                                                        OUT task_indexes integer[], OUT reported jsonb[])
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_bad bigint;
+  v_problem text;
+BEGIN
+  IF pg_catalog.jsonb_typeof(p_tasks) IS DISTINCT FROM 'array' THEN
+    RAISE EXCEPTION '%(): tasks must be a JSON array of {"run_id", "step_slug", "task_index", "%"} objects, not %',
+      p_function, p_value_key, coalesce(pg_catalog.jsonb_typeof(p_tasks), 'NULL')
+      USING ERRCODE = '22023';
+  END IF;
+
+  SELECT x.n - 1, x.problem INTO v_bad, v_problem
+  FROM (
+    SELECT e.n, CASE
+             WHEN pg_catalog.jsonb_typeof(e.task) <> 'object' THEN 'is not a JSON object'
+             WHEN NOT e.task ?& ARRAY['run_id', 'step_slug', 'task_index', p_value_key]
+               THEN pg_catalog.format('lacks a key: it needs run_id, step_slug, task_index and %s', p_value_key)
+             WHEN pg_catalog.jsonb_typeof(e.task -> 'run_id') <> 'string'
+                  OR (e.task ->> 'run_id') !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+               THEN 'run_id is not a UUID string'
+             WHEN pg_catalog.jsonb_typeof(e.task -> 'step_slug') <> 'string' THEN 'step_slug is not a string'
+             WHEN pg_catalog.jsonb_typeof(e.task -> 'task_index') <> 'number'
+                  OR (e.task ->> 'task_index') !~ '^-?[0-9]{1,10}$'
+               THEN 'task_index is not an integer'
+             WHEN (e.task ->> 'task_index')::bigint NOT BETWEEN -2147483648 AND 2147483647
+               THEN 'task_index is out of range'
+             WHEN p_value_key = 'error_message' AND pg_catalog.jsonb_typeof(e.task -> 'error_message') NOT IN ('string', 'null')
+               THEN 'error_message is not a string or null'
+           END AS problem
+    FROM pg_catalog.jsonb_array_elements(p_tasks) WITH ORDINALITY AS e (task, n)
+  ) AS x
+  WHERE x.problem IS NOT NULL
+  ORDER BY x.n
+  LIMIT 1;
+  IF v_bad IS NOT NULL THEN
+    RAISE EXCEPTION '%(): element %: %; nothing was applied', p_function, v_bad, v_problem
+      USING ERRCODE = '22023';
+  END IF;
+
+  SELECT pg_catalog.array_agg((e.task ->> 'run_id')::uuid ORDER BY e.n),
+         pg_catalog.array_agg(e.task ->> 'step_slug' ORDER BY e.n),
+         pg_catalog.array_agg((e.task ->> 'task_index')::integer ORDER BY e.n),
+         pg_catalog.array_agg(e.task -> p_value_key ORDER BY e.n)
+  INTO run_ids, step_slugs, task_indexes, reported
+  FROM pg_catalog.jsonb_array_elements(p_tasks) WITH ORDINALITY AS e (task, n);
+
+  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (run_ids) ORDER BY r.run_id FOR UPDATE;
+END;
+$$;
+REVOKE ALL ON FUNCTION pgflow._task_report_elements(text, jsonb, text) FROM PUBLIC;
+
+-- sql/functions/runtime/_write_task_completions.sql
+-- The writes of _complete_started_tasks, the one way started tasks complete: it decides whether
+-- the elements can be applied and records them, set-wise (one statement per table whatever the
+-- number of elements); its caller fails a [TYPE_VIOLATION] and moves the runs on.
+-- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
+-- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
+-- lock FOR UPDATE and has checked that the elements name different runs. This function locks each
+-- element's step state and then its task FOR UPDATE, element after element in array order (a
+-- caller that locked them already holds them), and then:
+--   * writes nothing and returns no tasks when an element's run, step or task is not started or
+--     the task has another execution mode, or when one of several elements would raise a
+--     [TYPE_VIOLATION] (a single step's output that is not an array, feeding a map step);
+--   * writes nothing and returns the [TYPE_VIOLATION] error in type_violation for one such element;
+--   * otherwise completes every task, no earlier than it started (a report that waited behind a
+--     newer claim of its task ends it no earlier than that claim); counts each step state down and,
+--     on its last task, completes it in the same UPDATE (a map step's output: its tasks' outputs in
+--     task_index order, [] for none), one row version per step state (PostgreSQL checks a row's
+--     foreign keys again on every further update of a row the transaction already changed);
+--     releases the children of every step that completed (a map child of it learns its size) and
+--     takes that step off its run's remaining_steps. Returns the tasks in array order and the step
+--     states that completed, in array order.
+-- Every statement is planned once per session and reaches each row by key or by the ctid its lock
+-- returned, never by a scan or a hash of a table (the settings below): a generic plan made while a
+-- table was small would otherwise keep scanning it as it grows.
+CREATE OR REPLACE FUNCTION pgflow._write_task_completions(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[],
+                                                          p_outputs jsonb[], p_execution_mode text,
+                                                          OUT tasks pgflow.step_tasks[], OUT completed_steps pgflow.step_states[],
+                                                          OUT type_violation text)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+  v_ok boolean;
+  v_violation boolean;
+  v_state_tids tid[];
+  v_task_tids tid[];
+  v_types text[];
+  v_flows text[];
+  v_done_runs uuid[];
+BEGIN
+  SELECT pg_catalog.bool_and(coalesce(r.status = 'started' AND ss.status = 'started' AND t.status = 'started'
+                                      AND t.execution_mode = p_execution_mode, false)),
+         pg_catalog.bool_or(s.step_type = 'single' AND pg_catalog.jsonb_typeof(k.output) IS DISTINCT FROM 'array'
+                            AND EXISTS (SELECT 1 FROM pgflow.deps AS d
+                                        JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
+                                        WHERE d.flow_slug = s.flow_slug AND d.dep_slug = s.step_slug AND c.step_type = 'map')),
+         pg_catalog.array_agg(ss.ctid ORDER BY k.n),
+         pg_catalog.array_agg(t.ctid ORDER BY k.n),
+         pg_catalog.array_agg(s.step_type ORDER BY k.n),
+         pg_catalog.array_agg(r.flow_slug ORDER BY k.n)
+  INTO v_ok, v_violation, v_state_tids, v_task_tids, v_types, v_flows
+  FROM ROWS FROM (pg_catalog.unnest(p_run_ids), pg_catalog.unnest(p_step_slugs), pg_catalog.unnest(p_task_indexes),
+                  pg_catalog.unnest(p_outputs)) WITH ORDINALITY AS k (run_id, step_slug, task_index, output, n)
+  -- one primary-key probe per element (LIMIT 1 keeps the planner from a join over the tables)
+  LEFT JOIN LATERAL (SELECT x.status, x.flow_slug FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r ON true
+  LEFT JOIN LATERAL (SELECT y.ctid, y.status FROM pgflow.step_states AS y
+                     WHERE y.run_id = k.run_id AND y.step_slug = k.step_slug LIMIT 1 FOR UPDATE) AS ss ON true
+  LEFT JOIN LATERAL (SELECT z.ctid, z.status, z.execution_mode FROM pgflow.step_tasks AS z
+                     WHERE z.run_id = k.run_id AND z.step_slug = k.step_slug AND z.task_index = k.task_index
+                     LIMIT 1 FOR UPDATE) AS t ON true
+  LEFT JOIN LATERAL (SELECT w.flow_slug, w.step_slug, w.step_type FROM pgflow.steps AS w
+                     WHERE w.flow_slug = r.flow_slug AND w.step_slug = k.step_slug LIMIT 1) AS s ON true;
+  IF v_ok IS NOT TRUE OR (v_violation AND pg_catalog.cardinality(p_run_ids) > 1) THEN
+    RETURN;
+  END IF;
+  IF v_violation THEN
+    SELECT pg_catalog.format('[TYPE_VIOLATION] step "%s" returned %s, but map step(s) %s need a JSON array from it',
+                             p_step_slugs[1],
+                             coalesce(pg_catalog.jsonb_typeof(p_outputs[1]), 'no output'),
+                             pg_catalog.string_agg('"' || d.step_slug || '"', ', ' ORDER BY d.step_slug))
+    INTO type_violation
+    FROM pgflow.deps AS d
+    JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
+    WHERE d.flow_slug = v_flows[1] AND d.dep_slug = p_step_slugs[1] AND c.step_type = 'map';
+    RETURN;
+  END IF;
+
+  WITH completed AS (
+    UPDATE pgflow.step_tasks AS t
+       SET status = 'completed', completed_at = GREATEST(pg_catalog.now(), t.started_at), output = u.output
+      FROM ROWS FROM (pg_catalog.unnest(v_task_tids), pg_catalog.unnest(p_outputs)) WITH ORDINALITY AS u (tid, output, n)
+     WHERE t.ctid = u.tid
+    RETURNING t AS task, u.n
+  )
+  SELECT pg_catalog.array_agg(c.task ORDER BY c.n) INTO tasks FROM completed AS c;
+
+  WITH counted AS (
+    UPDATE pgflow.step_states AS ss
+       SET remaining_tasks = ss.remaining_tasks - 1,
+           status = CASE WHEN ss.remaining_tasks = 1 THEN 'completed' ELSE ss.status END,
+           completed_at = CASE WHEN ss.remaining_tasks = 1 THEN pg_catalog.now() ELSE ss.completed_at END,
+           output = CASE WHEN ss.remaining_tasks <> 1 THEN ss.output
+                         WHEN u.step_type = 'map' THEN
+                           coalesce((SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
+                                     FROM pgflow.step_tasks AS t
+                                     WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
+                                    '[]'::jsonb)
+                         ELSE u.output END
+      FROM ROWS FROM (pg_catalog.unnest(v_state_tids), pg_catalog.unnest(p_outputs), pg_catalog.unnest(v_types),
+                      pg_catalog.unnest(v_flows)) WITH ORDINALITY AS u (tid, output, step_type, flow_slug, n)
+     WHERE ss.ctid = u.tid
+    RETURNING ss AS state, ss.run_id, ss.step_slug, ss.remaining_tasks, ss.output, u.flow_slug, u.n
+  ), released AS (
+    UPDATE pgflow.step_states AS cs
+       SET remaining_deps = cs.remaining_deps - 1,
+           initial_tasks = CASE
+             WHEN c.step_type = 'map' AND cs.initial_tasks IS NULL
+               THEN CASE WHEN pg_catalog.jsonb_typeof(done.output) = 'array' THEN pg_catalog.jsonb_array_length(done.output) END
+             ELSE cs.initial_tasks END
+      FROM counted AS done
+      JOIN pgflow.deps AS d ON d.flow_slug = done.flow_slug AND d.dep_slug = done.step_slug
+      JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
+     WHERE done.remaining_tasks = 0
+       AND cs.run_id = done.run_id AND cs.step_slug = d.step_slug AND cs.status = 'created'
+  )  -- (a data-modifying WITH runs to completion whether or not the query reads it)
+  SELECT pg_catalog.array_agg(done.state ORDER BY done.n), pg_catalog.array_agg(done.run_id ORDER BY done.n)
+  INTO completed_steps, v_done_runs
+  FROM counted AS done
+  WHERE done.remaining_tasks = 0;
+
+  IF v_done_runs IS NOT NULL THEN
+    UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = ANY (v_done_runs);
+  END IF;
+END;
+$$;
+REVOKE ALL ON FUNCTION pgflow._write_task_completions(uuid[], text[], integer[], jsonb[], text) FROM PUBLIC;
 
 -- sql/functions/runtime/calculate_retry_delay.sql
 -- Delay before the next attempt. attempts_count has already been incremented by the claim, so
@@ -5537,9 +5526,10 @@ $$;
 -- commit or roll back together. Addressed by run id, step slug and task index (0 for a single
 -- step, the item index of a map step). output: the task's JSON output (SQL NULL is stored as JSON
 -- null); a single step that feeds a map step must return an array.
--- Locks run -> step state -> task (_lock_manual_task), then runs the same progression core as a
--- worker's completion (_complete_task_progress: map aggregation in task_index order, children
--- released, conditions, taskless cascades, run completion). No PGMQ call for this task.
+-- Locks run -> step state -> task (_lock_manual_task), then completes the task the one way every
+-- task completes (_complete_started_tasks: map aggregation in task_index order, children released,
+-- conditions, taskless cascades, run completion; a [TYPE_VIOLATION] fails the run). No PGMQ call
+-- for this task.
 -- Returns the task row. Repeating the same completion returns the stored row and progresses
 -- nothing; errors PF009 not found, PF010 not manual, PF011 not active, PF012 conflict
 -- (docs/manual-tasks.md). SECURITY INVOKER: the caller needs the grants of docs/permissions.md.
@@ -5560,19 +5550,22 @@ BEGIN
   IF v_task.status <> 'started' THEN
     RETURN v_task;
   END IF;
-  RETURN pgflow._complete_task_progress(complete_manual_task.run_id, complete_manual_task.step_slug,
-                                        complete_manual_task.task_index, v_output);
+  RETURN (pgflow._complete_started_tasks(ARRAY[complete_manual_task.run_id], ARRAY[complete_manual_task.step_slug],
+                                         ARRAY[complete_manual_task.task_index], ARRAY[v_output], 'manual'))[1];
 END;
 $$;
 REVOKE ALL ON FUNCTION pgflow.complete_manual_task(uuid, text, integer, jsonb) FROM PUBLIC;
 
 -- sql/functions/runtime/complete_task.sql
--- Records a worker task's success. A late call (run or step no longer started, task terminal)
--- changes nothing and archives the task's message idempotently; a queued task (requeued by stalled
--- recovery) is left alone with its message; a manual task is refused (PF010). Otherwise the
--- worker progression _complete_worker_progress runs (0013; task and step completion, map aggregation in
--- task_index order, children released, the run moves on; [TYPE_VIOLATION] for a non-array feeding
--- a map step) and the task's message is archived.
+-- Records a worker task's success: output is what the handler returned (a single step that feeds a
+-- map step must return an array). A report may come late or twice: a late call (run or step no
+-- longer started, task terminal) changes nothing and archives the task's message idempotently; a
+-- queued task (stalled recovery queued it again) is left alone with its message, for its next
+-- claim; an unknown run or task returns nothing; a manual task is refused (PF010)
+-- (_lock_worker_task). Otherwise the task completes through _complete_started_tasks (step
+-- completion, map outputs in task_index order, children released, the run moves on; a
+-- [TYPE_VIOLATION] fails the run) and its message is archived. Returns the task row.
+-- Locks: the run FOR UPDATE, then its step state and the task (docs/runtime.md "Lock order").
 CREATE OR REPLACE FUNCTION pgflow.complete_task(run_id uuid, step_slug text, task_index integer, output jsonb)
 RETURNS SETOF pgflow.step_tasks
 LANGUAGE plpgsql
@@ -5581,54 +5574,45 @@ SET search_path = ''
 AS $$
 #variable_conflict use_column
 DECLARE
-  v_run pgflow.runs;
-  v_state pgflow.step_states;
   v_task pgflow.step_tasks;
+  v_report record;
 BEGIN
-  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = complete_task.run_id FOR UPDATE;
-  IF v_run.run_id IS NULL THEN
-    RETURN;
-  END IF;
-  SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
-  WHERE ss.run_id = complete_task.run_id AND ss.step_slug = complete_task.step_slug FOR UPDATE;
-  SELECT t.* INTO v_task FROM pgflow.step_tasks AS t
-  WHERE t.run_id = complete_task.run_id AND t.step_slug = complete_task.step_slug
-    AND t.task_index = complete_task.task_index FOR UPDATE;
+  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = complete_task.run_id FOR UPDATE;
+  -- a started task completes; anything else is a report that no longer (or never) counts
+  v_task := (pgflow._complete_started_tasks(ARRAY[complete_task.run_id], ARRAY[complete_task.step_slug],
+                                            ARRAY[complete_task.task_index], ARRAY[complete_task.output], 'queue'))[1];
   IF v_task.run_id IS NULL THEN
-    RETURN;
-  END IF;
-  IF v_task.execution_mode = 'manual' THEN
-    PERFORM pgflow._refuse_worker_report_of_manual_task('complete_task', v_task);
-  END IF;
-
-  IF v_run.status <> 'started' OR v_state.status <> 'started' OR v_task.status <> 'started' THEN
-    IF NOT (v_task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN
-      PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
+    v_report := pgflow._lock_worker_task('complete_task', complete_task.run_id, complete_task.step_slug,
+                                         complete_task.task_index);
+    v_task := v_report.task;
+    IF v_task.run_id IS NOT NULL THEN
+      RETURN NEXT v_task;  -- late: its message is archived unless the task was queued again
     END IF;
-    RETURN NEXT v_task;
     RETURN;
   END IF;
-
-  v_task := pgflow._complete_worker_progress(complete_task.run_id, complete_task.step_slug, complete_task.task_index,
-                                             complete_task.output);
-
-  PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
+  PERFORM pgflow._archive_task_messages(ARRAY[complete_task.run_id], ARRAY[complete_task.step_slug],
+                                        ARRAY[complete_task.task_index]);
   RETURN NEXT v_task;
 END;
 $$;
 
 -- sql/functions/runtime/complete_tasks.sql
--- Completes many worker tasks in one call (0010). tasks: a JSON array of {"run_id": uuid text,
+-- Completes many worker tasks in one call. tasks: a JSON array of {"run_id": uuid text,
 -- "step_slug": text, "task_index": integer, "output": any JSON} objects. The same per-task
 -- semantics, checks and errors as one complete_task per element in array order, in the caller's
 -- transaction (docs/runtime.md "Batch reports"):
 --   * every element is checked first; a malformed one raises 22023 naming its 0-based index;
---   * every named run is locked FOR UPDATE in run_id order before any element is applied, so two
---     batch callers (and a batch and a claim, which locks its runs in the same order) never
---     deadlock; each element then locks its step state and task as the single call does;
+--   * every named run is locked FOR UPDATE in run_id order before any element is applied
+--     (_task_report_elements), so two batch callers (and a batch and a claim, which locks its runs
+--     in the same order) never deadlock; then the elements' step states and tasks, in array order;
 --   * an element's error (PF010 for a manual task, ...) is raised with the single call's SQLSTATE,
 --     detail and hint, the message prefixed "complete_tasks(): element <index>: "; the whole call
 --     rolls back and nothing of the batch is applied;
+--   * a batch of independent completions (different runs, all started, no [TYPE_VIOLATION], no
+--     realtime.send: _complete_started_tasks decides) is applied set-wise, one statement per table;
+--     any other batch goes element by element, each element as complete_task applies it; so does a
+--     batch whose set-wise pass raised (the pass is undone and the element raises its error again,
+--     naming itself), except a deadlock or lock timeout, which is the caller's to retry;
 --   * the messages of the tasks it finishes are archived at the end, in one helper call (one
 --     pgmq.archive per queue); a late report's message is archived as complete_task does.
 -- Returns the task rows in array order (an unknown run or task returns nothing, as the single call).
@@ -5639,16 +5623,13 @@ VOLATILE
 SET search_path = ''
 AS $$
 DECLARE
-  v_kind text := 'complete';
-  v_function text := 'complete_tasks';
-  v_value_key text := CASE v_kind WHEN 'complete' THEN 'output' ELSE 'error_message' END;
-  v_bad bigint;
-  v_problem text;
   v_runs uuid[];
   v_steps text[];
   v_indexes integer[];
-  v_values jsonb[];
+  v_outputs jsonb[];
+  v_tasks pgflow.step_tasks[];
   v_at integer;  -- the element being applied (a FOR loop's own variable is not visible in the handler)
+  v_report record;
   v_task pgflow.step_tasks;
   v_archive_runs uuid[] := '{}';
   v_archive_steps text[] := '{}';
@@ -5657,102 +5638,50 @@ DECLARE
   v_message text;
   v_detail text;
   v_hint text;
-  v_batched boolean := false;
 BEGIN
-  IF pg_catalog.jsonb_typeof(complete_tasks.tasks) IS DISTINCT FROM 'array' THEN
-    RAISE EXCEPTION '%(): tasks must be a JSON array of {"run_id", "step_slug", "task_index", "%"} objects, not %',
-      v_function, v_value_key, coalesce(pg_catalog.jsonb_typeof(complete_tasks.tasks), 'NULL')
-      USING ERRCODE = '22023';
-  END IF;
-
-  SELECT x.n - 1, x.problem INTO v_bad, v_problem
-  FROM (
-    SELECT e.n, CASE
-             WHEN pg_catalog.jsonb_typeof(e.task) <> 'object' THEN 'is not a JSON object'
-             WHEN NOT e.task ?& ARRAY['run_id', 'step_slug', 'task_index', v_value_key]
-               THEN pg_catalog.format('lacks a key: it needs run_id, step_slug, task_index and %s', v_value_key)
-             WHEN pg_catalog.jsonb_typeof(e.task -> 'run_id') <> 'string'
-                  OR (e.task ->> 'run_id') !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-               THEN 'run_id is not a UUID string'
-             WHEN pg_catalog.jsonb_typeof(e.task -> 'step_slug') <> 'string' THEN 'step_slug is not a string'
-             WHEN pg_catalog.jsonb_typeof(e.task -> 'task_index') <> 'number'
-                  OR (e.task ->> 'task_index') !~ '^-?[0-9]{1,10}$'
-               THEN 'task_index is not an integer'
-             WHEN (e.task ->> 'task_index')::bigint NOT BETWEEN -2147483648 AND 2147483647
-               THEN 'task_index is out of range'
-             WHEN v_kind = 'fail' AND pg_catalog.jsonb_typeof(e.task -> 'error_message') NOT IN ('string', 'null')
-               THEN 'error_message is not a string or null'
-           END AS problem
-    FROM pg_catalog.jsonb_array_elements(complete_tasks.tasks) WITH ORDINALITY AS e (task, n)
-  ) AS x
-  WHERE x.problem IS NOT NULL
-  ORDER BY x.n
-  LIMIT 1;
-  IF v_bad IS NOT NULL THEN
-    RAISE EXCEPTION '%(): element %: %; nothing was applied', v_function, v_bad, v_problem
-      USING ERRCODE = '22023';
-  END IF;
-
-  SELECT pg_catalog.array_agg((e.task ->> 'run_id')::uuid ORDER BY e.n),
-         pg_catalog.array_agg(e.task ->> 'step_slug' ORDER BY e.n),
-         pg_catalog.array_agg((e.task ->> 'task_index')::integer ORDER BY e.n),
-         pg_catalog.array_agg(e.task -> v_value_key ORDER BY e.n)
-  INTO v_runs, v_steps, v_indexes, v_values
-  FROM pg_catalog.jsonb_array_elements(complete_tasks.tasks) WITH ORDINALITY AS e (task, n);
+  SELECT e.run_ids, e.step_slugs, e.task_indexes, e.reported INTO v_runs, v_steps, v_indexes, v_outputs
+  FROM pgflow._task_report_elements('complete_tasks', complete_tasks.tasks, 'output') AS e;
   IF v_runs IS NULL THEN
     RETURN;
   END IF;
 
-  -- Every run of the batch, in run_id order, before any element: the lock order of claims.
-  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (v_runs) ORDER BY r.run_id FOR UPDATE;
-
-  IF v_kind = 'complete' THEN
-    -- completions that need no element-by-element handling go through in one set-based pass (0014)
-    BEGIN
-      v_batched := pgflow._complete_worker_tasks(v_runs, v_steps, v_indexes, v_values);
-    EXCEPTION WHEN OTHERS THEN
-      GET STACKED DIAGNOSTICS v_sqlstate = RETURNED_SQLSTATE;
-      IF v_sqlstate IN ('40001', '40P01', '55P03') THEN
-        RAISE;  -- a deadlock or lock timeout is the caller's to retry, as in the element path
-      END IF;
-      -- anything else is undone; the element path below raises it again, naming its element
-      v_batched := false;
-    END;
-  END IF;
+  BEGIN
+    v_tasks := pgflow._complete_started_tasks(v_runs, v_steps, v_indexes, v_outputs, 'queue');
+  EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS v_sqlstate = RETURNED_SQLSTATE;
+    IF v_sqlstate IN ('40001', '40P01', '55P03') THEN
+      RAISE;  -- a deadlock or lock timeout is the caller's to retry, as in the element path
+    END IF;
+    -- anything else is undone; the element path below raises it again, naming its element
+    v_tasks := NULL;
+  END;
 
   BEGIN
-    IF v_batched THEN
-      RETURN QUERY
-      SELECT t.*
-      FROM ROWS FROM (pg_catalog.unnest(v_runs), pg_catalog.unnest(v_steps), pg_catalog.unnest(v_indexes))
-             WITH ORDINALITY AS k (run_id, step_slug, task_index, n)
-      CROSS JOIN LATERAL (
-        SELECT x.* FROM pgflow.step_tasks AS x
-        WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug AND x.task_index = k.task_index
-        LIMIT 1  -- the primary key
-      ) AS t
-      ORDER BY k.n;
+    IF v_tasks IS NOT NULL THEN
+      RETURN QUERY SELECT * FROM pg_catalog.unnest(v_tasks);
       v_archive_runs := v_runs;
       v_archive_steps := v_steps;
       v_archive_indexes := v_indexes;
-      v_runs := '{}';  -- nothing left for the element loop
+    ELSE
+      FOR v_i IN 1 .. pg_catalog.cardinality(v_runs) LOOP
+        v_at := v_i;
+        -- as complete_task: a started task completes, any other report goes to _lock_worker_task
+        v_task := (pgflow._complete_started_tasks(ARRAY[v_runs[v_i]], ARRAY[v_steps[v_i]], ARRAY[v_indexes[v_i]],
+                                                  ARRAY[v_outputs[v_i]], 'queue'))[1];
+        IF v_task.run_id IS NULL THEN
+          v_report := pgflow._lock_worker_task('complete_task', v_runs[v_i], v_steps[v_i], v_indexes[v_i]);
+          v_task := v_report.task;
+          CONTINUE WHEN v_task.run_id IS NULL;
+        END IF;
+        RETURN NEXT v_task;
+        -- a finished (or late) completion's message; a queued task keeps its message
+        IF v_task.status <> 'queued' THEN
+          v_archive_runs := v_archive_runs || v_task.run_id;
+          v_archive_steps := v_archive_steps || v_task.step_slug;
+          v_archive_indexes := v_archive_indexes || v_task.task_index;
+        END IF;
+      END LOOP;
     END IF;
-    FOR v_i IN 1 .. pg_catalog.cardinality(v_runs) LOOP
-      v_at := v_i;
-      IF v_kind = 'complete' THEN
-        SELECT * INTO v_task FROM pgflow._complete_worker_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_values[v_i]);
-      ELSE
-        SELECT * INTO v_task FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_values[v_i] #>> '{}');
-      END IF;
-      CONTINUE WHEN NOT FOUND;
-      RETURN NEXT v_task;
-      -- a finished (or late) completion's message; a queued task keeps its message
-      IF v_kind = 'complete' AND v_task.status <> 'queued' THEN
-        v_archive_runs := v_archive_runs || v_task.run_id;
-        v_archive_steps := v_archive_steps || v_task.step_slug;
-        v_archive_indexes := v_archive_indexes || v_task.task_index;
-      END IF;
-    END LOOP;
     v_at := NULL;
     IF pg_catalog.cardinality(v_archive_runs) > 0 THEN
       PERFORM pgflow._archive_task_messages(v_archive_runs, v_archive_steps, v_archive_indexes);
@@ -5760,18 +5689,7 @@ BEGIN
   EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS v_sqlstate = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
                             v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
-    -- the element's own error, as the single call raises it
-    v_message := pg_catalog.replace(v_message, '_complete_worker_task(): ', 'complete_task(): ');
-    v_message := pg_catalog.format('%s(): %s%s; nothing was applied', v_function,
-                                   coalesce('element ' || (v_at - 1) || ': ', 'archiving the messages: '), v_message);
-    IF v_detail <> '' AND v_hint <> '' THEN
-      RAISE EXCEPTION USING ERRCODE = v_sqlstate, MESSAGE = v_message, DETAIL = v_detail, HINT = v_hint;
-    ELSIF v_detail <> '' THEN
-      RAISE EXCEPTION USING ERRCODE = v_sqlstate, MESSAGE = v_message, DETAIL = v_detail;
-    ELSIF v_hint <> '' THEN
-      RAISE EXCEPTION USING ERRCODE = v_sqlstate, MESSAGE = v_message, HINT = v_hint;
-    END IF;
-    RAISE EXCEPTION USING ERRCODE = v_sqlstate, MESSAGE = v_message;
+    PERFORM pgflow._raise_task_report_error('complete_tasks', v_at - 1, v_sqlstate, v_message, v_detail, v_hint);
   END;
 END;
 $$;
@@ -5781,8 +5699,8 @@ REVOKE ALL ON FUNCTION pgflow.complete_tasks(jsonb) FROM PUBLIC;
 -- Fails one manual task from trusted server code, inside the caller's transaction. Addressed like
 -- complete_manual_task; error_message (required, stored on the task and step) says why. A manual
 -- task never retries: its failure is final exhaustion and the step's when_exhausted decides (fail:
--- the run fails and its other unfinished tasks are cancelled; skip; skip-cascade), through the same
--- progression core as a worker's final failure (_fail_task_exhausted). No PGMQ call for this task.
+-- the run fails and its other unfinished tasks are cancelled; skip; skip-cascade), the one way every
+-- started task fails for good (_fail_started_task). No PGMQ call for this task.
 -- Returns the task row. Repeating the same failure returns the stored row and progresses nothing;
 -- errors PF009 not found, PF010 not manual, PF011 not active, PF012 conflict, 22004 for a NULL
 -- error_message (docs/manual-tasks.md). SECURITY INVOKER.
@@ -5805,20 +5723,21 @@ BEGIN
   IF v_task.status <> 'started' THEN
     RETURN v_task;
   END IF;
-  RETURN pgflow._fail_task_exhausted(fail_manual_task.run_id, fail_manual_task.step_slug,
-                                     fail_manual_task.task_index, fail_manual_task.error_message);
+  RETURN pgflow._fail_started_task(fail_manual_task.run_id, fail_manual_task.step_slug, fail_manual_task.task_index,
+                                   fail_manual_task.error_message, false, NULL);
 END;
 $$;
 REVOKE ALL ON FUNCTION pgflow.fail_manual_task(uuid, text, integer, text) FROM PUBLIC;
 
 -- sql/functions/runtime/fail_task.sql
--- Records a worker task's failure. Late calls behave as in complete_task (a manual task is
--- refused, PF010). With attempts left
--- (attempts_count < effective max_attempts) the task is queued again and its message becomes
--- visible after calculate_retry_delay(effective base_delay, attempts_count) seconds. A task
--- whose message no longer exists (a permanently stalled task) cannot be retried and is treated
--- as exhausted. An exhausted task goes through the progression core _fail_task_exhausted (its
--- step's when_exhausted decides: fail, skip or skip-cascade), then its message is archived.
+-- Records a worker task's failure; error_message says why (NULL is allowed). Late, repeated and
+-- unknown reports and manual tasks are handled as complete_task handles them (_lock_worker_task).
+-- With attempts left (attempts_count < effective max_attempts) the task is queued again and its
+-- message becomes visible after calculate_retry_delay(effective base_delay, attempts_count)
+-- seconds. A task whose message no longer exists (a permanently stalled task) cannot be retried and
+-- is treated as exhausted. An exhausted task fails for good through _fail_started_task (its step's
+-- when_exhausted decides: fail, skip or skip-cascade), then its message is archived. Returns the
+-- task row.
 CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text)
 RETURNS SETOF pgflow.step_tasks
 LANGUAGE plpgsql
@@ -5827,33 +5746,18 @@ SET search_path = ''
 AS $$
 #variable_conflict use_column
 DECLARE
-  v_run pgflow.runs;
-  v_state pgflow.step_states;
+  v_report record;
   v_task pgflow.step_tasks;
   v_max_attempts integer;
   v_base_delay integer;
   v_error text := fail_task.error_message;
 BEGIN
-  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = fail_task.run_id FOR UPDATE;
-  IF v_run.run_id IS NULL THEN
-    RETURN;
-  END IF;
-  SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
-  WHERE ss.run_id = fail_task.run_id AND ss.step_slug = fail_task.step_slug FOR UPDATE;
-  SELECT t.* INTO v_task FROM pgflow.step_tasks AS t
-  WHERE t.run_id = fail_task.run_id AND t.step_slug = fail_task.step_slug
-    AND t.task_index = fail_task.task_index FOR UPDATE;
+  v_report := pgflow._lock_worker_task('fail_task', fail_task.run_id, fail_task.step_slug, fail_task.task_index);
+  v_task := v_report.task;
   IF v_task.run_id IS NULL THEN
     RETURN;
   END IF;
-  IF v_task.execution_mode = 'manual' THEN
-    PERFORM pgflow._refuse_worker_report_of_manual_task('fail_task', v_task);
-  END IF;
-
-  IF v_run.status <> 'started' OR v_state.status <> 'started' OR v_task.status <> 'started' THEN
-    IF NOT (v_task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN
-      PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
-    END IF;
+  IF NOT v_report.started THEN
     RETURN NEXT v_task;
     RETURN;
   END IF;
@@ -5862,7 +5766,7 @@ BEGIN
   INTO v_max_attempts, v_base_delay
   FROM pgflow.steps AS s
   JOIN pgflow.flows AS f ON f.flow_slug = s.flow_slug
-  WHERE s.flow_slug = v_run.flow_slug AND s.step_slug = fail_task.step_slug;
+  WHERE s.flow_slug = v_task.flow_slug AND s.step_slug = fail_task.step_slug;
 
   IF v_task.attempts_count < v_max_attempts THEN
     UPDATE pgflow.step_tasks AS t
@@ -5877,14 +5781,14 @@ BEGIN
     v_error := v_error || ' (not retried: the task''s queue message no longer exists)';
   END IF;
 
-  v_task := pgflow._fail_task_exhausted(fail_task.run_id, fail_task.step_slug, fail_task.task_index, v_error);
+  v_task := pgflow._fail_started_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index, v_error, false, NULL);
   PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
   RETURN NEXT v_task;
 END;
 $$;
 
 -- sql/functions/runtime/fail_tasks.sql
--- Fails many worker tasks in one call (0010). tasks: a JSON array of {"run_id", "step_slug",
+-- Fails many worker tasks in one call. tasks: a JSON array of {"run_id", "step_slug",
 -- "task_index", "error_message"} objects (error_message a string or null). Each element is one
 -- fail_task call, in array order, in the caller's transaction: retry with backoff, or exhaustion
 -- (when_exhausted decides), each archiving or deferring its own message as fail_task does. Checks,
@@ -5897,139 +5801,34 @@ VOLATILE
 SET search_path = ''
 AS $$
 DECLARE
-  v_kind text := 'fail';
-  v_function text := 'fail_tasks';
-  v_value_key text := CASE v_kind WHEN 'complete' THEN 'output' ELSE 'error_message' END;
-  v_bad bigint;
-  v_problem text;
   v_runs uuid[];
   v_steps text[];
   v_indexes integer[];
-  v_values jsonb[];
+  v_errors jsonb[];
   v_at integer;  -- the element being applied (a FOR loop's own variable is not visible in the handler)
   v_task pgflow.step_tasks;
-  v_archive_runs uuid[] := '{}';
-  v_archive_steps text[] := '{}';
-  v_archive_indexes integer[] := '{}';
   v_sqlstate text;
   v_message text;
   v_detail text;
   v_hint text;
-  v_batched boolean := false;
 BEGIN
-  IF pg_catalog.jsonb_typeof(fail_tasks.tasks) IS DISTINCT FROM 'array' THEN
-    RAISE EXCEPTION '%(): tasks must be a JSON array of {"run_id", "step_slug", "task_index", "%"} objects, not %',
-      v_function, v_value_key, coalesce(pg_catalog.jsonb_typeof(fail_tasks.tasks), 'NULL')
-      USING ERRCODE = '22023';
-  END IF;
-
-  SELECT x.n - 1, x.problem INTO v_bad, v_problem
-  FROM (
-    SELECT e.n, CASE
-             WHEN pg_catalog.jsonb_typeof(e.task) <> 'object' THEN 'is not a JSON object'
-             WHEN NOT e.task ?& ARRAY['run_id', 'step_slug', 'task_index', v_value_key]
-               THEN pg_catalog.format('lacks a key: it needs run_id, step_slug, task_index and %s', v_value_key)
-             WHEN pg_catalog.jsonb_typeof(e.task -> 'run_id') <> 'string'
-                  OR (e.task ->> 'run_id') !~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-               THEN 'run_id is not a UUID string'
-             WHEN pg_catalog.jsonb_typeof(e.task -> 'step_slug') <> 'string' THEN 'step_slug is not a string'
-             WHEN pg_catalog.jsonb_typeof(e.task -> 'task_index') <> 'number'
-                  OR (e.task ->> 'task_index') !~ '^-?[0-9]{1,10}$'
-               THEN 'task_index is not an integer'
-             WHEN (e.task ->> 'task_index')::bigint NOT BETWEEN -2147483648 AND 2147483647
-               THEN 'task_index is out of range'
-             WHEN v_kind = 'fail' AND pg_catalog.jsonb_typeof(e.task -> 'error_message') NOT IN ('string', 'null')
-               THEN 'error_message is not a string or null'
-           END AS problem
-    FROM pg_catalog.jsonb_array_elements(fail_tasks.tasks) WITH ORDINALITY AS e (task, n)
-  ) AS x
-  WHERE x.problem IS NOT NULL
-  ORDER BY x.n
-  LIMIT 1;
-  IF v_bad IS NOT NULL THEN
-    RAISE EXCEPTION '%(): element %: %; nothing was applied', v_function, v_bad, v_problem
-      USING ERRCODE = '22023';
-  END IF;
-
-  SELECT pg_catalog.array_agg((e.task ->> 'run_id')::uuid ORDER BY e.n),
-         pg_catalog.array_agg(e.task ->> 'step_slug' ORDER BY e.n),
-         pg_catalog.array_agg((e.task ->> 'task_index')::integer ORDER BY e.n),
-         pg_catalog.array_agg(e.task -> v_value_key ORDER BY e.n)
-  INTO v_runs, v_steps, v_indexes, v_values
-  FROM pg_catalog.jsonb_array_elements(fail_tasks.tasks) WITH ORDINALITY AS e (task, n);
+  SELECT e.run_ids, e.step_slugs, e.task_indexes, e.reported INTO v_runs, v_steps, v_indexes, v_errors
+  FROM pgflow._task_report_elements('fail_tasks', fail_tasks.tasks, 'error_message') AS e;
   IF v_runs IS NULL THEN
     RETURN;
   END IF;
 
-  -- Every run of the batch, in run_id order, before any element: the lock order of claims.
-  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (v_runs) ORDER BY r.run_id FOR UPDATE;
-
-  IF v_kind = 'complete' THEN
-    -- completions that need no element-by-element handling go through in one set-based pass (0014)
-    BEGIN
-      v_batched := pgflow._complete_worker_tasks(v_runs, v_steps, v_indexes, v_values);
-    EXCEPTION WHEN OTHERS THEN
-      GET STACKED DIAGNOSTICS v_sqlstate = RETURNED_SQLSTATE;
-      IF v_sqlstate IN ('40001', '40P01', '55P03') THEN
-        RAISE;  -- a deadlock or lock timeout is the caller's to retry, as in the element path
-      END IF;
-      -- anything else is undone; the element path below raises it again, naming its element
-      v_batched := false;
-    END;
-  END IF;
-
   BEGIN
-    IF v_batched THEN
-      RETURN QUERY
-      SELECT t.*
-      FROM ROWS FROM (pg_catalog.unnest(v_runs), pg_catalog.unnest(v_steps), pg_catalog.unnest(v_indexes))
-             WITH ORDINALITY AS k (run_id, step_slug, task_index, n)
-      CROSS JOIN LATERAL (
-        SELECT x.* FROM pgflow.step_tasks AS x
-        WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug AND x.task_index = k.task_index
-        LIMIT 1  -- the primary key
-      ) AS t
-      ORDER BY k.n;
-      v_archive_runs := v_runs;
-      v_archive_steps := v_steps;
-      v_archive_indexes := v_indexes;
-      v_runs := '{}';  -- nothing left for the element loop
-    END IF;
     FOR v_i IN 1 .. pg_catalog.cardinality(v_runs) LOOP
       v_at := v_i;
-      IF v_kind = 'complete' THEN
-        SELECT * INTO v_task FROM pgflow._complete_worker_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_values[v_i]);
-      ELSE
-        SELECT * INTO v_task FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_values[v_i] #>> '{}');
-      END IF;
+      SELECT * INTO v_task FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_errors[v_i] #>> '{}');
       CONTINUE WHEN NOT FOUND;
       RETURN NEXT v_task;
-      -- a finished (or late) completion's message; a queued task keeps its message
-      IF v_kind = 'complete' AND v_task.status <> 'queued' THEN
-        v_archive_runs := v_archive_runs || v_task.run_id;
-        v_archive_steps := v_archive_steps || v_task.step_slug;
-        v_archive_indexes := v_archive_indexes || v_task.task_index;
-      END IF;
     END LOOP;
-    v_at := NULL;
-    IF pg_catalog.cardinality(v_archive_runs) > 0 THEN
-      PERFORM pgflow._archive_task_messages(v_archive_runs, v_archive_steps, v_archive_indexes);
-    END IF;
   EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS v_sqlstate = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
                             v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
-    -- the element's own error, as the single call raises it
-    v_message := pg_catalog.replace(v_message, '_complete_worker_task(): ', 'complete_task(): ');
-    v_message := pg_catalog.format('%s(): %s%s; nothing was applied', v_function,
-                                   coalesce('element ' || (v_at - 1) || ': ', 'archiving the messages: '), v_message);
-    IF v_detail <> '' AND v_hint <> '' THEN
-      RAISE EXCEPTION USING ERRCODE = v_sqlstate, MESSAGE = v_message, DETAIL = v_detail, HINT = v_hint;
-    ELSIF v_detail <> '' THEN
-      RAISE EXCEPTION USING ERRCODE = v_sqlstate, MESSAGE = v_message, DETAIL = v_detail;
-    ELSIF v_hint <> '' THEN
-      RAISE EXCEPTION USING ERRCODE = v_sqlstate, MESSAGE = v_message, HINT = v_hint;
-    END IF;
-    RAISE EXCEPTION USING ERRCODE = v_sqlstate, MESSAGE = v_message;
+    PERFORM pgflow._raise_task_report_error('fail_tasks', v_at - 1, v_sqlstate, v_message, v_detail, v_hint);
   END;
 END;
 $$;
@@ -6110,7 +5909,7 @@ $$;
 -- sql/functions/runtime/start_flow.sql
 -- Starts a run of a flow. A flow with root map steps needs a JSON array input (each element
 -- becomes one task). Takes the flow advisory lock in shared mode, so a run never starts while
--- the flow is being recompiled or deleted. The work is _start_runs' (shared with start_flows, 0010).
+-- the flow is being recompiled or deleted. The work is _start_runs' (shared with start_flows).
 CREATE OR REPLACE FUNCTION pgflow.start_flow(flow_slug text, input jsonb, run_id uuid DEFAULT NULL)
 RETURNS SETOF pgflow.runs
 LANGUAGE sql
@@ -6141,7 +5940,7 @@ END;
 $$;
 
 -- sql/functions/runtime/start_flows.sql
--- Starts many runs of one flow in one call (0010): inputs is a JSON array of run inputs; one run
+-- Starts many runs of one flow in one call: inputs is a JSON array of run inputs; one run
 -- per element, created in array order, each with start_flow's semantics (root map inputs must be
 -- arrays, start delays, empty-map cascades, realtime events per run). Errors as start_flow's,
 -- a bad element named by its 0-based index; nothing is started then. Returns the runs in array
@@ -6181,7 +5980,7 @@ BEGIN
     RETURN;
   END IF;
 
-  -- One UPDATE (0013): every caller holds the run row lock (or created the run), so the ready
+  -- One UPDATE: every caller holds the run row lock (or created the run), so the ready
   -- steps need no separate ordered lock first.
   WITH started AS (
     UPDATE pgflow.step_states AS ss
@@ -6339,7 +6138,7 @@ $$;
 -- rows it deleted (0 when pg_cron is not installed). Result type as released pgflow's,
 -- TABLE (cron_deleted bigint) (docs/compatibility.md item 2).
 --
--- Before 0006 the function returned integer. A result type cannot be replaced in place, so an
+-- The released baseline's version returned integer. A result type cannot be replaced in place, so an
 -- older definition is first moved aside; after the new one exists it inherits the roles that
 -- could execute the old one, and the old one is dropped. Running this file again changes nothing.
 DO $move_aside$
@@ -6673,9 +6472,8 @@ SET search_path = ''
 AS $$
 #variable_conflict use_column
 DECLARE
-  -- The variables fence_disable and fence_restore both declare: the names they lock (in name
-  -- order), who runs the call (_fence_origin), and the worker_functions and fences rows of the
-  -- function the loop is at.
+  -- the names it locks (in name order), who runs the call (_fence_origin), and the
+  -- worker_functions and fences rows of the function the loop is at
   v_names text[];
   v_origin record;
   v_wf pgflow.worker_functions;
@@ -6734,8 +6532,7 @@ BEGIN
     END IF;
 
     function_name := v_names[i];
-    -- The columns of a fence_disable / fence_restore result row that come from the function's
-    -- worker_functions row (v_wf) and its fence (v_fence), set before RETURN NEXT.
+    -- the result row's columns from the function's worker_functions row and its fence
     enabled := v_wf.enabled;
     fence_id := v_fence.fence_id;
     fenced_at := v_fence.fenced_at;
@@ -6788,9 +6585,8 @@ SET search_path = ''
 AS $$
 #variable_conflict use_column
 DECLARE
-  -- The variables fence_disable and fence_restore both declare: the names they lock (in name
-  -- order), who runs the call (_fence_origin), and the worker_functions and fences rows of the
-  -- function the loop is at.
+  -- the names it locks (in name order), who runs the call (_fence_origin), and the
+  -- worker_functions and fences rows of the function the loop is at
   v_names text[];
   v_origin record;
   v_wf pgflow.worker_functions;
@@ -6859,8 +6655,7 @@ BEGIN
 
     function_name := v_fence.function_name;
     previous_enabled := v_fence.previous_enabled;
-    -- The columns of a fence_disable / fence_restore result row that come from the function's
-    -- worker_functions row (v_wf) and its fence (v_fence), set before RETURN NEXT.
+    -- the result row's columns from the function's worker_functions row and its fence
     enabled := v_wf.enabled;
     fence_id := v_fence.fence_id;
     fenced_at := v_fence.fenced_at;
@@ -6994,8 +6789,8 @@ BEGIN
 END;
 $$;
 
--- Heartbeat naming the route the worker registered (schema 0004; the reference worker uses it
--- when it exists). Refused with PF007 when the id is registered for another function, queue,
+-- Heartbeat naming the route the worker registered (the reference worker uses it where it
+-- exists). Refused with PF007 when the id is registered for another function, queue,
 -- flow or step: the caller is a stale process under a reused id (or a misconfigured one), and it
 -- must never be answered as the id's current owner nor refresh that owner's liveness. A missing
 -- row answers true (stop), as the one-argument form does.
@@ -7127,16 +6922,19 @@ BEGIN
           ('group:register', '_create_private_queue(text, text)'),
           ('group:register', '_reserve_private_queues(text, jsonb)'),
           ('group:register', '_step_queue_routes(text, jsonb)'),
-          ('group:complete', '_complete_task_progress(uuid, text, integer, jsonb)'),
-          ('group:complete', '_refuse_worker_report_of_manual_task(text, pgflow.step_tasks)'),
-          ('group:complete', '_complete_worker_task(uuid, text, integer, jsonb)'),
-          ('group:complete', '_complete_worker_progress(uuid, text, integer, jsonb)'),
+          ('group:complete', '_lock_worker_task(text, uuid, text, integer)'),
+          ('group:complete', '_complete_started_tasks(uuid[], text[], integer[], jsonb[], text)'),
+          ('group:complete', '_write_task_completions(uuid[], text[], integer[], jsonb[], text)'),
+          ('group:complete', '_fail_started_task(uuid, text, integer, text, boolean, jsonb)'),
           ('group:complete', 'complete_tasks(jsonb)'),
-          ('group:complete', '_complete_worker_tasks(uuid[], text[], integer[], jsonb[])'),
+          ('group:complete', '_task_report_elements(text, jsonb, text)'),
+          ('group:complete', '_raise_task_report_error(text, integer, text, text, text, text)'),
           ('group:complete', '_start_ready_steps_of_runs(uuid[])'),
-          ('group:fail', '_fail_task_exhausted(uuid, text, integer, text)'),
-          ('group:fail', '_refuse_worker_report_of_manual_task(text, pgflow.step_tasks)'),
+          ('group:fail', '_lock_worker_task(text, uuid, text, integer)'),
+          ('group:fail', '_fail_started_task(uuid, text, integer, text, boolean, jsonb)'),
           ('group:fail', 'fail_tasks(jsonb)'),
+          ('group:fail', '_task_report_elements(text, jsonb, text)'),
+          ('group:fail', '_raise_task_report_error(text, integer, text, text, text, text)'),
           ('group:start', '_start_runs(text, text, jsonb, uuid)'),
           ('group:start', 'start_flows(text, jsonb)'),
           ('group:start', '_start_ready_steps_of_runs(uuid[])')
@@ -7169,12 +6967,14 @@ BEGIN
       'pgflow._set_step_manual(text, text), pgflow._create_flow_from_shape(text, jsonb, jsonb), '
       'pgflow._create_private_queue(text, text), pgflow._reserve_private_queues(text, jsonb), '
       'pgflow._step_queue_routes(text, jsonb), pgflow.send_heartbeat(uuid, text, text, text, text), '
-      'pgflow._start_manual_tasks(uuid, text), pgflow._complete_task_progress(uuid, text, integer, jsonb), '
-      'pgflow._refuse_worker_report_of_manual_task(text, pgflow.step_tasks), '
-      'pgflow._complete_worker_task(uuid, text, integer, jsonb), pgflow._complete_worker_progress(uuid, text, integer, jsonb), '
-      'pgflow.complete_tasks(jsonb), pgflow._complete_worker_tasks(uuid[], text[], integer[], jsonb[]), '
-      'pgflow._start_ready_steps_of_runs(uuid[]), pgflow._fail_task_exhausted(uuid, text, integer, text), '
-      'pgflow.fail_tasks(jsonb), pgflow._start_runs(text, text, jsonb, uuid), pgflow.start_flows(text, jsonb), '
+      'pgflow._start_manual_tasks(uuid, text), pgflow._lock_worker_task(text, uuid, text, integer), '
+      'pgflow._complete_started_tasks(uuid[], text[], integer[], jsonb[], text), '
+      'pgflow._write_task_completions(uuid[], text[], integer[], jsonb[], text), '
+      'pgflow._fail_started_task(uuid, text, integer, text, boolean, jsonb), '
+      'pgflow.complete_tasks(jsonb), pgflow._task_report_elements(text, jsonb, text), '
+      'pgflow._raise_task_report_error(text, integer, text, text, text, text), '
+      'pgflow._start_ready_steps_of_runs(uuid[]), pgflow.fail_tasks(jsonb), pgflow._start_runs(text, text, jsonb, uuid), '
+      'pgflow.start_flows(text, jsonb), '
       'pgflow.complete_manual_task(uuid, text, integer, jsonb), pgflow.fail_manual_task(uuid, text, integer, text) '
       'FROM %I', v_client);
   END LOOP;

@@ -48,15 +48,21 @@ def test_a_migration_is_literal_and_holds_only_installer_directives():
         assert "{{" not in migration.text, f"sql/{migration.path} holds a placeholder"
 
 
-def test_parts_are_included_by_function_files_only():
+def test_every_function_file_is_a_whole_function():
+    """A function file holds its function's whole text, as psql's \\sf shows it: it includes nothing but
+    a shared fragment (a rule the audit implements too, sql/fragments), no file includes a function
+    file but the optional install that carries it, and no directive has arguments."""
+    assert not list((ROOT / "functions").rglob("parts")), "sql/functions/*/parts: write the lines out or make a function"
     users: dict[str, set[str]] = {}
     for path in ROOT.rglob("*.sql"):
-        for match in sqlfiles.INCLUDE.finditer(path.read_text(encoding="utf-8")):
+        text = path.read_text(encoding="utf-8")
+        assert "{{" not in text, f"sql/{path.relative_to(ROOT)} holds a placeholder"
+        for match in sqlfiles.INCLUDE.finditer(text):
+            assert not match["rest"].strip(), (str(path.relative_to(ROOT)), match.group(0))
             users.setdefault(match["path"], set()).add(str(path.relative_to(ROOT)))
-    for part in (ROOT / "functions").rglob("parts/*.sql"):
-        relative = str(part.relative_to(ROOT))
-        assert users.get(relative), f"sql/{relative} is included by nothing"
-        assert all(user.startswith("functions/") for user in users[relative]), (relative, users[relative])
+    for path in function_files():
+        included = {target for target, includers in users.items() if path in includers}
+        assert all(target.startswith("fragments/") for target in included), (path, included)
     for path, includers in users.items():
-        if path.startswith("functions/") and "/parts/" not in path:
+        if path.startswith("functions/"):
             assert includers <= {"optional/prune.sql"}, f"sql/{path} is included by {includers}"

@@ -104,8 +104,8 @@ def test_execute_on_the_entry_points_alone_is_not_enough(db, author, rt):
 
 
 def test_the_manual_paths_never_call_pgmq_themselves(rt):
-    names = ("complete_manual_task", "fail_manual_task", "_lock_manual_task", "_complete_task_progress",
-             "_fail_task_exhausted", "_start_manual_tasks")
+    names = ("complete_manual_task", "fail_manual_task", "_lock_manual_task", "_complete_started_tasks",
+             "_write_task_completions", "_fail_started_task", "_start_manual_tasks")
     sources = {r["proname"]: r["prosrc"] for r in rt.rows(
         "SELECT p.proname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
         "WHERE n.nspname = 'pgflow' AND p.proname = ANY (%s)", (list(names),))}

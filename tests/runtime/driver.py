@@ -384,3 +384,16 @@ def concurrently(database: Any, calls: list[Callable[[psycopg.Connection], Any]]
     finally:
         for conn in conns:
             conn.close()
+
+
+_EVENT_TIMES = {"started_at", "completed_at", "failed_at", "skipped_at"}
+
+
+def realtime_events(rt, runs: list[uuid.UUID]) -> list[tuple]:
+    """The realtime events sent for ``runs`` (a fake ``realtime.send`` records them in ``realtime.sent``), in
+    order: (index of the run in ``runs``, event, payload without run ids and times)."""
+    order = {f"pgflow:run:{r}": i for i, r in enumerate(runs)}
+    sent = rt.rows("SELECT topic, event, payload FROM realtime.sent ORDER BY id")
+    return [(order[s["topic"]], s["event"],
+             {k: v for k, v in s["payload"].items() if k not in _EVENT_TIMES | {"run_id", "flow_slug"}})
+            for s in sent if s["topic"] in order]

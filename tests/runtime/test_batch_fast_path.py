@@ -1,4 +1,4 @@
-"""The set-based pass of ``complete_tasks`` (migration 0014, ``pgflow._complete_worker_tasks``).
+"""The set-based pass of ``complete_tasks`` (``pgflow._complete_started_tasks`` over the whole batch).
 
 A batch whose elements name different runs, all started with started queue tasks, no possible
 [TYPE_VIOLATION] and no realtime.send, is applied with one statement per table; every other batch,
@@ -33,8 +33,8 @@ from tests.runtime.test_batch_reports import _element, _state
 pytestmark = pytest.mark.upgraded_only(reason="complete_tasks' set-based pass exists from migration 0014 on")
 
 DEADLINE = 60.0
-ELEMENT = "pgflow._complete_worker_task(uuid, text, integer, jsonb)"
-SET_BASED = "pgflow._complete_worker_tasks(uuid[], text[], integer[], jsonb[])"
+SET_BASED = "pgflow._complete_started_tasks(uuid[], text[], integer[], jsonb[], text)"
+"""Called once for the whole batch, then once per element when the batch goes element by element."""
 ONE_RUN_START = "pgflow.start_ready_steps(uuid)"
 CALLS = "SELECT coalesce(pg_stat_get_xact_function_calls(%s::regprocedure), 0) AS n"
 
@@ -42,19 +42,20 @@ CALLS = "SELECT coalesce(pg_stat_get_xact_function_calls(%s::regprocedure), 0) A
 def _batch(conn: psycopg.Connection, tasks: list[tuple[dict, Any]], starts: list[int] | None = None,
            ) -> tuple[list[dict], str]:
     """One ``complete_tasks`` call in its own transaction: (returned rows, path taken). The path is
-    ``set`` when no element went through ``_complete_worker_task``, else ``elements``. ``starts``,
-    when given, receives how many runs started their ready steps one by one
-    (``start_ready_steps(uuid)`` calls; 0 when the pass started them together)."""
+    ``set`` when the core was called once, for the whole batch, else ``elements``. ``starts``, when
+    given, receives how many runs started their ready steps one by one (``start_ready_steps(uuid)``
+    calls; 0 when the pass started them together; a single run that moves on goes through
+    ``_advance_run``, as one ``complete_task`` moves it)."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute("SET LOCAL track_functions = 'all'")
-        before = cur.execute(CALLS, (ELEMENT,)).fetchone()["n"]
+        before = cur.execute(CALLS, (SET_BASED,)).fetchone()["n"]
         one_by_one = cur.execute(CALLS, (ONE_RUN_START,)).fetchone()["n"]
         rows = cur.execute("SELECT * FROM pgflow.complete_tasks(%s)", (Jsonb([_element(t, v) for t, v in tasks]),)).fetchall()
-        elements = cur.execute(CALLS, (ELEMENT,)).fetchone()["n"] - before
+        calls = cur.execute(CALLS, (SET_BASED,)).fetchone()["n"] - before
         if starts is not None:
             starts.append(cur.execute(CALLS, (ONE_RUN_START,)).fetchone()["n"] - one_by_one)
-        assert cur.execute(CALLS, (SET_BASED,)).fetchone()["n"] >= 1  # the pass is always asked first
-    return rows, ("set" if elements == 0 else "elements")
+        assert calls >= 1  # the pass is always asked first
+    return rows, ("set" if calls == 1 else "elements")
 
 
 class Twin:
@@ -143,7 +144,7 @@ def test_next_steps_with_different_start_delays_start_run_by_run(rt):
     twin.poll()
     # run 0 starts c (30 s delay), run 2 starts b (none): run by run, in array order
     twin.complete([(0, "b", 0, "b0"), (2, "a", 0, "a2")], path="set", one_by_one=2)
-    twin.complete([(1, "b", 0, "b1")], path="set", one_by_one=0)
+    twin.complete([(1, "b", 0, "b1")], path="set", one_by_one=1)  # one run moves on as complete_task moves it
     twin.assert_same()
     assert [t["status"] for t in rt.tasks(twin.runs[True][0], "c")] == ["queued"]
 
@@ -182,18 +183,21 @@ def test_map_tasks_of_different_runs_take_the_pass_and_the_last_one_orders_the_o
 
 def test_an_empty_array_for_a_map_child_and_a_type_violation(rt):
     shape = [{"slug": "a"}, {"slug": "m", "deps": ["a"], "step_type": "map"}, {"slug": "z", "deps": ["m"]}]
-    twin = Twin(rt, shape, runs=3)
+    twin = Twin(rt, shape, runs=5)
     twin.poll()
     # an empty map completes at once (taskless cascade) inside the pass
     twin.complete([(0, "a", 0, []), (1, "a", 0, [7])], path="set")
-    # a single step feeding a map with a non-array fails its run: never in the pass
-    twin.complete([(2, "a", 0, {"not": "an array"})], path="elements")
+    # a single step feeding a map with a non-array fails its run: never in a pass of several elements
+    twin.complete([(2, "a", 0, {"not": "an array"}), (3, "a", 0, [8])], path="elements")
+    # one element is the single call's own path: the core fails the run itself
+    twin.complete([(4, "a", 0, "not an array either")], path="set")
     twin.poll()
-    twin.complete([(1, "m", 0, 70), (0, "z", 0, "z0")], path="set")
+    twin.complete([(1, "m", 0, 70), (0, "z", 0, "z0"), (3, "m", 0, 80)], path="set")
     twin.poll()
-    twin.complete([(1, "z", 0, "z1")], path="set")
+    twin.complete([(1, "z", 0, "z1"), (3, "z", 0, "z3")], path="set")
     twin.assert_same()
-    assert [rt.run(r)["status"] for r in twin.runs[True]] == ["completed", "completed", "failed"]
+    assert [rt.run(r)["status"] for r in twin.runs[True]] == ["completed", "completed", "failed", "completed", "failed"]
+    assert rt.task(twin.runs[True][4], "a")["output"] == "not an array either"
 
 
 def test_the_same_task_twice_and_late_reports_go_element_by_element(rt):

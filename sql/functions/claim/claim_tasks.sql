@@ -2,7 +2,7 @@
 -- (queue_name, message_id) first and message body second, before changing anything:
 --
 --   queued task of this exact route, run and step started -> claimed: attempt counted, worker
---       recorded, visibility = effective step timeout + 2 s (all or nothing, as in 0002)
+--       recorded, visibility = effective step timeout + 2 s (all or nothing, as the baseline's start_tasks)
 --   started task                      -> duplicate: no attempt used, no handler; the message
 --       is deferred toward the task's recovery deadline (started_at + timeout + 30 s)
 --   completed/failed/skipped/cancelled or permanently stalled task -> archived_terminal
@@ -21,8 +21,8 @@
 -- function paused: the row belongs to whoever registered it last), as an unregistered id does.
 -- Ordinary database errors still raise (and roll back): they are retryable. Notices carry
 -- queue names and message ids, never message bodies.
--- Every lookup is by a unique key (from 0010 the run and step state too), so a claim costs the
--- same next to 1,000 or 1,000,000 rows, with or without statistics. From 0015 one statement
+-- Every lookup is by a unique key (the run and step state too), so a claim costs the
+-- same next to 1,000 or 1,000,000 rows, with or without statistics. One statement
 -- classifies the whole batch and claims its queued work (only when no message is fatal): a batch
 -- of plain queued work runs the route check, the two lock statements, the body read, that
 -- statement and the visibility helper.
@@ -192,7 +192,7 @@ BEGIN
       WHERE st.queue_name = claim_tasks.queue_name AND st.message_id = rq.msg_id
       LIMIT 1  -- unique anyway; keeps the planner from flattening this into a hash join
     ) AS t ON true
-    -- run and step state by key too: one probe each per message (0010)
+    -- run and step state by key too: one probe each per message
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = t.run_id LIMIT 1) AS r ON true
     LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
                        WHERE x.run_id = t.run_id AND x.step_slug = t.step_slug LIMIT 1) AS ss ON true

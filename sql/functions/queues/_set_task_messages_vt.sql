@@ -4,9 +4,22 @@ CREATE OR REPLACE FUNCTION pgflow._set_task_messages_vt(
   p_task_indexes integer[],
   p_vt_offsets integer[]
 )
---@include functions/queues/parts/task_messages_header.sql
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_queue text;
+  v_msg_ids bigint[];
   v_offsets integer[];
-  --@include functions/queues/parts/task_messages_checks.sql
+  v_count integer;
+  v_total integer := 0;
+BEGIN
+  IF coalesce(pg_catalog.cardinality(p_run_ids), 0) = 0 THEN
+    RETURN 0;
+  END IF;
+  IF pg_catalog.cardinality(p_run_ids) IS DISTINCT FROM pg_catalog.cardinality(p_step_slugs)
      OR pg_catalog.cardinality(p_run_ids) IS DISTINCT FROM pg_catalog.cardinality(p_task_indexes)
      OR pg_catalog.cardinality(p_run_ids) IS DISTINCT FROM pg_catalog.cardinality(p_vt_offsets) THEN
     RAISE EXCEPTION '_set_task_messages_vt(): the argument arrays differ in length'
@@ -27,7 +40,15 @@ CREATE OR REPLACE FUNCTION pgflow._set_task_messages_vt(
            AS u (run_id, step_slug, task_index, vt_offset)
       ORDER BY u.run_id, u.step_slug, u.task_index
     ) AS k
-    --@include functions/queues/parts/task_messages_lookup.sql
+    -- one primary-key probe per task, whatever the table size
+    JOIN LATERAL (
+      SELECT st.queue_name, st.message_id FROM pgflow.step_tasks AS st
+      WHERE st.run_id = k.run_id AND st.step_slug = k.step_slug AND st.task_index = k.task_index
+      LIMIT 1  -- the primary key; keeps the planner from flattening this into a hash join
+    ) AS t ON true
+    WHERE t.message_id IS NOT NULL
+    GROUP BY t.queue_name
+    ORDER BY t.queue_name
   LOOP
     -- by primary key (= ANY), never a join that could hash a scan of the queue table; each
     -- message takes the offset at its own position

@@ -1,4 +1,4 @@
--- The ready steps of several runs at once (0014: complete_tasks' set-based pass, start_flows): what
+-- The ready steps of several runs at once (complete_tasks' set-based pass, start_flows): what
 -- start_ready_steps(run_id) for each run of run_ids, in array order, does, when every step that
 -- starts is queue-backed and all of them send to one queue with one start delay and realtime.send
 -- does not exist. Then the step states are started with one UPDATE and every task's message goes

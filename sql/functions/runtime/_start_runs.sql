@@ -1,4 +1,4 @@
--- The core of start_flow and start_flows (0010): starts one run per element of p_inputs (a JSON
+-- The core of start_flow and start_flows: starts one run per element of p_inputs (a JSON
 -- array of run inputs), created in array order; p_run_id, when given, is the first run's id.
 -- p_function names the entry point in errors; start_flows' per-element errors name the element's
 -- 0-based index. Under the flow advisory lock in shared mode (no run starts while its flow is

@@ -3,9 +3,10 @@
 -- commit or roll back together. Addressed by run id, step slug and task index (0 for a single
 -- step, the item index of a map step). output: the task's JSON output (SQL NULL is stored as JSON
 -- null); a single step that feeds a map step must return an array.
--- Locks run -> step state -> task (_lock_manual_task), then runs the same progression core as a
--- worker's completion (_complete_task_progress: map aggregation in task_index order, children
--- released, conditions, taskless cascades, run completion). No PGMQ call for this task.
+-- Locks run -> step state -> task (_lock_manual_task), then completes the task the one way every
+-- task completes (_complete_started_tasks: map aggregation in task_index order, children released,
+-- conditions, taskless cascades, run completion; a [TYPE_VIOLATION] fails the run). No PGMQ call
+-- for this task.
 -- Returns the task row. Repeating the same completion returns the stored row and progresses
 -- nothing; errors PF009 not found, PF010 not manual, PF011 not active, PF012 conflict
 -- (docs/manual-tasks.md). SECURITY INVOKER: the caller needs the grants of docs/permissions.md.
@@ -26,8 +27,8 @@ BEGIN
   IF v_task.status <> 'started' THEN
     RETURN v_task;
   END IF;
-  RETURN pgflow._complete_task_progress(complete_manual_task.run_id, complete_manual_task.step_slug,
-                                        complete_manual_task.task_index, v_output);
+  RETURN (pgflow._complete_started_tasks(ARRAY[complete_manual_task.run_id], ARRAY[complete_manual_task.step_slug],
+                                         ARRAY[complete_manual_task.task_index], ARRAY[v_output], 'manual'))[1];
 END;
 $$;
 REVOKE ALL ON FUNCTION pgflow.complete_manual_task(uuid, text, integer, jsonb) FROM PUBLIC;

@@ -1,18 +1,38 @@
--- Records a worker task's success. A late call (run or step no longer started, task terminal)
--- changes nothing and archives the task's message idempotently; a queued task (requeued by stalled
--- recovery) is left alone with its message; a manual task is refused (PF010). Otherwise the
--- worker progression _complete_worker_progress runs (0013; task and step completion, map aggregation in
--- task_index order, children released, the run moves on; [TYPE_VIOLATION] for a non-array feeding
--- a map step) and the task's message is archived.
+-- Records a worker task's success: output is what the handler returned (a single step that feeds a
+-- map step must return an array). A report may come late or twice: a late call (run or step no
+-- longer started, task terminal) changes nothing and archives the task's message idempotently; a
+-- queued task (stalled recovery queued it again) is left alone with its message, for its next
+-- claim; an unknown run or task returns nothing; a manual task is refused (PF010)
+-- (_lock_worker_task). Otherwise the task completes through _complete_started_tasks (step
+-- completion, map outputs in task_index order, children released, the run moves on; a
+-- [TYPE_VIOLATION] fails the run) and its message is archived. Returns the task row.
+-- Locks: the run FOR UPDATE, then its step state and the task (docs/runtime.md "Lock order").
 CREATE OR REPLACE FUNCTION pgflow.complete_task(run_id uuid, step_slug text, task_index integer, output jsonb)
---@include functions/runtime/parts/task_call_header.sql
+RETURNS SETOF pgflow.step_tasks
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_task pgflow.step_tasks;
+  v_report record;
 BEGIN
-  --@include functions/runtime/parts/lock_and_load_task.sql fn=complete_task
-
-  v_task := pgflow._complete_worker_progress(complete_task.run_id, complete_task.step_slug, complete_task.task_index,
-                                             complete_task.output);
-
-  PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
+  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = complete_task.run_id FOR UPDATE;
+  -- a started task completes; anything else is a report that no longer (or never) counts
+  v_task := (pgflow._complete_started_tasks(ARRAY[complete_task.run_id], ARRAY[complete_task.step_slug],
+                                            ARRAY[complete_task.task_index], ARRAY[complete_task.output], 'queue'))[1];
+  IF v_task.run_id IS NULL THEN
+    v_report := pgflow._lock_worker_task('complete_task', complete_task.run_id, complete_task.step_slug,
+                                         complete_task.task_index);
+    v_task := v_report.task;
+    IF v_task.run_id IS NOT NULL THEN
+      RETURN NEXT v_task;  -- late: its message is archived unless the task was queued again
+    END IF;
+    RETURN;
+  END IF;
+  PERFORM pgflow._archive_task_messages(ARRAY[complete_task.run_id], ARRAY[complete_task.step_slug],
+                                        ARRAY[complete_task.task_index]);
   RETURN NEXT v_task;
 END;
 $$;

@@ -1,8 +1,8 @@
 -- Fails one manual task from trusted server code, inside the caller's transaction. Addressed like
 -- complete_manual_task; error_message (required, stored on the task and step) says why. A manual
 -- task never retries: its failure is final exhaustion and the step's when_exhausted decides (fail:
--- the run fails and its other unfinished tasks are cancelled; skip; skip-cascade), through the same
--- progression core as a worker's final failure (_fail_task_exhausted). No PGMQ call for this task.
+-- the run fails and its other unfinished tasks are cancelled; skip; skip-cascade), the one way every
+-- started task fails for good (_fail_started_task). No PGMQ call for this task.
 -- Returns the task row. Repeating the same failure returns the stored row and progresses nothing;
 -- errors PF009 not found, PF010 not manual, PF011 not active, PF012 conflict, 22004 for a NULL
 -- error_message (docs/manual-tasks.md). SECURITY INVOKER.
@@ -25,8 +25,8 @@ BEGIN
   IF v_task.status <> 'started' THEN
     RETURN v_task;
   END IF;
-  RETURN pgflow._fail_task_exhausted(fail_manual_task.run_id, fail_manual_task.step_slug,
-                                     fail_manual_task.task_index, fail_manual_task.error_message);
+  RETURN pgflow._fail_started_task(fail_manual_task.run_id, fail_manual_task.step_slug, fail_manual_task.task_index,
+                                   fail_manual_task.error_message, false, NULL);
 END;
 $$;
 REVOKE ALL ON FUNCTION pgflow.fail_manual_task(uuid, text, integer, text) FROM PUBLIC;

@@ -1,23 +1,40 @@
--- Records a worker task's failure. Late calls behave as in complete_task (a manual task is
--- refused, PF010). With attempts left
--- (attempts_count < effective max_attempts) the task is queued again and its message becomes
--- visible after calculate_retry_delay(effective base_delay, attempts_count) seconds. A task
--- whose message no longer exists (a permanently stalled task) cannot be retried and is treated
--- as exhausted. An exhausted task goes through the progression core _fail_task_exhausted (its
--- step's when_exhausted decides: fail, skip or skip-cascade), then its message is archived.
+-- Records a worker task's failure; error_message says why (NULL is allowed). Late, repeated and
+-- unknown reports and manual tasks are handled as complete_task handles them (_lock_worker_task).
+-- With attempts left (attempts_count < effective max_attempts) the task is queued again and its
+-- message becomes visible after calculate_retry_delay(effective base_delay, attempts_count)
+-- seconds. A task whose message no longer exists (a permanently stalled task) cannot be retried and
+-- is treated as exhausted. An exhausted task fails for good through _fail_started_task (its step's
+-- when_exhausted decides: fail, skip or skip-cascade), then its message is archived. Returns the
+-- task row.
 CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text)
---@include functions/runtime/parts/task_call_header.sql
+RETURNS SETOF pgflow.step_tasks
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_report record;
+  v_task pgflow.step_tasks;
   v_max_attempts integer;
   v_base_delay integer;
   v_error text := fail_task.error_message;
 BEGIN
-  --@include functions/runtime/parts/lock_and_load_task.sql fn=fail_task
+  v_report := pgflow._lock_worker_task('fail_task', fail_task.run_id, fail_task.step_slug, fail_task.task_index);
+  v_task := v_report.task;
+  IF v_task.run_id IS NULL THEN
+    RETURN;
+  END IF;
+  IF NOT v_report.started THEN
+    RETURN NEXT v_task;
+    RETURN;
+  END IF;
 
   SELECT coalesce(s.opt_max_attempts, f.opt_max_attempts), coalesce(s.opt_base_delay, f.opt_base_delay)
   INTO v_max_attempts, v_base_delay
   FROM pgflow.steps AS s
   JOIN pgflow.flows AS f ON f.flow_slug = s.flow_slug
-  WHERE s.flow_slug = v_run.flow_slug AND s.step_slug = fail_task.step_slug;
+  WHERE s.flow_slug = v_task.flow_slug AND s.step_slug = fail_task.step_slug;
 
   IF v_task.attempts_count < v_max_attempts THEN
     UPDATE pgflow.step_tasks AS t
@@ -32,7 +49,7 @@ BEGIN
     v_error := v_error || ' (not retried: the task''s queue message no longer exists)';
   END IF;
 
-  v_task := pgflow._fail_task_exhausted(fail_task.run_id, fail_task.step_slug, fail_task.task_index, v_error);
+  v_task := pgflow._fail_started_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index, v_error, false, NULL);
   PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
   RETURN NEXT v_task;
 END;

@@ -1,4 +1,4 @@
--- Starts many runs of one flow in one call (0010): inputs is a JSON array of run inputs; one run
+-- Starts many runs of one flow in one call: inputs is a JSON array of run inputs; one run
 -- per element, created in array order, each with start_flow's semantics (root map inputs must be
 -- arrays, start delays, empty-map cascades, realtime events per run). Errors as start_flow's,
 -- a bad element named by its 0-based index; nothing is started then. Returns the runs in array

@@ -22,7 +22,7 @@ BEGIN
     RETURN;
   END IF;
 
-  -- One UPDATE (0013): every caller holds the run row lock (or created the run), so the ready
+  -- One UPDATE: every caller holds the run row lock (or created the run), so the ready
   -- steps need no separate ordered lock first.
   WITH started AS (
     UPDATE pgflow.step_states AS ss

@@ -1,6 +1,17 @@
 -- Broadcast of a run transition; the event is derived from the row's status.
 CREATE OR REPLACE FUNCTION pgflow._broadcast_run(p_run pgflow.runs, p_error_message text DEFAULT NULL)
---@include functions/supabase/parts/realtime_payload_start.sql
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_payload jsonb;
+BEGIN
+  IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NULL THEN
+    RETURN;
+  END IF;
+  v_payload := pg_catalog.jsonb_build_object(
     'event_type', 'run:' || p_run.status,
     'run_id', p_run.run_id,
     'flow_slug', p_run.flow_slug,

@@ -1,6 +1,17 @@
 -- Broadcast of a step transition; the event is derived from the row's status.
 CREATE OR REPLACE FUNCTION pgflow._broadcast_step(p_state pgflow.step_states)
---@include functions/supabase/parts/realtime_payload_start.sql
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_payload jsonb;
+BEGIN
+  IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NULL THEN
+    RETURN;
+  END IF;
+  v_payload := pg_catalog.jsonb_build_object(
     'event_type', 'step:' || p_state.status,
     'run_id', p_state.run_id,
     'flow_slug', p_state.flow_slug,

@@ -2,7 +2,7 @@
 -- rows it deleted (0 when pg_cron is not installed). Result type as released pgflow's,
 -- TABLE (cron_deleted bigint) (docs/compatibility.md item 2).
 --
--- Before 0006 the function returned integer. A result type cannot be replaced in place, so an
+-- The released baseline's version returned integer. A result type cannot be replaced in place, so an
 -- older definition is first moved aside; after the new one exists it inherits the roles that
 -- could execute the old one, and the old one is dropped. Running this file again changes nothing.
 DO $move_aside$

@@ -1,6 +1,13 @@
 -- Schedules pgflow_ensure_workers and the hourly pgflow_cleanup_logs (pg_cron; idempotent).
 CREATE OR REPLACE FUNCTION pgflow.setup_ensure_workers_cron(cron_interval text DEFAULT '1 second')
---@include functions/supabase/parts/cron_setup_start.sql
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = ''
+AS $$
+BEGIN
+  PERFORM pgflow._require_pg_cron();
   EXECUTE 'SELECT cron.unschedule(j.jobid) FROM cron.job AS j WHERE j.jobname = ANY ($1)'
     USING ARRAY['pgflow_ensure_workers', 'pgflow_cleanup_logs'];
   EXECUTE 'SELECT cron.schedule($1, $2, $3)'

@@ -36,7 +36,12 @@ SET search_path = ''
 AS $$
 #variable_conflict use_column
 DECLARE
---@include functions/workers/parts/fence_variables.sql
+  -- the names it locks (in name order), who runs the call (_fence_origin), and the
+  -- worker_functions and fences rows of the function the loop is at
+  v_names text[];
+  v_origin record;
+  v_wf pgflow.worker_functions;
+  v_fence pgflow.fences;
   v_count integer;
 BEGIN
   IF fence_disable.reason IS NULL OR pg_catalog.btrim(fence_disable.reason) = ''
@@ -91,7 +96,12 @@ BEGIN
     END IF;
 
     function_name := v_names[i];
-    --@include functions/workers/parts/fence_result_row.sql
+    -- the result row's columns from the function's worker_functions row and its fence
+    enabled := v_wf.enabled;
+    fence_id := v_fence.fence_id;
+    fenced_at := v_fence.fenced_at;
+    fenced_by := v_fence.fenced_by;
+    fence_reason := v_fence.reason;
     paused_reason := v_wf.paused_reason;
     workers_deprecated := v_count;
     RETURN NEXT;

@@ -34,7 +34,12 @@ SET search_path = ''
 AS $$
 #variable_conflict use_column
 DECLARE
---@include functions/workers/parts/fence_variables.sql
+  -- the names it locks (in name order), who runs the call (_fence_origin), and the
+  -- worker_functions and fences rows of the function the loop is at
+  v_names text[];
+  v_origin record;
+  v_wf pgflow.worker_functions;
+  v_fence pgflow.fences;
 BEGIN
   IF fence_restore.function_names IS NULL THEN
     SELECT pg_catalog.array_agg(f.function_name ORDER BY f.function_name) INTO v_names
@@ -99,7 +104,12 @@ BEGIN
 
     function_name := v_fence.function_name;
     previous_enabled := v_fence.previous_enabled;
-    --@include functions/workers/parts/fence_result_row.sql
+    -- the result row's columns from the function's worker_functions row and its fence
+    enabled := v_wf.enabled;
+    fence_id := v_fence.fence_id;
+    fenced_at := v_fence.fenced_at;
+    fenced_by := v_fence.fenced_by;
+    fence_reason := v_fence.reason;
     RETURN NEXT;
   END LOOP;
 END;

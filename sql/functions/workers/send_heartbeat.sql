@@ -18,8 +18,8 @@ BEGIN
 END;
 $$;
 
--- Heartbeat naming the route the worker registered (schema 0004; the reference worker uses it
--- when it exists). Refused with PF007 when the id is registered for another function, queue,
+-- Heartbeat naming the route the worker registered (the reference worker uses it where it
+-- exists). Refused with PF007 when the id is registered for another function, queue,
 -- flow or step: the caller is a stale process under a reused id (or a misconfigured one), and it
 -- must never be answered as the id's current owner nor refresh that owner's liveness. A missing
 -- row answers true (stop), as the one-argument form does.

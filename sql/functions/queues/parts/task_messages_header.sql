@@ -1,8 +1,0 @@
-RETURNS integer
-LANGUAGE plpgsql
-VOLATILE
-SET search_path = ''
-AS $$
-DECLARE
-  v_queue text;
-  v_msg_ids bigint[];

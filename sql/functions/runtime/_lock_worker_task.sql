@@ -1,0 +1,52 @@
+-- What every worker report (complete_task, fail_task, each element of complete_tasks) does before
+-- it records anything: it locks the run row FOR UPDATE, then the step state, then the task (the
+-- runtime's lock order: a report serialises with claims and with other reports of the run), and
+-- decides whether the report still counts. A worker report may arrive late or twice, so only a
+-- task that is started in a started step of a started run takes it.
+-- p_function names the entry point in the error it raises.
+-- Returns (task, started):
+--   task NULL                  no such run or task: the caller returns nothing;
+--   started false              a late report (the run or step is no longer started, or the task is
+--                              not started): nothing changes and the task's message is archived
+--                              here, idempotently, unless stalled recovery queued the task again in
+--                              a run and step that go on (the next claim needs that message); the
+--                              caller returns the task as it is;
+--   started true               the caller records the report.
+-- Raises PF010 for a manual task, whatever its state: no worker ever claimed it, so a worker report
+-- of it is a bug or a forgery.
+CREATE OR REPLACE FUNCTION pgflow._lock_worker_task(p_function text, p_run_id uuid, p_step_slug text, p_task_index integer,
+                                                    OUT task pgflow.step_tasks, OUT started boolean)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_run pgflow.runs;
+  v_state pgflow.step_states;
+BEGIN
+  started := false;
+  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = p_run_id FOR UPDATE;
+  IF v_run.run_id IS NULL THEN
+    RETURN;
+  END IF;
+  SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
+  WHERE ss.run_id = p_run_id AND ss.step_slug = p_step_slug FOR UPDATE;
+  SELECT t.* INTO task FROM pgflow.step_tasks AS t
+  WHERE t.run_id = p_run_id AND t.step_slug = p_step_slug AND t.task_index = p_task_index FOR UPDATE;
+  IF task.run_id IS NULL THEN
+    RETURN;
+  END IF;
+  IF task.execution_mode = 'manual' THEN
+    RAISE EXCEPTION '%(): task %/%/% is a manual task (no queue, no worker); a worker cannot report it',
+      p_function, task.run_id, task.step_slug, task.task_index
+      USING ERRCODE = 'PF010',
+            HINT = 'trusted server code completes it with pgflow.complete_manual_task() or pgflow.fail_manual_task()';
+  END IF;
+
+  started := v_run.status = 'started' AND v_state.status = 'started' AND task.status = 'started';
+  IF NOT started AND NOT (task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN
+    PERFORM pgflow._archive_task_messages(ARRAY[task.run_id], ARRAY[task.step_slug], ARRAY[task.task_index]);
+  END IF;
+END;
+$$;
+REVOKE ALL ON FUNCTION pgflow._lock_worker_task(text, uuid, text, integer) FROM PUBLIC;
