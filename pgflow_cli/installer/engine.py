@@ -280,7 +280,7 @@ class Engine:
     # transactions ----------------------------------------------------------------------------------------
     def transaction(self, tally: Tally, locks: Sequence[TableLock], body: Callable[[Session], T], *,
                     ledger: Sequence[LedgerEntry] = (), final: bool = True, announce: bool = False,
-                    heading: str | None = None) -> T | None:
+                    heading: str | None = None) -> T:
         """One transaction of a step: ``locks`` first (all or none), then ``body``, then the
         ``ledger`` rows; retried as a whole (:meth:`retrying`).
 
@@ -301,7 +301,7 @@ class Engine:
             tally.tries += 1
             return self._render_transaction(locks, body, ledger, heading)
 
-        def attempt() -> T | None:
+        def attempt() -> T:
             if announce:
                 self.emit(StepStarted(tally.label, tally.tries, False))
             deadline = time.monotonic() + (self.options.lock_timeout or float("inf"))
