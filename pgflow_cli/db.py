@@ -166,6 +166,14 @@ class Target:
         return "--dsn " + shlex.quote(without_password(self.conninfo))
 
 
+def has_password(conninfo: str) -> bool:
+    """Whether ``conninfo`` itself holds a password (``password=`` or a URL's ``user:password@``)."""
+    try:
+        return bool(conninfo_to_dict(conninfo).get("password"))
+    except psycopg.ProgrammingError:
+        return False
+
+
 def without_password(conninfo: str) -> str:
     """``conninfo`` with its password removed, in the form it was written (URL or key=value).
 
@@ -382,7 +390,54 @@ def connect(
     try:
         return psycopg.connect(conninfo, autocommit=autocommit)
     except psycopg.OperationalError as exc:
-        raise _connect_error(target, exc, conninfo, connect_timeout) from None
+        error = _connect_error(target, exc, conninfo, connect_timeout)
+    if error.reason == "password_required" and ask_password(
+            _tried(None, conninfo).get("user") or os.environ.get("PGUSER") or _login_name()):
+        try:
+            return psycopg.connect(conninfo, autocommit=autocommit)
+        except psycopg.OperationalError as exc:
+            error = _connect_error(target, exc, conninfo, connect_timeout)
+    raise error
+
+
+PASSWORD_PROMPT_ENV = "PGFLOW_NO_PASSWORD_PROMPT"
+"""Set to a non-empty value, no command asks for a password, even on a terminal (as ``psql -w``)."""
+
+
+def ask_password(user: str) -> bool:
+    """On a terminal, ask for the password the server wants (as psql does) and keep it in this
+    process's ``PGPASSWORD``, where libpq finds it for every later connection of the command (a
+    worker's pool too) and :func:`redact` removes it from any text.
+
+    Args:
+        user: the role the server asked the password of (named in the prompt).
+
+    Returns:
+        True when a password was typed (the caller connects again); False without a terminal on
+        stdin, with :data:`PASSWORD_PROMPT_ENV` set, or when nothing was typed.
+    """
+    import getpass
+    import sys
+
+    if os.environ.get(PASSWORD_PROMPT_ENV) or not _stdin_is_terminal():
+        return False
+    try:
+        password = getpass.getpass(f"Password for user {user}: ", stream=sys.stderr)
+    except (EOFError, OSError):
+        return False
+    if not password:
+        return False
+    os.environ["PGPASSWORD"] = password
+    return True
+
+
+def _stdin_is_terminal() -> bool:
+    import sys
+
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 async def connect_async(
@@ -438,50 +493,149 @@ def _check_option_values(target: Target) -> None:
             raise bad(option)
 
 
-_SQLSTATE_MEANING = {
-    "28P01": ("authentication failed",
-              "check the user name and password (PGPASSWORD, .pgpass or the connection string); pgflow never prints them"),
-    "28000": ("the server refused this role",
-              "check the user name and the server's pg_hba.conf rules for this host, database and user"),
-    "3D000": ("the database does not exist", "check the database name (dbname=, PGDATABASE)"),
-    "53300": ("the server has no free connection slots",
-              "too many connections: close idle sessions or raise max_connections, then retry"),
-    "57P03": ("the server is not accepting connections yet", "it is starting up, shutting down or in recovery; retry shortly"),
+_SQLSTATE_REASON = {
+    "28P01": "wrong_password",
+    "3D000": "database_missing",
+    "53300": "too_many_connections",
+    "57P03": "server_starting",
 }
-"""What a connection-time SQLSTATE means for an operator (class 08 and the rest: "cannot connect")."""
+"""The reason of a connection-time SQLSTATE (28000 is decided by :func:`_refused_role_reason`)."""
+
+_ROLE_LOOKUP_ROUTINE = "InitializeSessionUserId"
+"""The server routine that reports an unknown role with SQLSTATE 28000 (pg_hba.conf refusals share the
+SQLSTATE and come from the authentication code): a routine name, the same in every server language."""
 
 _VERBOSE_SQLSTATE = re.compile(r"(?m)(?:^|: )[^:\n]{1,32}:  (?P<sqlstate>[0-9A-Z]{5}): ")
+_VERBOSE_ROUTINE = re.compile(r"(?m)^[^:\n]{1,32}:  (?P<routine>[A-Za-z_][A-Za-z0-9_]*), [\w.-]+:[0-9]+\s*$")
+
+
+def _meaning(reason: str, params: Mapping[str, str]) -> tuple[str, str]:
+    """What went wrong and how to fix it, for a connection failure's reason.
+
+    Args:
+        reason: a key of :data:`pgflow_cli.errors.REASONS` for connection failures.
+        params: what libpq tried (``user``, ``dbname``, ``host``, ``port``), for naming them.
+    """
+    user, dbname = params.get("user") or "?", params.get("dbname") or "?"
+    where = f"{params.get('host') or 'the default socket'} port {params.get('port') or '5432'}"
+    supply = ("supply it with PGPASSWORD, in the connection string of PGFLOW_DATABASE_URL, or in ~/.pgpass "
+              "or a libpq service file; pgflow asks for it on a terminal and never prints it")
+    return {
+        "wrong_password": (f"authentication failed: the server refused the password of role {user!r}",
+                           "check the user name and password (PGPASSWORD, PGFLOW_DATABASE_URL, ~/.pgpass or a "
+                           "service file); pgflow never prints them"),
+        "password_required": (f"authentication failed: the server wants a password for role {user!r} and none "
+                              "was given", supply),
+        "database_missing": (f"the database does not exist: there is no database {dbname!r} on that server",
+                             "check the database name (dbname= in the connection string, PGDATABASE); "
+                             "`psql -l` lists the databases"),
+        "role_missing": (f"the role does not exist: the server has no role {user!r}",
+                         "check the user name (user= in the connection string, PGUSER)"),
+        "not_allowed": (f"the server refused this role: no pg_hba.conf rule lets role {user!r} connect to "
+                        f"database {dbname!r} from here",
+                        "ask the server's administrator for a pg_hba.conf entry, or connect as another role"),
+        "connection_refused": (f"connection refused: nothing listens on {where}",
+                               "is the server running? check the host and port (--dsn, PGFLOW_DATABASE_URL, "
+                               "DATABASE_URL, PGHOST/PGPORT); `pgflow sandbox up` starts a local one"),
+        "host_unknown": (f"unknown host: {params.get('host')!r} does not resolve",
+                         "check the host name (host= in the connection string, PGHOST)"),
+        "timeout": ("connection timed out",
+                    "the server did not answer in time; check the host, port and firewall, or raise --connect-timeout"),
+        "too_many_connections": ("the server has no free connection slots",
+                                 "too many connections: close idle sessions or raise max_connections, then retry"),
+        "server_starting": ("the server is not accepting connections yet",
+                            "it is starting up, shutting down or in recovery; retry shortly"),
+    }.get(reason, ("cannot connect",
+                   "check that the server runs and that host/port are right (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, "
+                   "PGHOST/PGPORT); try `pgflow sandbox up` for a local database"))
 
 
 def _connect_error(target: Target, exc: psycopg.OperationalError, conninfo: str, connect_timeout: int) -> PgflowError:
-    """Classify a failed connection: exception type, libpq's connection state, then SQLSTATE."""
+    """Classify a failed connection (:data:`pgflow_cli.errors.REASONS`): exception type, libpq's
+    connection state, the server's SQLSTATE (read in libpq's verbose mode, never from message text),
+    and, when no server answered, what a plain socket connection to the same address meets."""
     raw = redact(str(exc).strip(), target.conninfo)
     pgconn = getattr(exc, "pgconn", None)
+    params = _tried(pgconn, conninfo)
     if isinstance(exc, pgerrors.ConnectionTimeout):
-        what, hint = ("connection timed out",
-                      "the server did not answer in time; check the host, port and firewall, or raise --connect-timeout")
-    elif pgconn is not None and getattr(pgconn, "used_password", False):
-        what, hint = _SQLSTATE_MEANING["28P01"]  # a password was sent and the server still said no
-    elif pgconn is not None and getattr(pgconn, "needs_password", False):
-        what, hint = ("authentication failed: the server wants a password and none was given",
-                      "supply it with PGPASSWORD, .pgpass or the connection string; pgflow never prints it")
+        reason = "timeout"
+    elif pgconn is not None and getattr(pgconn, "needs_password", False):  # asked, and none was given
+        reason = "password_required"
     else:
-        sqlstate = getattr(exc, "sqlstate", None) or _server_sqlstate(conninfo, connect_timeout)
-        what, hint = _SQLSTATE_MEANING.get(sqlstate or "", (
-            "cannot connect",
-            "check that the server runs and that host/port are right (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, "
-            "PGHOST/PGPORT); try `pgflow sandbox up` for a local database"))
-    reason = "; ".join(line.strip() for line in raw.splitlines() if line.strip()) or "no detail from libpq"
-    return ConnectionFailed(f"{what} to {target.describe()}: {reason}", hint=hint)
+        # A refusal after a password was sent is a wrong password or something the server checks only
+        # after authentication (a missing database): one more attempt in verbose mode tells them apart.
+        sqlstate, routine = _server_diagnosis(conninfo, connect_timeout)
+        sqlstate = getattr(exc, "sqlstate", None) or sqlstate
+        if sqlstate == "28000":
+            reason = "role_missing" if routine == _ROLE_LOOKUP_ROUTINE else "not_allowed"
+        elif sqlstate in _SQLSTATE_REASON:
+            reason = _SQLSTATE_REASON[sqlstate]
+        elif sqlstate is None and pgconn is not None and getattr(pgconn, "used_password", False):
+            reason = "wrong_password"
+        elif sqlstate is None:
+            reason = _socket_reason(params, connect_timeout)
+        else:
+            reason = "connection_failed"
+    what, hint = _meaning(reason, params)
+    detail = [line.strip() for line in raw.splitlines() if line.strip()] or ["no detail from libpq"]
+    return ConnectionFailed(f"cannot connect to {target.describe()}: {what}", hint=hint, detail=detail, reason=reason)
 
 
-def _server_sqlstate(conninfo: str, connect_timeout: int) -> str | None:
-    """The SQLSTATE of the server's refusal, read from one more attempt in libpq's verbose error mode.
+def _tried(pgconn: Any, conninfo: str) -> dict[str, str]:
+    """``user``, ``dbname``, ``host`` and ``port`` libpq tried (from the failed connection, else the conninfo)."""
+    try:
+        params = {k: str(v) for k, v in conninfo_to_dict(conninfo).items() if v is not None}
+    except psycopg.ProgrammingError:
+        params = {}
+    for key in ("user", "dbname", "host", "port"):
+        try:
+            value = getattr(pgconn, "db" if key == "dbname" else key, None) if pgconn is not None else None
+        except Exception:  # a finished PGconn may refuse; the conninfo still says what was meant
+            value = None
+        if isinstance(value, bytes) and value:
+            params[key] = value.decode("utf-8", "replace")
+    return params
+
+
+def _socket_reason(params: Mapping[str, str], connect_timeout: int) -> str:
+    """Why no server answered: a plain connection to the address libpq tried (first host only).
+
+    Returns ``connection_refused`` (nothing listens: ECONNREFUSED, or a Unix socket file that does not
+    exist), ``host_unknown`` (the name does not resolve) or ``connection_failed`` (anything else, e.g.
+    a host that is unreachable, or a listener that then closed the connection).
+    """
+    import socket
+
+    host = (params.get("host") or os.environ.get("PGHOST") or "").split(",")[0]
+    port = int((params.get("port") or os.environ.get("PGPORT") or "5432").split(",")[0] or 5432)
+    try:
+        if not host or host.startswith("/"):
+            path = f"{host or '/var/run/postgresql'}/.s.PGSQL.{port}"
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(min(connect_timeout, 3))
+                sock.connect(path)
+        else:
+            with socket.create_connection((params.get("hostaddr") or host, port), timeout=min(connect_timeout, 3)):
+                pass
+    except (FileNotFoundError, ConnectionRefusedError):
+        return "connection_refused"
+    except socket.gaierror:
+        return "host_unknown"
+    except OSError:
+        return "connection_failed"
+    return "connection_failed"
+
+
+def _server_diagnosis(conninfo: str, connect_timeout: int) -> tuple[str | None, str | None]:
+    """The SQLSTATE of the server's refusal and the server routine that raised it, read from one more
+    attempt in libpq's verbose error mode.
 
     libpq keeps a connection-time error's SQLSTATE only in its message text, and only in verbose
-    mode (``FATAL:  3D000: ...``, the same code in every server language). Used only after a
-    failure that was not a timeout and not a password refusal (so a bad password is never tried
-    twice). ``None`` when libpq cannot be switched to verbose mode or no server answered.
+    mode (``FATAL:  3D000: ...``, the same code in every server language; the ``LOCATION`` line names
+    the routine). Not used after a timeout or a missing password. After a refused password it tries the
+    same password once more: a missing database is only reported after a successful authentication,
+    and nothing else tells it from a wrong password. ``(None, None)`` when libpq cannot be switched to
+    verbose mode or no server answered.
     """
     import selectors
 
@@ -489,7 +643,7 @@ def _server_sqlstate(conninfo: str, connect_timeout: int) -> str | None:
 
     set_verbosity = _libpq_set_error_verbosity()
     if set_verbosity is None:
-        return None
+        return None, None
     pgconn = pq.PGconn.connect_start(conninfo.encode())
     try:
         # psycopg's PGconn protocol omits pgconn_ptr; both implementations (ctypes, C) have it
@@ -504,10 +658,11 @@ def _server_sqlstate(conninfo: str, connect_timeout: int) -> str | None:
                 selector.register(pgconn.socket, event)
                 selector.select(max(0.0, deadline - time.monotonic()))
                 selector.unregister(pgconn.socket)
-        match = _VERBOSE_SQLSTATE.search(pgconn.error_message.decode("utf-8", "replace"))
-        return match.group("sqlstate") if match else None
+        text = pgconn.error_message.decode("utf-8", "replace")
+        sqlstate, routine = _VERBOSE_SQLSTATE.search(text), _VERBOSE_ROUTINE.search(text)
+        return (sqlstate.group("sqlstate") if sqlstate else None), (routine.group("routine") if routine else None)
     except Exception:  # diagnosis only: never worse than no SQLSTATE
-        return None
+        return None, None
     finally:
         pgconn.finish()
 
@@ -689,11 +844,19 @@ def map_database_error(exc: psycopg.Error, *, target: Target | None = None) -> P
             "retry later or raise --lock-timeout / --statement-timeout",
             detail=detail,
         )
-    if isinstance(exc, (pgerrors.UndefinedTable, pgerrors.InvalidSchemaName, pgerrors.UndefinedFunction)):
+    if isinstance(exc, pgerrors.InvalidSchemaName):  # 3F000: a schema (pgflow, pgmq) is not there at all
+        return SchemaMissing(
+            f"a schema is missing: {message.splitlines()[0]}",
+            hint="is this the right database? a database without pgflow gets it with `pgflow migrate apply` "
+            "(`pgflow migrate plan` shows what it does first)",
+            detail=detail, reason="schema_missing",
+        )
+    if isinstance(exc, (pgerrors.UndefinedTable, pgerrors.UndefinedFunction)):
         return SchemaMissing(
             f"a pgflow object is missing: {message.splitlines()[0]}",
-            hint="is this the right database? run `pgflow migrate status` to see what is installed",
-            detail=detail,
+            hint="is this the right database? `pgflow migrate status` shows what is installed, and `pgflow migrate "
+            "apply` adds what a later migration brings",
+            detail=detail, reason="object_missing",
         )
     if isinstance(exc, pgerrors.ReadOnlySqlTransaction):  # 25006: a hot standby or a read-only session
         return ConnectionFailed(
@@ -710,7 +873,8 @@ def map_database_error(exc: psycopg.Error, *, target: Target | None = None) -> P
         )
     if isinstance(exc, psycopg.OperationalError):
         return ConnectionFailed(f"lost the connection: {message.splitlines()[0] if message else 'no detail'}",
-                                hint="the server closed the connection; check the server log and retry")
+                                hint="the server closed the connection; check the server log and retry",
+                                reason="connection_lost")
     return PgflowError(
         f"database error: {message.splitlines()[0] if message else type(exc).__name__}",
         hint=hint_from_server,

@@ -8,7 +8,9 @@ Every error carries three parts an operator can act on:
 
 * ``message``: what went wrong, naming the object (flow, step, queue, file);
 * ``hint``: how to fix it, or the next command to run;
-* ``detail``: optional extra lines (a list of offending rows, blocking sessions).
+* ``detail``: optional extra lines (a list of offending rows, blocking sessions);
+* ``reason``: for errors a script may want to tell apart under one exit code, a stable word
+  (:data:`REASONS`), e.g. ``database_missing`` or ``wrong_password`` under exit 3.
 
 Messages never contain passwords or message bodies; :func:`redact` is applied by
 the connection layer to anything derived from a DSN.
@@ -66,6 +68,33 @@ def exit_code_table() -> str:
     return "\n".join(f"{int(code):>4}  {code.meaning}" for code in ExitCode)
 
 
+REASONS = {
+    # cannot connect (exit 3): what the server, libpq or the socket said, never read from message text
+    "wrong_password": "the server refused the password (or the role, which it does not reveal)",
+    "password_required": "the server asks for a password and none was given",
+    "database_missing": "the database does not exist on that server",
+    "role_missing": "the role does not exist (a server that does not ask for a password says so)",
+    "not_allowed": "pg_hba.conf has no rule letting this role connect to this database from here",
+    "connection_refused": "nothing listens on that host and port (or Unix socket): the server is not running there",
+    "host_unknown": "the host name does not resolve",
+    "timeout": "the server did not answer within --connect-timeout",
+    "too_many_connections": "the server has no free connection slot",
+    "server_starting": "the server is starting up, shutting down or in recovery",
+    "connection_failed": "cannot connect for another reason (see the message)",
+    "connection_lost": "the server closed the connection while the command ran",
+    # no pgflow schema where one is needed (exit 3)
+    "schema_missing": "the database has no pgflow schema",
+    "schema_behind": "the pgflow schema is at an earlier level than the command needs (migrations pending)",
+    "object_missing": "a pgflow object is missing although no migration is pending",
+}
+"""Every ``reason`` an error may carry (``null`` in JSON when it has none), with its meaning
+(docs/exit-codes.md "Reasons")."""
+
+ERROR_DOCUMENT_KIND = "pgflow-cli/error"
+ERROR_DOCUMENT_VERSION = 2
+"""2: ``kind``, ``version`` and ``reason`` added (docs/schemas/error.schema.json)."""
+
+
 class PgflowError(Exception):
     """Base class of every error the CLI reports without a traceback.
 
@@ -74,6 +103,8 @@ class PgflowError(Exception):
         hint: how to fix it (may be empty).
         detail: extra lines shown below the message (e.g. one per offending row).
         exit_code: overrides the class default.
+        reason: a key of :data:`REASONS` when scripts may need to tell this error apart from
+            others with the same exit code, else None.
     """
 
     exit_code: ExitCode = ExitCode.INTERNAL
@@ -85,19 +116,26 @@ class PgflowError(Exception):
         hint: str = "",
         detail: Iterable[str] = (),
         exit_code: ExitCode | None = None,
+        reason: str | None = None,
     ) -> None:
         super().__init__(message)
+        if reason is not None and reason not in REASONS:
+            raise ValueError(f"unknown error reason {reason!r}")
         self.message = message
         self.hint = hint
         self.detail = list(detail)
+        self.reason = reason
         if exit_code is not None:
             self.exit_code = exit_code
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready form used by ``--format json`` error output."""
+        """JSON-ready form used by ``--format json`` error output (docs/schemas/error.schema.json)."""
         return {
+            "kind": ERROR_DOCUMENT_KIND,
+            "version": ERROR_DOCUMENT_VERSION,
             "error": type(self).__name__,
             "exit_code": int(self.exit_code),
+            "reason": self.reason,
             "message": self.message,
             "hint": self.hint,
             "detail": self.detail,

@@ -26,12 +26,11 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-from tabulate import tabulate  # type: ignore[import-untyped]  # no stubs; returns str
+if TYPE_CHECKING:  # rich is imported where a rich object is made: plain, markdown, JSON and CSV need none of it
+    from rich.console import Console
+    from rich.text import Text
 
 JSON_FORMATS = ("table", "json", "csv")
 TEXT_FORMATS = ("table", "plain", "markdown")
@@ -146,6 +145,8 @@ def stdout_is_terminal() -> bool:
 
 def text(value: Any, style: str | None = None) -> Text:
     """A rich :class:`Text` with markup disabled and control characters escaped."""
+    from rich.text import Text
+
     return Text(display(value), style=style or "")
 
 
@@ -155,6 +156,8 @@ def stdout_console() -> Console:
     Off a terminal (pipes, CI logs) tables get ``$COLUMNS`` or 160 columns instead of rich's 80,
     so they are not squeezed into unreadable cells.
     """
+    from rich.console import Console
+
     width = None
     file: Any = sys.stdout
     if not stdout_is_terminal():
@@ -191,6 +194,8 @@ class _TrailingSpaceStripper:
 
 def stderr_console() -> Console:
     """Console for progress, warnings and errors (stderr); ``NO_COLOR`` removes every escape code."""
+    from rich.console import Console
+
     return Console(file=sys.stderr, highlight=False, soft_wrap=True, color_system=None if no_color() else "auto",
                    emoji=False)
 
@@ -246,6 +251,8 @@ class Page:
         console = self.console
         if console is None:
             if self._plain_console is None:
+                from rich.console import Console
+
                 self._plain_console = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=self.width,
                                               color_system=None, emoji=False)
             console = self._plain_console
@@ -305,6 +312,8 @@ class Page:
         """
         cells = [{c.key: display(row.get(c.key)) for c in columns} for row in rows]
         if self.console is None:
+            from tabulate import tabulate  # type: ignore[import-untyped]  # no stubs; returns str
+
             headers = [c.header for c in columns]
             data = [[cell[c.key] for c in columns] for cell in cells]
             if self.format == "markdown":
@@ -323,6 +332,9 @@ class Page:
             if self.format == "markdown":
                 self._write("")
             return []
+        from rich.table import Table
+        from rich.text import Text
+
         shown = fit_columns(columns, cells, self.width)
         dropped = [c.header for c in columns if c not in shown]
         table = Table(title=display(title) if title else None, title_justify="left", title_style="bold")

@@ -4,6 +4,7 @@ package (CLI, sandbox, seeds, demo, reference worker) goes through ``pgflow_cli.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -68,7 +69,8 @@ def test_a_wrong_password_on_a_german_server_is_an_authentication_failure(german
 def test_an_unknown_role_on_a_german_server_is_refused_by_sqlstate(german_server):
     result = _cli_audit(german_server.conninfo("postgres") + " user=niemand")
     assert result.code == ExitCode.CONNECTION, result.output
-    assert "the server refused this role" in result.stderr
+    assert "existiert nicht" in result.stderr  # the server really answered in German
+    assert "the role does not exist" in result.stderr
 
 
 def test_a_database_name_that_reads_like_a_libpq_complaint_is_not_a_usage_error(harness):
@@ -141,3 +143,42 @@ def test_no_module_opens_a_connection_behind_db_connect():
 def test_connect_keeps_the_documented_exit_codes(harness):
     with pytest.raises(ConnectionFailed):
         db.connect(db.Target(harness.server.conninfo("no_such_database"), "--dsn"))
+
+
+def _json_error(result) -> dict:
+    from tests.support.schemas import validate
+
+    assert result.code == ExitCode.CONNECTION, result.output
+    error = json.loads(result.stderr)
+    validate(error, "error")
+    return error
+
+
+def test_a_missing_database_behind_a_password_is_not_a_wrong_password(harness):
+    """The server checks the database only after the password: the verbose retry tells the two apart."""
+    password = harness.server.config.password
+    tcp = harness.server.conninfo("no_such_database", tcp=True)
+    missing = _json_error(_cli_audit(f"{tcp} password={password}", "--format", "json"))
+    assert missing["reason"] == "database_missing" and "no_such_database" in missing["message"]
+    assert "password" not in missing["hint"]
+    wrong = _json_error(_cli_audit(harness.server.conninfo("postgres", tcp=True) + " password=wrong-pw", "--format", "json"))
+    assert wrong["reason"] == "wrong_password" and "wrong-pw" not in json.dumps(wrong)
+    assert password not in json.dumps(missing)
+
+
+def test_connection_failures_have_their_own_reasons(harness, tmp_path):
+    none_given = _json_error(run_cli("audit", "--dsn", harness.server.conninfo("postgres", tcp=True), "--format",
+                                     "json", env={"PGFLOW_NO_PASSWORD_PROMPT": "1"}))
+    assert none_given["reason"] == "password_required" and "PGPASSWORD" in none_given["hint"]
+    role = _json_error(_cli_audit(harness.server.conninfo("postgres") + " user=nobody_here", "--format", "json"))
+    assert role["reason"] == "role_missing" and "nobody_here" in role["message"]
+    with socket.socket() as sock:  # a port nothing listens on (bound, never listening)
+        sock.bind(("127.0.0.1", 0))
+        refused = _json_error(_cli_audit(f"host=127.0.0.1 port={sock.getsockname()[1]} dbname=x", "--format", "json"))
+    assert refused["reason"] == "connection_refused" and "is the server running" in refused["hint"]
+    no_socket = _json_error(_cli_audit(f"host={tmp_path} port=5432 dbname=x", "--format", "json"))
+    assert no_socket["reason"] == "connection_refused"
+    unknown = _json_error(_cli_audit("host=no-such-host.invalid dbname=x", "--format", "json"))
+    assert unknown["reason"] == "host_unknown"
+    assert len({e["reason"] for e in (none_given, role, refused, unknown)}) == 4
+    assert all(e["kind"] == "pgflow-cli/error" and e["version"] == 2 for e in (none_given, role, refused, unknown))

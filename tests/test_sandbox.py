@@ -255,3 +255,25 @@ def test_an_up_that_failed_half_way_is_repaired_by_the_next_up(sandbox_env):
         assert run_cli("audit", "--sandbox", env=env).code == ExitCode.OK
     finally:
         run_cli("sandbox", "reset", "--destroy", "--yes", env=env)
+
+
+def test_the_sandbox_runs_in_local_mode(sandbox_env):
+    """docs/architecture.md "Local vs production": a changed flow is recompiled in the sandbox, not refused."""
+    reset = run_cli("sandbox", "reset", "--yes", env=sandbox_env)
+    assert reset.code == ExitCode.OK, reset.output
+    status = json.loads(run_cli("sandbox", "status", "--format", "json", env=sandbox_env).stdout)
+    assert status["local_mode"] is True
+    with psycopg.connect(status["conninfo"]) as conn:
+        assert conn.execute("SELECT pgflow.is_local()").fetchone()[0] is True
+    assert "mode: local" in run_cli("sandbox", "status", env=sandbox_env).stdout
+
+
+def test_sandbox_dsn_imports_neither_psycopg_nor_rich_nor_pydantic(sandbox_env, tmp_path):
+    """Issue 29 item 6: printing the connection string is cheap (bench/benchmarks/cli_startup.py measures it)."""
+    from tests.support.cli import run_cli_imports
+
+    assert run_cli("sandbox", "up", env=sandbox_env).code == ExitCode.OK
+    result, modules = run_cli_imports("sandbox", "dsn", workdir=tmp_path, env=sandbox_env)
+    assert result.code == ExitCode.OK and "dbname=pgflow" in result.stdout, result.output
+    heavy = {name for name in modules if name.split(".")[0] in ("psycopg", "rich", "pydantic", "tabulate")}
+    assert heavy == set()

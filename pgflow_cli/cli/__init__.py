@@ -13,9 +13,10 @@ this module imports neither psycopg nor rich, until an error is to be reported.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -27,43 +28,61 @@ from pgflow_cli.errors import ExitCode, PgflowError, exit_code_table
 COMMANDS = (
     LazyCommand("audit", "pgflow_cli.cli.audit",
                 "Read-only pre-upgrade report: every flow and step name the queue-identity release rejects (with every "
-                "reason), case-only conflicts, PGMQ queue hazards, and the data at stake per flow."),
-    LazyCommand("drop-flow", "pgflow_cli.cli.drop_flow",
-                "Delete one concrete flow for good: its runs, step states and tasks, its definition, and its private "
-                "PGMQ queues with their archives, in one transaction and in the runtime's lock order."),
-    LazyCommand("worker", "pgflow_cli.cli.worker", "Run the reference worker for a flow defined in your Python module."),
+                "reason), case-only conflicts, PGMQ queue hazards, and the data at stake per flow.",
+                section="upgrade"),
+    LazyCommand("migrate", "pgflow_cli.cli.migrate",
+                "Apply pgflow's SQL migrations in order, each in one transaction recorded with its checksum in "
+                "pgflow.schema_migrations.", section="upgrade"),
     LazyCommand("coverage", "pgflow_cli.cli.coverage",
                 "Persisted routes versus live workers: for every route (a plain flow's queue, or each step's private "
                 "queue) the live workers and the versions they reported, deprecated workers still draining, killed "
-                "workers (stale), fenced functions, and the queue's backlog and oldest message."),
+                "workers (stale), fenced functions, and the queue's backlog and oldest message.", section="deploy"),
+    LazyCommand("fence", "pgflow_cli.cli.fence",
+                "The rollout fence on worker functions: disable them (their workers refuse to register, the HTTP starter "
+                "skips them), drain what their workers still run, and later restore exactly the recorded values.",
+                section="deploy"),
+    LazyCommand("drop-flow", "pgflow_cli.cli.drop_flow",
+                "Delete one concrete flow for good: its runs, step states and tasks, its definition, and its private "
+                "PGMQ queues with their archives, in one transaction and in the runtime's lock order.",
+                section="deploy"),
+    LazyCommand("worker", "pgflow_cli.cli.worker", "Run the reference worker for a flow defined in your Python module.",
+                section="run"),
+    LazyCommand("task", "pgflow_cli.cli.task",
+                "Manual tasks: the tasks of queue-less steps (Flow.step(..., manual=True)) that trusted code completes "
+                "or fails instead of a worker (pgflow.complete_manual_task / pgflow.fail_manual_task).", section="run"),
+    LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them; start a run and await its end.",
+                section="run"),
     LazyCommand("status", "pgflow_cli.cli.status",
                 "What runs, per flow, in one read-only snapshot: runs by state, tasks by state, the oldest queued task "
                 "and how long it has waited, stalled tasks (what the next pgflow.requeue_stalled_tasks() call would take "
                 "back, and tasks it gave up on), each queue's backlog (what pgmq.metrics() reports, counted from the "
                 "queue's own table; plain flow queues and private step queues) and the workers (live, deprecated, "
-                "stale)."),
+                "stale).", section="inspect"),
+    LazyCommand("workers", "pgflow_cli.cli.workers",
+                "Worker rows (pgflow.workers): which worker serves which route, its heartbeat and its tasks in "
+                "flight; and deleting the rows of workers that died without saying so.", section="inspect"),
     LazyCommand("sandbox", "pgflow_cli.cli.sandbox",
                 "A private local PostgreSQL (Unix socket only) with real PGMQ and the pgflow schema, so every command "
-                "runs without a database of your own."),
-    LazyCommand("migrate", "pgflow_cli.cli.migrate",
-                "Apply pgflow's SQL migrations in order, each in one transaction recorded with its checksum in "
-                "pgflow.schema_migrations."),
-    LazyCommand("fence", "pgflow_cli.cli.fence",
-                "The rollout fence on worker functions: disable them (their workers refuse to register, the HTTP starter "
-                "skips them), drain what their workers still run, and later restore exactly the recorded values."),
-    LazyCommand("task", "pgflow_cli.cli.task",
-                "Manual tasks: the tasks of queue-less steps (Flow.step(..., manual=True)) that trusted code completes "
-                "or fails instead of a worker (pgflow.complete_manual_task / pgflow.fail_manual_task)."),
-    LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them; start a run and await its end."),
+                "runs without a database of your own.", section="develop"),
 )
 """Every command of ``pgflow``, in the order ``pgflow --help`` lists them: name, the module whose
-``register(app)`` attaches it (imported only when the command is used, :mod:`pgflow_cli.cli.lazy`), and
-the first sentence of its help text (tests/output/test_lazy_commands.py checks it). A new command is
-one entry here."""
+``register(app)`` attaches it (imported only when the command is used, :mod:`pgflow_cli.cli.lazy`),
+the first sentence of its help text (tests/output/test_lazy_commands.py checks it) and the section of
+the help it is listed in (:data:`SECTIONS`). A new command is one entry here."""
+
+SECTIONS = (
+    ("upgrade", "Upgrade (before and while changing the schema)"),
+    ("deploy", "Deploy (rolling out and retiring workers and flows)"),
+    ("run", "Run (workers, runs, manual tasks)"),
+    ("inspect", "Inspect (what runs, read-only)"),
+    ("develop", "Develop (a local database to try everything)"),
+)
+"""The sections of ``pgflow --help``: the commands by when an operator reaches for them."""
 
 
 class _Commands(LazyGroup):
     lazy_commands = COMMANDS
+    sections = SECTIONS
 
 
 EXIT_CODES_HELP = "\b\nExit codes (every command; docs/exit-codes.md):\n" + exit_code_table()
@@ -71,8 +90,9 @@ EXIT_CODES_HELP = "\b\nExit codes (every command; docs/exit-codes.md):\n" + exit
 app = typer.Typer(
     name="pgflow",
     help="Operator tooling for pgflow on PostgreSQL + PGMQ: audit before upgrading, migrate to upgrade, "
-    "and a local sandbox to try it all.\n\n"
-    "Typical upgrade: `pgflow audit` -> `pgflow migrate plan` -> `pgflow migrate apply`.",
+    "gate deployments on coverage, fence and drain workers, see what runs, and a local sandbox to try it all.\n\n"
+    "Typical upgrade: `pgflow audit` -> `pgflow migrate plan` -> `pgflow migrate apply`. Every command "
+    "has --help with examples.",
     epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=True,  # pgflow --install-completion [SHELL] / --show-completion [SHELL] (README)
@@ -91,9 +111,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for internal errors.")] = False,
-    version: Annotated[
-        bool | None, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
-    ] = None,
+    version: Annotated[  # a plain bool: typer coerces any other annotation through pydantic, which costs
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     STATE.debug = STATE.debug or debug
 
@@ -176,25 +196,77 @@ def _reported(exc: Exception) -> int:
     return int(ExitCode.INTERNAL)
 
 
+CLOSED_STDOUT_EXIT = 128 + 13
+"""The exit status of a process that SIGPIPE ended (128 + 13), which a shell also reports for one that
+wrote to a closed pipe (`pgflow coverage | head -1`): never a documented code (docs/exit-codes.md)."""
+
+
+class StdoutClosed(BaseException):
+    """Stdout's reader went away (EPIPE). A BaseException, so no ``except Exception`` of a command or
+    of click turns it into another exit code; transactions in progress roll back as it passes."""
+
+
+class _ClosedPipeGuard:
+    """Stdout as it was, except that a write or flush meeting a closed pipe raises :class:`StdoutClosed`."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: str) -> int:
+        try:
+            return int(self._stream.write(data))
+        except BrokenPipeError:
+            raise StdoutClosed() from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise StdoutClosed() from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so the interpreter's last flush meets no closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and exit with the documented exit code.
 
     Option parsing errors are reported by typer itself (exit 2); everything a command
-    raises is reported here.
+    raises is reported here. Stdout closed by its reader ends the command silently with
+    :data:`CLOSED_STDOUT_EXIT`, as SIGPIPE ends other programs.
     """
     command = typer.main.get_command(app)
     _ascii_safe_streams()
+    stdout, sys.stdout = sys.stdout, _ClosedPipeGuard(sys.stdout)
     args = _lift_debug(list(sys.argv[1:] if argv is None else argv))
     try:
-        command.main(args=args, prog_name="pgflow", standalone_mode=True)
-        code: int = ExitCode.OK
-    except SystemExit as exc:  # typer/click finished: --help, a usage error, typer.Exit(n)
-        code = exc.code if isinstance(exc.code, int) else (ExitCode.OK if exc.code is None else ExitCode.USAGE)
-    except KeyboardInterrupt:
-        from pgflow_cli import render
+        try:
+            command.main(args=args, prog_name="pgflow", standalone_mode=True)
+            code: int = ExitCode.OK
+        except SystemExit as exc:  # typer/click finished: --help, a usage error, typer.Exit(n)
+            code = exc.code if isinstance(exc.code, int) else (ExitCode.OK if exc.code is None else ExitCode.USAGE)
+        except KeyboardInterrupt:
+            from pgflow_cli import render
 
-        render.stderr_console().print("interrupted")
-        code = ExitCode.INTERRUPTED
-    except Exception as exc:
-        code = _reported(exc)
+            render.stderr_console().print("interrupted")
+            code = ExitCode.INTERRUPTED
+        except Exception as exc:
+            code = _reported(exc)
+        sys.stdout.flush()
+    except StdoutClosed:
+        _silence_stdout()
+        code = CLOSED_STDOUT_EXIT
+    finally:
+        if isinstance(sys.stdout, _ClosedPipeGuard):
+            sys.stdout = stdout
     sys.exit(int(code))

@@ -47,7 +47,14 @@ pgmq and SELECT on their tables. Blocking findings make `pgflow migrate` refuse;
 renamed or deleted by the tool. The same SQL runs in psql: `pgflow audit --print-sql > audit.sql`.
 
 Exit 0: nothing at or above --fail-on. Exit 1: findings at or above --fail-on. Exit 3: cannot
-connect, or no pgflow schema / PGMQ. Exit 6: a --flow that names no flow. Details: docs/audit.md."""
+connect, or no pgflow schema / PGMQ. Exit 6: a --flow that names no flow. Details: docs/audit.md.
+
+\b
+Examples:
+  pgflow audit --sandbox
+  pgflow audit --flow orders --format json > audit.json
+  pgflow audit --fail-on error
+  pgflow audit --print-sql > audit.sql"""
 
 
 def register(app: typer.Typer) -> None:

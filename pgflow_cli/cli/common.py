@@ -10,38 +10,27 @@ command needs them) and are re-exported here, where every command imports them f
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import inspect
 import re
 import typing
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import psycopg
 import typer
 
-from pgflow_cli import db, render
+from pgflow_cli import db
 from pgflow_cli.cli.state import STATE as STATE
+from pgflow_cli.cli.state import FormatOption as FormatOption
 from pgflow_cli.cli.state import OutputFormat as OutputFormat
+from pgflow_cli.cli.state import ReportFormat as ReportFormat
+from pgflow_cli.cli.state import ReportFormatOption as ReportFormatOption
 from pgflow_cli.cli.state import State as State
+from pgflow_cli.cli.state import _default_format as _default_format
 from pgflow_cli.errors import UsageError
-
-
-def _default_format(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-    """``--format`` not given and stdout not a terminal: ``plain`` instead of ``table`` (for formats
-    that have it); the chosen format is also what errors are reported in."""
-    source = ctx.get_parameter_source(param.name or "")
-    if (source is None or source.name in ("DEFAULT", "DEFAULT_MAP")) and value is not None \
-            and str(getattr(value, "value", value)) == "table" and not render.stdout_is_terminal():
-        with suppress(ValueError):
-            value = type(value)("plain")
-    if isinstance(value, enum.Enum) and value.value in OutputFormat._value2member_map_:
-        STATE.output_format = OutputFormat(value.value)
-    return value
-
 
 DsnOption = Annotated[
     str | None,
@@ -61,14 +50,6 @@ ConnectTimeoutOption = Annotated[
     int,
     typer.Option("--connect-timeout", min=1, help="Seconds to wait for the server to answer.", metavar="SECONDS"),
 ]
-FormatOption = Annotated[
-    OutputFormat,
-    typer.Option("--format", "-f", help="Output format: table (terminal default), plain (default when piped; "
-                 "tabulate text for grep), markdown (for tickets), json (versioned document, docs/schemas/), "
-                 "csv (rows).", case_sensitive=False, callback=_default_format),
-]
-
-
 @dataclass(frozen=True)
 class TargetOptions:
     """``--dsn``, ``--sandbox`` and ``--connect-timeout``: the database a command talks to.
@@ -94,7 +75,7 @@ class TargetOptions:
         """Connect (:meth:`open`); in the block, database errors are mapped with the target
         (:func:`mapped_errors`); the connection is closed at the end (``with conn``)."""
         conn, target = self.open()
-        with mapped_errors(target), conn:
+        with conn, mapped_errors(target, conn):
             yield conn, target
 
 
@@ -148,12 +129,19 @@ def option_groups(command: Callable[..., R]) -> Callable[..., R]:
 
 _COMMAND = re.compile(
     r"(?P<cmd>\bpgflow (?:audit|coverage|drop-flow|status|worker"
-    r"|(?:migrate|fence|task|runs) (?:status|plan|apply|abort|disable|restore|list|show|complete|fail|start|wait)))"
+    r"|(?:migrate|fence|task|runs|workers) (?:status|plan|apply|abort|disable|restore|list|show|complete|fail"
+    r"|start|wait|forget)))"
     r"(?![\w-])(?! --(?:dsn|sandbox)\b)"
 )
 
 
-def with_target(text: str, target: db.Target | None = None) -> str:
+PASSWORD_LEFT_OUT = ("the password is left out: typed when asked on a terminal; elsewhere set PGPASSWORD, or give "
+                     "the whole connection string in PGFLOW_DATABASE_URL, or use a libpq service file")
+"""Said after commands that repeat a ``--dsn`` whose password was left out (they connect only once it
+is supplied another way)."""
+
+
+def with_target(text: str, target: db.Target | None = None, *, note: bool = True) -> str:
     """``text`` with every ``pgflow <command>`` that needs a database followed by the target option
     the user gave (:meth:`pgflow_cli.db.Target.option`: ``--dsn '...'`` without password, or
     ``--sandbox``), so a hint works when pasted. Unchanged when the target came from the environment.
@@ -161,24 +149,36 @@ def with_target(text: str, target: db.Target | None = None) -> str:
     Args:
         text: a hint, a ``next:`` line or an error message.
         target: the command's target (default: the one :func:`open_connection` resolved).
+        note: when the ``--dsn`` held a password (left out of the commands), end the text with
+            :data:`PASSWORD_LEFT_OUT` in parentheses, which says how to supply it. False for a bare
+            command (a JSON ``next`` list).
     """
-    option = (target or STATE.target or db.Target("", "")).option()
+    target = target or STATE.target or db.Target("", "")
+    option = target.option()
     if not option:
         return text
-    return _COMMAND.sub(lambda m: f"{m.group('cmd')} {option}", text)
+    result, count = _COMMAND.subn(lambda m: f"{m.group('cmd')} {option}", text)
+    if count and note and target.source == "--dsn" and db.has_password(target.conninfo) \
+            and PASSWORD_LEFT_OUT not in result:
+        result += f" ({PASSWORD_LEFT_OUT})"
+    return result
 
 
 @contextmanager
-def mapped_errors(target: db.Target | None = None) -> Iterator[None]:
+def mapped_errors(target: db.Target | None = None, conn: psycopg.Connection | None = None) -> Iterator[None]:
     """Where every command's database errors become the :class:`PgflowError` they mean.
 
     A ``psycopg.Error`` raised in the block is re-raised as :func:`pgflow_cli.db.map_database_error`
     maps it (exit 3/4/6/70, docs/exit-codes.md), its message redacted of ``target``'s password;
     other exceptions pass unchanged. :func:`pgflow_cli.cli.main` wraps every command in it (and
     prints what it raises); a command that holds a connection wraps its work in it with the target.
+    With ``conn``, a missing table, column or function is first explained by the database's schema
+    level (:func:`pgflow_cli.operations.schema.explain`): no pgflow schema, or migrations pending,
+    is exit 3 naming `pgflow migrate apply`, never an internal error.
 
     Args:
         target: the database the block talks to, or None when no connection string is known.
+        conn: the block's connection (autocommit), to read the schema level from after a failure.
 
     Raises:
         PgflowError: for a psycopg error in the block.
@@ -186,7 +186,33 @@ def mapped_errors(target: db.Target | None = None) -> Iterator[None]:
     try:
         yield
     except psycopg.Error as exc:
+        if conn is not None:
+            from pgflow_cli.operations import schema
+
+            explained = schema.explain(conn, exc)
+            if explained is not None:
+                raise explained from None
         raise db.map_database_error(exc, target=target) from None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhd]?)\s*$")
+
+
+def parse_duration(text: str, option: str) -> float:
+    """Seconds in ``text``: a number with an optional unit s, m, h or d (``90``, ``15m``, ``2h``, ``1d``).
+
+    Args:
+        text: what was given.
+        option: the option it was given to (``--older-than``), for the message.
+
+    Raises:
+        UsageError: anything else (exit 2).
+    """
+    match = _DURATION.match(text or "")
+    if not match:
+        raise UsageError(f"{option} {text!r} is not a duration", hint="use e.g. 90, 90s, 15m, 2h or 1d")
+    return float(match.group("n")) * _UNITS[match.group("unit") or "s"]
 
 
 def versioned(document: dict[str, Any], target: db.Target | None = None) -> dict[str, Any]:

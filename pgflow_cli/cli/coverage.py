@@ -39,7 +39,14 @@ Gate a deployment on it: start the new version's workers, then `pgflow coverage 
 
 Exit 0: every route covered. Exit 1: a route is not covered. Exit 3: cannot connect or no pgflow
 schema. Exit 5: --wait reached --timeout (the routes still missing are named). Exit 6: a --flow that
-names no flow (without --wait)."""
+names no flow (without --wait).
+
+\b
+Examples:
+  pgflow coverage
+  pgflow coverage --flow orders_v2 --wait --timeout 120
+  pgflow coverage --format csv > routes.csv
+  pgflow coverage --sql > coverage.sql"""
 
 
 def register(app: typer.Typer) -> None:
@@ -80,7 +87,7 @@ def coverage(
         missing = report.describe_missing()
         err.print(render.text(f"waiting ({left:.0f} s left): {len(missing)} not covered: " + "; ".join(missing), "dim"))
 
-    with common.mapped_errors(target), conn:
+    with conn, common.mapped_errors(target, conn):
         if wait:
             report = coverage_op.wait_for_coverage(conn, flow, heartbeat_window=heartbeat_window, timeout=timeout,
                                                    interval=interval, progress=progress)

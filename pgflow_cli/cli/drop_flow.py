@@ -33,7 +33,13 @@ Read docs/drop-flow.md before you run it.
 Exit 0 deleted (or --dry-run); 1 refused: still active (fence and drain, or --force); 2 usage;
 3 cannot connect, no migration 0003, or not allowed; 4 a lock stayed busy; 6 unknown flow (slugs are
 exact: "MyFlow" is not "myflow") or queue problems; 130 confirmation declined. Nothing is deleted
-unless the exit code is 0 and it was not a dry run."""
+unless the exit code is 0 and it was not a dry run.
+
+\b
+Examples:
+  pgflow drop-flow orders_v1 --dry-run
+  pgflow drop-flow orders_v1
+  pgflow drop-flow orders_v1 --yes --confirm orders_v1 --export ./orders_v1-history"""
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +50,7 @@ def register(app: typer.Typer) -> None:
 def drop_flow(
     flow_slug: Annotated[str, typer.Argument(metavar="SLUG", help="The exact flow slug (letter case matters).")],
     where: common.TargetOptions = common.ANY_TARGET,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the verdict; delete nothing.")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Delete even while live workers serve the flow or runs are started (they are abandoned). "
@@ -62,8 +68,6 @@ def drop_flow(
                                          help="Transactions tried on lock timeouts and deadlocks.")] = 3,
 ) -> None:
     STATE.output_format = output_format
-    if output_format == OutputFormat.csv:
-        raise UsageError("drop-flow reports as table, plain, markdown or json, not csv")
     if confirm is not None and confirm != flow_slug:
         raise UsageError(f"--confirm {confirm!r} does not match the flow slug {flow_slug!r}",
                          hint="give the exact slug twice; letter case matters")

@@ -8,7 +8,6 @@ restore, a row changed since the fence); 130 Ctrl-C: you stopped watching, the f
 
 from __future__ import annotations
 
-import enum
 import getpass
 import socket
 import time
@@ -26,9 +25,9 @@ from rich.table import Table
 from pgflow_cli import db, render
 from pgflow_cli.cli import common
 from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
-from pgflow_cli.cli.common import _default_format as default_format
 from pgflow_cli.errors import DeadlineReached, ExitCode, PgflowError
 from pgflow_cli.operations import fence as fence_op
+from pgflow_cli.operations.waiting import Pacer
 
 app = typer.Typer(
     help="The rollout fence on worker functions: disable them (their workers refuse to register, the HTTP "
@@ -40,21 +39,6 @@ app = typer.Typer(
 )
 
 
-class FenceFormat(str, enum.Enum):
-    """Output formats of the fence commands (docs/commands/README.md "Output formats")."""
-
-    table = "table"
-    plain = "plain"
-    markdown = "markdown"
-    json = "json"
-
-
-FormatOption = Annotated[
-    FenceFormat,
-    typer.Option("--format", "-f", help="Output format: table (terminal default), plain (default when piped), "
-                 "markdown (for tickets) or json (versioned document).", case_sensitive=False,
-                 callback=default_format),
-]
 FunctionOption = Annotated[
     list[str] | None,
     typer.Option("--function", help="A worker function (pgflow.worker_functions.function_name); repeat for several.",
@@ -125,7 +109,7 @@ def _connection(where: TargetOptions) -> Iterator[psycopg.Connection]:
     conn = db.connect(target, application_name=application_name(), connect_timeout=where.connect_timeout)
     common.STATE.target = target = target.connected(conn)
     try:
-        with common.mapped_errors(target):
+        with common.mapped_errors(target, conn):
             fence_op.require_installed(conn)
             yield conn
     finally:
@@ -161,7 +145,7 @@ def disable(
     detach: Annotated[bool, typer.Option("--detach", help="Return once disabled and deprecated; do not wait.")] = False,
     options: ChangeOptions = ANY_CHANGE,
     where: TargetOptions = ANY_TARGET,
-    output_format: FormatOption = FenceFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
 ) -> None:
     """Fence worker functions: record their `enabled`, disable them, deprecate their workers, wait for the drain.
 
@@ -175,9 +159,15 @@ def disable(
     Exit 0 drained (or --detach, --dry-run); 4 a function row stayed locked (nothing changed); 5
     --timeout reached with work in flight (named); 6 an unknown function or flow, or a fence that no
     longer matches its row; 130 Ctrl-C (the fence stays).
+
+    \b
+    Examples:
+      pgflow fence disable --flow orders -m 'deploy 2.4'
+      pgflow fence disable --function orders-worker -m 'hotfix' --detach
+      pgflow fence disable --all -m 'protocol upgrade' --dry-run
     """
     common.STATE.output_format = OutputFormat(output_format.value)
-    as_json = output_format == FenceFormat.json
+    as_json = output_format == OutputFormat.json
     with _connection(where) as conn:
         selection = fence_op.select(conn, function or [], flow or [], every=every)
         result = fence_op.disable(conn, selection, reason, dry_run=options.dry_run, lock_timeout=options.lock_timeout,
@@ -301,20 +291,18 @@ def _bold_function(key: str, row: Mapping[str, Any]) -> str | None:
 # ----------------------------------------------------------------------------------------------
 @contextmanager
 def _live_view(enabled: bool) -> Iterator[Callable[[fence_op.DrainProgress], None]]:
-    """A callback that shows each look: a live rich view on a terminal, a line per change elsewhere."""
+    """A callback that shows each look: a live rich view on a terminal; elsewhere a line per change,
+    and at least every 5 s while nothing changes (a silent wait looks hung)."""
     if not enabled:
         yield lambda progress: None
         return
     err = render.stderr_console()
     if not err.is_terminal:
-        seen: list[tuple[Any, ...]] = []
+        pacer = Pacer()
 
         def line(progress: fence_op.DrainProgress) -> None:
-            key = (len(progress.workers), progress.in_flight, progress.stranded, progress.queued)
-            if seen and seen[-1] == key:
-                return
-            seen[:] = [key]
-            err.print(render.text(_summary(progress)))
+            if pacer.due((len(progress.workers), progress.in_flight, progress.stranded, progress.queued)):
+                err.print(render.text(_summary(progress)))
 
         yield line
         return
@@ -400,7 +388,7 @@ def restore(
     ] = fence_op.DEFAULT_HEARTBEAT_TIMEOUT,
     options: ChangeOptions = ANY_CHANGE,
     where: TargetOptions = ANY_TARGET,
-    output_format: FormatOption = FenceFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
 ) -> None:
     """Lift fences: write back exactly the recorded `enabled` values where nobody changed the row since.
 
@@ -411,9 +399,14 @@ def restore(
 
     Exit 0 restored (and, with --wait-heartbeat, each enabled function has a new worker); 5 no new
     heartbeat by --timeout; 6 a conflict, or no recorded fence for what you named; 130 Ctrl-C.
+
+    \b
+    Examples:
+      pgflow fence restore --flow orders --wait-heartbeat
+      pgflow fence restore --function orders-worker --dry-run
     """
     common.STATE.output_format = OutputFormat(output_format.value)
-    as_json = output_format == FenceFormat.json
+    as_json = output_format == OutputFormat.json
     with _connection(where) as conn:
         selection = fence_op.restore_selection(conn, function or [], flow or [], every)
         result = fence_op.restore(conn, selection, dry_run=options.dry_run, lock_timeout=options.lock_timeout,
@@ -432,13 +425,13 @@ def restore(
         since = max(c.closed_at for c in result.changes if c.action == "restored" and c.closed_at is not None)
         result.waiting_for = list(waiting)
         err = render.stderr_console()
-        seen: list[Any] = []
+        pacer, started = Pacer(), time.monotonic()
 
         def on_progress(workers: list[fence_op.Worker], missing: list[str]) -> None:
             result.new_workers = workers
-            if not as_json and missing != seen:
-                seen[:] = missing
-                err.print(render.text(f"waiting for a new worker heartbeat of: {', '.join(missing)}" if missing
+            if not as_json and pacer.due(tuple(missing)):
+                err.print(render.text(f"waiting {time.monotonic() - started:.0f} s for a new worker heartbeat of: "
+                                      f"{', '.join(missing)}" if missing
                                       else "every restored function has a new worker"))
 
         try:
@@ -502,15 +495,20 @@ def status(
     heartbeat_window: WindowOption = fence_op.DEFAULT_WINDOW,
     interval: IntervalOption = 2.0,
     where: TargetOptions = ANY_TARGET,
-    output_format: FormatOption = FenceFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
 ) -> None:
     """Show the active fences (age, reason, who, what a restore would do) and the drain of their functions.
 
     Read-only. With --watch the view refreshes every --interval seconds until Ctrl-C (exit 130;
     nothing changes); with --format json --watch, one JSON document per line.
+
+    \b
+    Examples:
+      pgflow fence status
+      pgflow fence status --watch --interval 5
     """
     common.STATE.output_format = OutputFormat(output_format.value)
-    as_json = output_format == FenceFormat.json
+    as_json = output_format == OutputFormat.json
     with _connection(where) as conn:
         def look() -> fence_op.StatusReport:
             return fence_op.status(conn, function or None, window=heartbeat_window)

@@ -35,11 +35,13 @@ class LazyCommand:
         name: the command's name (``drop-flow``, ``migrate``).
         module: the module defining it, whose ``register(app: typer.Typer)`` attaches it under ``name``.
         summary: the first sentence of its help text, as ``pgflow --help`` lists it.
+        section: the heading ``pgflow --help`` lists it under (:attr:`LazyGroup.sections`); ``""`` for none.
     """
 
     name: str
     module: str
     summary: str
+    section: str = ""
 
     def load(self, group: TyperGroup) -> Command:
         """Import the module and build the click command typer makes of what it registers.
@@ -58,7 +60,35 @@ class LazyCommand:
         module = importlib.import_module(self.module)
         holder = typer.Typer(rich_markup_mode=group.rich_markup_mode, suggest_commands=group.suggest_commands)
         module.register(holder)
-        return typer.main.get_group(holder).commands[self.name]
+        command = typer.main.get_group(holder).commands[self.name]
+        flags_off_by_default(command)
+        return command
+
+
+def flags_off_by_default(command: Command) -> None:
+    """Make the boolean flags of ``command`` (its help flag too) and of its subcommands default to False
+    instead of None.
+
+    typer (0.29) converts every option value but a bool through pydantic, whose import costs about a
+    tenth of a second of CPU; its --install-completion/--show-completion flags and every command's help
+    flag default to None, so each command paid it, even one with no option of its own (``pgflow sandbox
+    dsn``). A flag not given means the same either way. Options of other types are left as they are.
+    """
+    for param in command.params:
+        if getattr(getattr(param, "type_descriptor", None), "annotation", None) is bool and param.default is None:
+            param.default = False
+    make_help_option = command.get_help_option
+
+    def help_option(ctx: Context) -> Any:
+        option = make_help_option(ctx)
+        if option is not None and option.default is None:
+            option.default = False
+        return option
+
+    command.get_help_option = help_option  # type: ignore[method-assign]
+    for sub in getattr(command, "commands", {}).values():
+        if not isinstance(sub, _StandIn):
+            flags_off_by_default(sub)
 
 
 class _StandIn(TyperCommand):
@@ -81,11 +111,19 @@ class LazyGroup(TyperGroup):
 
     lazy_commands: ClassVar[Sequence[LazyCommand]] = ()
     """The lazily loaded commands, in listing order."""
+    sections: ClassVar[Sequence[tuple[str, str]]] = ()
+    """``(section, heading)`` in the order the help shows them; commands of no section come last,
+    under "Commands"."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         for lazy in self.lazy_commands:
             self.commands.setdefault(lazy.name, _StandIn(lazy, self))
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        """Parse the root's own options, its flags off by default (:func:`flags_off_by_default`)."""
+        flags_off_by_default(self)
+        return super().parse_args(ctx, args)
 
     def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         """The command named ``cmd_name``, imported now if it was not yet (:meth:`LazyCommand.load`),
@@ -96,7 +134,17 @@ class LazyGroup(TyperGroup):
         return command
 
     def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
-        """The "Commands" section of the help, typer's own, from the commands as they are now
-        (stand-ins list their summary), so that showing the help imports no command."""
-        listing = TyperGroup(name=self.name, commands=dict(self.commands), rich_markup_mode=self.rich_markup_mode)
-        listing.format_commands(ctx, formatter)
+        """The commands of the help, one heading per :attr:`sections` entry, from the commands as they are
+        now (stand-ins list their summary), so that showing the help imports no command. Each section is
+        typer's own "Commands" listing under its heading."""
+        of = {lazy.name: lazy.section for lazy in self.lazy_commands}
+        known = [key for key, _ in self.sections]
+        groups = [(heading, [n for n in self.commands if of.get(n) == key]) for key, heading in self.sections]
+        groups.append(("Commands", [n for n in self.commands if of.get(n, "") not in known]))
+        width = max((len(name) for name in self.commands), default=0)
+        for heading, names in groups:
+            rows = [(name.ljust(width), self.commands[name].get_short_help_str(max(formatter.width - 6 - width, 10)))
+                    for name in names if not self.commands[name].hidden]  # one alignment for every section
+            if rows:
+                with formatter.section(heading):
+                    formatter.write_dl(rows)

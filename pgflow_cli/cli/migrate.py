@@ -80,15 +80,28 @@ STATUS_COLUMNS = ["version", "name", "state", "applied_at", "applied_by", "tool_
 def status(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Also each migration's summary and every function file (by default only drifted "
+        "ones).")] = False,
 ) -> None:
     """Show applied, pending, in-progress, changed (checksum mismatch), unknown and superseded migrations,
     functions that differ from their files, invalid indexes, and which pgflow release installed a schema
     pgflow-cli did not (or adopted). Read-only.
 
+    The verdict comes first (up to date, N pending, in progress, drift, or why this tool cannot migrate the
+    database) with the command that moves on, then one line per migration; function files only when one
+    drifted (all of them, and each migration's summary, with --verbose).
+
     Exit 0 up to date or only pending (a ledger of an earlier build that apply converts included); 1 a migration
     in progress (resume or abort it), an installed function that differs from its file, or an invalid index;
     6 when this tool cannot migrate the database (changed files, a newer database, an earlier build's
     migrations stopped part way, a pgflow schema that matches no published release).
+
+    \b
+    Examples:
+      pgflow migrate status
+      pgflow migrate status --verbose --format plain
+      pgflow migrate status --format json | jq .verdict
     """
     common.STATE.output_format = output_format
     conn, target = where.open()
@@ -105,7 +118,7 @@ def status(
         render.write_csv(STATUS_COLUMNS, rows)
     else:
         page = render.Page(output_format.value)
-        _print_status(page, rows, target.describe(), report)
+        _print_status(page, rows, target.describe(), report, verbose)
         if report.found is not None:
             _print_upstream(page, report.found)
     if report.conflict:
@@ -126,9 +139,11 @@ STATUS_TABLE = [
     render.Column("applied_by", "by", drop=4),
     render.Column("tool_version", "tool", drop=5),
     render.Column("seconds", "s", drop=3, justify="right"),
-    render.Column("summary", "summary", drop=1, wrap=True),
 ]
-"""``migrate status`` at any width: migration and state always; the summary wraps; the rest go first."""
+"""``migrate status``: one line per migration at any width; migration and state always, the rest go first."""
+
+SUMMARY_COLUMN = render.Column("summary", "summary", drop=1, wrap=True)
+"""Each migration's summary (``--verbose``)."""
 
 FILES_TABLE = [
     render.Column("file", "function file", wrap=True),
@@ -136,24 +151,32 @@ FILES_TABLE = [
     render.Column("detail", "what differs", drop=1, wrap=True),
 ]
 
-
-def _print_status(page: render.Page, rows: list[dict[str, Any]], where: str, report: migrate_op.StatusReport) -> None:
+def _print_status(page: render.Page, rows: list[dict[str, Any]], where: str, report: migrate_op.StatusReport,
+                  verbose: bool = False) -> None:
+    style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")
+    verdict = report.lines() or ["up to date"]  # what is true, each with the command that moves on
+    page.line(common.with_target(f"{where}: {verdict[0]}"), style)
+    for line in verdict[1:]:
+        page.line(common.with_target(line), style)
+    applied = sum(1 for row in rows if row["state"] == "applied")
     shown = [{**row, "applied": row["applied_at"].strftime("%Y-%m-%d %H:%M:%S") if row["applied_at"] else "",
               "seconds": "" if row["duration_seconds"] is None else f"{row['duration_seconds']:.1f}"}
              for row in rows]
-    page.table(STATUS_TABLE, shown, title=f"migrations in {where}",
+    page.table([*STATUS_TABLE, SUMMARY_COLUMN] if verbose else STATUS_TABLE, shown,
+               title=f"migrations ({applied} of {len(rows)} applied)",
                style=lambda key, row: STATE_STYLES.get(row["state"]) if key == "state" else None)
-    if report.plan.file_drift:
-        files = [{"file": f"sql/{f.path}", "state": f.state, "detail": "; ".join(f.detail)}
-                 for f in report.plan.file_drift]
+    drift = {f.path for f in report.plan.file_drift}
+    listed = [f for f in report.plan.files if verbose or f.path in drift]
+    if listed:
+        files = [{"file": f"sql/{f.path}", "state": f.state, "drift": f.path in drift, "detail": "; ".join(f.detail)}
+                 for f in listed]
         page.blank()
-        page.table(FILES_TABLE, files, title="function files that differ from the database",
-                   style=lambda key, row: "bold red" if key == "state" else None)
-    page.blank()
+        page.table(FILES_TABLE, files, title="function files" if verbose else "function files that differ from the database",
+                   style=lambda key, row: None if key != "state" else
+                   "green" if row["state"] == "current" else "bold red" if row["drift"] else "yellow")
+    elif report.plan.files:
+        page.line(f"function files: none drifted (--verbose lists all {len(report.plan.files)})", "dim")
     page.line(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}")
-    style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")
-    for line in report.lines():
-        page.line(common.with_target(line), style)
 
 
 @app.command()
@@ -170,6 +193,11 @@ def plan(
     the Supabase migration history. Runs the preflight audit of migrations that ask for one. Exit 0 when
     apply may proceed, 1 when the preflight audit would refuse it (blocking findings), 6 for a state conflict
     (changed files, newer database, a pgflow schema that matches no release).
+
+    \b
+    Examples:
+      pgflow migrate plan
+      pgflow migrate plan --format json | jq .next
     """
     common.STATE.output_format = output_format
     conn, target = where.open()
@@ -177,7 +205,7 @@ def plan(
         report = migrate_op.make_plan(conn, assume_release=assume_release)
     if output_format == OutputFormat.json:
         body = report.to_dict()
-        body["next"] = [common.with_target(command) for command in report.next]
+        body["next"] = [common.with_target(command, note=False) for command in report.next]
         render.write_json(_document("migrate-plan", target, body))
     elif output_format == OutputFormat.csv:
         render.write_csv(["version", "name", "state", "path", "preflight_audit", "worker_protocol", "summary",
@@ -201,7 +229,7 @@ def plan(
             page.line(common.with_target(note), "yellow")
         if report.next:
             joiner = " or " if report.choice else ", then "
-            page.line("next: " + joiner.join(common.with_target(command) for command in report.next), "dim")
+            page.line(common.with_target("next: " + joiner.join(report.next)), "dim")
     if report.problem:
         from pgflow_cli.cli import report_error
 
@@ -266,6 +294,13 @@ def apply(
     with --assume-release); 130 Ctrl-C (the message says what was left and how to go on). A database installed by pgflow itself is
     adopted first, in one transaction (with --dry-run: only the adoption runs, rolled back).
     Read docs/upgrade.md first: workers must be fenced and drained for an upgrade that changes their protocol.
+
+    \b
+    Examples:
+      pgflow migrate apply --dry-run
+      pgflow migrate apply
+      pgflow migrate apply --sql > upgrade.sql
+      pgflow migrate apply --install-pgmq
     """
     common.STATE.output_format = output_format
     if dry_run and install_pgmq:
@@ -402,6 +437,11 @@ def abort(
 
     Runs the migration's abort phase in one transaction and forgets its ledger row; the database is then
     back to the schema before that migration. Exit 6 if the migration is not in progress.
+
+    \b
+    Examples:
+      pgflow migrate abort 3
+      pgflow migrate abort 3 --yes
     """
     import sys
 

@@ -50,15 +50,19 @@ def list_(
                                                   help="The next page: runs started before this run (the id "
                                                   "the previous page's `next:` line gives, or a unique prefix).")]
     = None,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
     """List runs, newest first.
 
     Exit 0: listed (also when none matched). Exit 2: a bad --status, --limit or --before. Exit 3: cannot
     connect or no pgflow schema. Exit 6: --flow or --before names nothing.
+
+    \b
+    Examples:
+      pgflow runs list --flow orders --status failed
+      pgflow runs list --limit 50 --format json
     """
-    _no_csv(output_format)
     with where.connected() as (conn, target):
         page = runs_op.list_runs(conn, flow=flow, status=status, limit=limit, before=before)
         if output_format == OutputFormat.json:
@@ -105,15 +109,19 @@ def show(
                                               help="Also show the outputs of the run, its steps and tasks.")] = False,
     max_tasks: Annotated[int, typer.Option("--max-tasks", min=1, metavar="N",
                                            help="Show at most N tasks (a map step may have thousands).")] = 200,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
     """Show one run: its steps, tasks, attempts and errors (outputs only with --show-output).
 
     Exit 0: shown. Exit 2: RUN_ID is neither a run id nor a unique prefix of one. Exit 3: cannot connect or no
     pgflow schema. Exit 6: no such run.
+
+    \b
+    Examples:
+      pgflow runs show 74d94235-acf2-4bcc-bb3a-0e6f0176b324
+      pgflow runs show 74d94235 --show-output
     """
-    _no_csv(output_format)
     runs_op.parse_run_ref(run_id)  # a bad id is a usage error before any connection
     with where.connected() as (conn, target):
         detail = runs_op.show_run(conn, run_id, show_output=show_output, max_tasks=max_tasks)
@@ -185,29 +193,29 @@ While waiting, a line on stderr says where the run stands, at least every 5 seco
 the database whatever happens to this command (Ctrl-C, --timeout); `pgflow runs wait RUN_ID` awaits it
 again.
 
+Exit 0: started (with --wait: completed). Exit 1: the run failed (--wait). Exit 2: bad options, an input
+that is not JSON or that PostgreSQL or the flow cannot take. Exit 3: cannot connect. Exit 5: --timeout
+passed before the run ended (it goes on). Exit 6: no such flow.
+
 \b
 Examples:
   pgflow runs start greetUser --input '{"first": "Ada", "last": "Lovelace"}'
   pgflow runs start greetUser --input @input.json --wait --timeout 60
-  pgflow runs start greetUser --input @- --wait --show-output --format json < input.json
-
-Exit 0: started (with --wait: completed). Exit 1: the run failed (--wait). Exit 2: bad options, an input
-that is not JSON or that PostgreSQL or the flow cannot take. Exit 3: cannot connect. Exit 5: --timeout
-passed before the run ended (it goes on). Exit 6: no such flow."""
+  pgflow runs start greetUser --input @- --wait --show-output --format json < input.json"""
 
 WAIT_HELP = """Await the end of a run; print how it ended (its failed steps and their errors).
 
 RUN_ID is a run id or a unique prefix of one. A line on stderr says where the run stands at least every
 5 seconds; an ended run is reported at once. The run goes on whatever happens to this command.
 
+Exit 0: the run completed. Exit 1: it failed. Exit 2: RUN_ID is neither a run id nor a unique prefix (an
+ambiguous prefix lists its matches). Exit 3: cannot connect (or the connection was lost for 30 s). Exit 5:
+--timeout passed first. Exit 6: no such run.
+
 \b
 Examples:
   pgflow runs wait 6f1c2a9e
-  pgflow runs wait 6f1c2a9e --timeout 300 --show-output --format json
-
-Exit 0: the run completed. Exit 1: it failed. Exit 2: RUN_ID is neither a run id nor a unique prefix (an
-ambiguous prefix lists its matches). Exit 3: cannot connect (or the connection was lost for 30 s). Exit 5:
---timeout passed first. Exit 6: no such run."""
+  pgflow runs wait 6f1c2a9e --timeout 300 --show-output --format json"""
 
 @dataclass(frozen=True)
 class WaitOptions:
@@ -234,10 +242,9 @@ def start(
     wait: Annotated[bool, typer.Option("--wait", help="Await the run's end and report it (exit 0 completed, "
                                        "1 failed, 5 --timeout passed).")] = False,
     waiting: WaitOptions = ANY_WAIT,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
-    _no_csv(output_format)
     if not wait and waiting != ANY_WAIT:
         raise UsageError(f"{'--timeout' if waiting.timeout is not None else '--show-output'} needs --wait",
                          hint="add --wait, or await the run later with `pgflow runs wait RUN_ID`")
@@ -256,10 +263,9 @@ def start(
 def wait_(
     run_id: RunIdArgument,
     waiting: WaitOptions = ANY_WAIT,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
-    _no_csv(output_format)
     runs_op.parse_run_ref(run_id)
     with where.connected() as (conn, target):
         report = runs_op.RunReport(runs_op.WAIT_KIND, runs_op.read_run(conn, run_id))
@@ -331,11 +337,6 @@ def show_report(report: runs_op.RunReport, out: render.Page) -> None:
              for f in report.failures if not f["tasks"]]
     out.table(FAILURE_COLUMNS, rows, title="failed steps")
     out.line(common.with_target(f"next: pgflow runs show {run['run_id']}"), "dim")
-
-
-def _no_csv(output_format: OutputFormat) -> None:
-    if output_format == OutputFormat.csv:
-        raise UsageError("pgflow runs has no csv format: use table, plain, markdown or json")
 
 
 def _task_state(task: dict[str, Any]) -> str:

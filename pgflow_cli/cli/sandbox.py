@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from pgflow_cli import render
-from pgflow_cli.cli.common import STATE, FormatOption, OutputFormat
+from pgflow_cli.cli.state import STATE, FormatOption, OutputFormat
 from pgflow_cli.errors import DeadlineReached, ExitCode, UsageError
-from pgflow_cli.sandbox import Sandbox, seeds
+
+if TYPE_CHECKING:  # imported where used: `pgflow sandbox dsn` needs neither psycopg nor rich
+    from rich.console import Console
+
+    from pgflow_cli.sandbox import Sandbox
 
 app = typer.Typer(
     help="A private local PostgreSQL (Unix socket only) with real PGMQ and the pgflow schema, so every "
@@ -37,11 +40,20 @@ SeedOption = Annotated[
 ]
 
 
+def _sandbox() -> Sandbox:
+    """The sandbox of the default directory (:func:`pgflow_cli.sandbox.default_dir`)."""
+    from pgflow_cli.sandbox import Sandbox
+
+    return Sandbox.default()
+
+
 def _err() -> Console:
     return render.stderr_console()
 
 
 def _seed(conninfo: str, seed: str) -> None:
+    from pgflow_cli.sandbox import seeds
+
     seeds.load(conninfo, seed, progress=lambda message: _err().print(render.text(message, "dim")))
 
 
@@ -64,9 +76,17 @@ def up(
     --sandbox` and `pgflow migrate plan --sandbox` have something to report. An existing sandbox database is
     only started, never migrated nor seeded: its data is kept (the output says so); --reset throws it away
     first. Upgrade it with `pgflow migrate apply --sandbox`, as you would a real one.
+
+    \b
+    Examples:
+      pgflow sandbox up
+      pgflow sandbox up --seed demo
+      pgflow sandbox up --seed demo --reset
     """
+    from pgflow_cli.sandbox import seeds
+
     STATE.output_format = output_format
-    sandbox = Sandbox.default()
+    sandbox = _sandbox()
     if seed is not None:
         seeds.check_name(seed)
     _err().print(render.text(f"sandbox directory: {sandbox.directory}", "dim"))
@@ -115,13 +135,18 @@ def worker(
     pgflow.requeue_stalled_tasks() every 15 s (every 0.5 s with --seconds or --until-idle), as the cron
     job does in production: the demo's task claimed by a vanished worker comes back 60 s after its
     claim (step timeout 30 s + 30 s). Ctrl-C drains in-flight tasks before exiting.
+
+    \b
+    Examples:
+      pgflow sandbox worker
+      pgflow sandbox worker --until-idle --seconds 60
     """
     import logging
 
     from pgflow_cli.sandbox import demo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    conninfo = Sandbox.default().running_conninfo()
+    conninfo = _sandbox().running_conninfo()
     unknown = [slug for slug in flow or [] if slug not in demo.RUNNABLE_AFTER_UPGRADE]
     if unknown:
         raise UsageError(f"not a runnable demo flow: {', '.join(unknown)}",
@@ -136,21 +161,41 @@ def worker(
 
 @app.command()
 def status(output_format: FormatOption = OutputFormat.table) -> None:
-    """Show whether the sandbox runs, where, and what its database holds."""
+    """Show whether the sandbox runs, where, and what its database holds.
+
+    \b
+    Examples:
+      pgflow sandbox status
+      pgflow sandbox status --format json
+    """
     STATE.output_format = output_format
-    _show(Sandbox.default(), output_format, headline=None)
+    _show(_sandbox(), output_format, headline=None)
 
 
 @app.command()
 def dsn() -> None:
-    """Print the sandbox connection string (Unix socket; no password needed), e.g. for psql."""
-    typer.echo(Sandbox.default().running_conninfo())
+    """Print the sandbox connection string (Unix socket; no password needed), e.g. for psql.
+
+    \b
+    Examples:
+      pgflow sandbox dsn
+    """
+    from pgflow_cli.sandbox import LocalServer, default_dir, validate_base_dir
+    from pgflow_cli.sandbox.location import running_conninfo
+
+    directory = validate_base_dir(default_dir())
+    typer.echo(running_conninfo(LocalServer(directory), directory))
 
 
 @app.command()
 def down() -> None:
-    """Stop the sandbox server; its data stays for the next `up`."""
-    sandbox = Sandbox.default()
+    """Stop the sandbox server; its data stays for the next `up`.
+
+    \b
+    Examples:
+      pgflow sandbox down
+    """
+    sandbox = _sandbox()
     was_running = sandbox.down()
     _err().print("sandbox stopped" if was_running else "sandbox was not running")
 
@@ -164,9 +209,16 @@ def reset(
     ] = False,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
-    """Throw the sandbox database away and create it again (optionally seeded). Only the sandbox is touched."""
+    """Throw the sandbox database away and create it again (optionally seeded). Only the sandbox is touched.
+
+    \b
+    Examples:
+      pgflow sandbox reset --yes
+      pgflow sandbox reset --yes --seed demo
+      pgflow sandbox reset --destroy --yes
+    """
     STATE.output_format = output_format
-    sandbox = Sandbox.default()
+    sandbox = _sandbox()
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError("reset deletes the sandbox database; confirm with --yes when not on a terminal")
@@ -178,7 +230,7 @@ def reset(
         _err().print(f"deleted {sandbox.directory}")
         if seed is None:
             return
-        sandbox = Sandbox.default()
+        sandbox = _sandbox()
     else:
         sandbox.reset()
     up(seed=seed, output_format=output_format)
@@ -210,6 +262,8 @@ def _show(sandbox: Sandbox, output_format: OutputFormat, headline: str | None,
         ("PGMQ", info.pgmq_version),
         ("flows", info.flows),
         ("runs in flight", info.runs_in_flight),
+        ("mode", None if info.local_mode is None else "local (pgflow.environment=local: a changed flow is "
+         "recompiled, its runs deleted)" if info.local_mode else "production (a changed flow is refused)"),
     ]
     for key, value in rows:
         # soft_wrap: a connection string must stay on one line to be copied

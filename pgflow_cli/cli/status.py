@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
+from collections.abc import Mapping
 from typing import Annotated
 
 import typer
@@ -24,7 +26,13 @@ too); with --format json it writes one document per line. Read-only: SELECT on t
 tables suffices.
 
 Exit 0: shown. Exit 3: cannot connect or no pgflow schema. Exit 6: a --flow that names no flow.
-Exit 130: --watch stopped with Ctrl-C (the normal end of a watch)."""
+Exit 130: --watch stopped with Ctrl-C (the normal end of a watch).
+
+\b
+Examples:
+  pgflow status
+  pgflow status --flow orders --watch 5
+  pgflow status --format json | jq .totals"""
 
 WATCH_DEFAULT = 2.0
 """Seconds between the snapshots of ``--watch`` when no interval is given."""
@@ -75,15 +83,13 @@ def status(
     interval: Annotated[float | None, typer.Option(
         "--interval", metavar="SECONDS", min=WATCH_MINIMUM, show_default=False,
         help=f"Seconds between the snapshots of --watch (default {WATCH_DEFAULT:g}).")] = None,
-    output_format: common.FormatOption = OutputFormat.table,
+    output_format: common.ReportFormatOption = OutputFormat.table,
     heartbeat_window: Annotated[float, typer.Option(
         "--heartbeat-window", min=0.1, metavar="SECONDS",
         help="A worker is live when its last heartbeat is at most this old (as `pgflow coverage`).")]
     = DEFAULT_HEARTBEAT_WINDOW,
     where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
-    if output_format == OutputFormat.csv:
-        raise UsageError("pgflow status has no csv format: use table, plain, markdown or json")
     every = watch_interval(watch, seconds, interval)
     stop = threading.Event()
     with where.connected() as (conn, target):
@@ -101,18 +107,22 @@ def status(
 
 
 FLOW_COLUMNS = (
-    render.Column("flow", "flow", wrap=True),
+    render.Column("flow", "flow"),
     render.Column("in_flight", "in flight", justify="right"),
-    render.Column("done", "done", drop=4, justify="right"),
-    render.Column("failed", "failed", drop=3, justify="right"),
-    render.Column("queued", "queued", justify="right"),
-    render.Column("running", "running", drop=2, justify="right"),
+    render.Column("failed", "failed", justify="right"),
+    render.Column("queued", "queued", drop=2, justify="right"),
+    render.Column("running", "running", drop=4, justify="right"),
+    render.Column("waiting", "waiting", drop=3, justify="right"),
     render.Column("stalled", "stalled", wrap=True),
-    render.Column("waited", "waited", drop=1, justify="right"),
-    render.Column("backlog", "backlog", justify="right"),
-    render.Column("workers", "workers", wrap=True),
+    render.Column("workers", "workers", drop=5, wrap=True),
+    render.Column("waited", "waited", drop=6, justify="right"),
+    render.Column("backlog", "backlog", drop=7, justify="right"),
+    render.Column("done", "done", drop=8, justify="right"),
 )
-"""The per-flow table; too narrow a terminal leaves out done, failed, running, waited (in that order)."""
+"""The per-flow table. What an operator looks for stays longest: the flow, runs in flight and failed,
+stalled tasks, then queued tasks, manual tasks waiting for their outcome (never counted as running),
+running tasks and the workers; too narrow a terminal leaves out done, backlog, waited, workers, running,
+waiting and queued, in that order (and says so; the closing line keeps the totals)."""
 
 QUEUE_COLUMNS = (
     render.Column("queue", "queue", wrap=True),
@@ -141,8 +151,8 @@ def show(report: status_op.StatusReport, output_format: OutputFormat, target: db
     page = render.Page(output_format.value)
     if redraw and page.console is not None and render.stdout_is_terminal():
         page.console.clear()
-    page.table(FLOW_COLUMNS, [_flow_row(f) for f in report.flows],
-               title="pgflow status" + (f" --flow {report.flow_filter}" if report.flow_filter else ""))
+    page.table(FLOW_COLUMNS, [_flow_row(f) for f in report.flows], title=title(report, target),
+               style=_style)
     queues = [q for f in report.flows for q in f.queues] + report.other_queues
     if queues:
         page.table(QUEUE_COLUMNS, [
@@ -162,17 +172,44 @@ def _flow_row(flow: status_op.FlowStatus) -> dict[str, object]:
                else ", ".join(f"{n} {kind}" for kind, n in flow.workers.items() if n) or "none")
     return {"flow": flow.flow_slug, "in_flight": flow.runs_in_flight, "done": flow.runs.get("completed", 0),
             "failed": flow.runs.get("failed", 0), "queued": flow.tasks.get("queued", 0),
-            "running": flow.tasks.get("started", 0), "stalled": stalled,
+            "running": flow.running, "waiting": "-" if flow.waiting is None else flow.waiting, "stalled": stalled,
             "waited": render.age(oldest.age_seconds) if oldest else "-", "backlog": flow.backlog, "workers": workers}
 
 
+def _style(key: str, row: Mapping[str, object]) -> str | None:
+    value = row.get(key)
+    if key == "failed" and value:
+        return "bold red"
+    if key == "stalled" and value not in ("0", render.UNKNOWN):
+        return "bold red"
+    if key == "waiting" and value not in (0, "-"):
+        return "yellow"
+    if key == "workers" and "stale" in str(value):
+        return "red"
+    return None
+
+
+def title(report: status_op.StatusReport, target: db.Target) -> str:
+    """``pgflow status of user@host:port/dbname at 2026-12-01 10:20:30 UTC`` (the server's clock at
+    the snapshot; with ``--flow``, the flow too): which database and when, also in every ``--watch`` redraw."""
+    where = target.server.describe() if target.server else target.describe()
+    when = report.checked_at.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    flow = f" (flow {report.flow_filter})" if report.flow_filter else ""
+    return f"pgflow status of {where} at {when} UTC{flow}"
 
 
 def summary(report: status_op.StatusReport) -> str:
-    """The closing line, e.g. ``3 flow(s): no run in flight`` or ``... 2 run(s) in flight, 1 stalled task``."""
+    """The closing line, e.g. ``3 flow(s): no run in flight`` or ``... 2 run(s) in flight, 1 failed, 1 stalled
+    task``: the totals, also of the columns a narrow terminal leaves out."""
     totals = report.totals()
     parts = [f"{totals['runs_in_flight']} run(s) in flight" if totals["runs_in_flight"] else "no run in flight"]
+    if totals["failed_runs"]:
+        parts[0] += f", {totals['failed_runs']} failed"
+    if totals["waiting_manual_tasks"]:
+        parts.append(f"{totals['waiting_manual_tasks']} manual task(s) waiting")
     if totals["stalled_tasks"] or totals["permanently_stalled_tasks"]:
         parts.append(f"{totals['stalled_tasks']} stalled task(s), {totals['permanently_stalled_tasks']} given up")
-    parts.append(f"{totals['backlog']} message(s) in the queues, {totals['live_workers']} live worker(s)")
+    workers = f"{totals['live_workers']} live worker(s)" + (f", {totals['stale_workers']} stale"
+                                                            if totals["stale_workers"] else "")
+    parts.append(f"{totals['backlog']} message(s) in the queues, {workers}")
     return f"{totals['flows']} flow(s): " + "; ".join(parts)

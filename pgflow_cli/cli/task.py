@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +35,6 @@ CSV_COLUMNS = ["run_id", "flow_slug", "step_slug", "task_index", "status", "step
                "started_at", "age_seconds", "completed_at", "failed_at", "error_message"]
 """One CSV row per task, in this column order."""
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhd]?)\s*$")
-
 RunArg = Annotated[str, typer.Argument(help="Run id, or a unique prefix of it (at least 4 hex digits).",
                                        metavar="RUN_ID", show_default=False)]
 StepArg = Annotated[str, typer.Argument(help="Step slug.", metavar="STEP", show_default=False)]
@@ -59,18 +55,6 @@ class TaskKey:
 def register(app_root: typer.Typer) -> None:
     """Attach ``task`` to the root command."""
     app_root.add_typer(app, name="task")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``text``: a number with an optional unit s, m, h or d (``90``, ``15m``, ``2h``, ``1d``).
-
-    Raises:
-        UsageError: anything else.
-    """
-    match = _DURATION.match(text or "")
-    if not match:
-        raise UsageError(f"--older-than {text!r} is not a duration", hint="use e.g. 90, 90s, 15m, 2h or 1d")
-    return float(match.group("n")) * _UNITS[match.group("unit") or "s"]
 
 
 def _run(where: TargetOptions, action: Callable[[psycopg.Connection], list[op.ManualTask]]) -> list[op.ManualTask]:
@@ -122,9 +106,15 @@ def list_tasks(
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10000, help="At most this many tasks.")] = 100,
 ) -> None:
-    """Waiting manual tasks, oldest first, with their age, run and step."""
+    """Waiting manual tasks, oldest first, with their age, run and step.
+
+    \b
+    Examples:
+      pgflow task list
+      pgflow task list --flow review --older-than 1h
+    """
     common.STATE.output_format = output_format
-    seconds = parse_duration(older_than) if older_than is not None else None
+    seconds = common.parse_duration(older_than, "--older-than") if older_than is not None else None
     tasks = _run(where,
                  lambda conn: op.list_waiting(conn, flow_slug=flow, older_than=seconds, limit=limit))
     _emit(tasks, output_format, "waiting manual tasks")
@@ -137,7 +127,12 @@ def show_task(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
-    """One manual task by run id, step and index, whatever its state."""
+    """One manual task by run id, step and index, whatever its state.
+
+    \b
+    Examples:
+      pgflow task show 74d94235-acf2-4bcc-bb3a-0e6f0176b324 approve
+    """
     common.STATE.output_format = output_format
     tasks = _run(where, lambda conn: [op.show(conn, runs_op.resolve_run_id(conn, task.run_id), task.step, task.index)])
     _emit(tasks, output_format, "manual task")
@@ -168,7 +163,13 @@ def complete_task(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
-    """Complete a waiting manual task with a JSON output; the workflow moves on in the same transaction."""
+    """Complete a waiting manual task with a JSON output; the workflow moves on in the same transaction.
+
+    \b
+    Examples:
+      pgflow task complete 74d94235-acf2-4bcc-bb3a-0e6f0176b324 approve --output '{"approved": true}'
+      pgflow task complete 74d94235-acf2-4bcc-bb3a-0e6f0176b324 pack --index 3 --output-file out.json
+    """
     common.STATE.output_format = output_format
     value = _output_value(output, output_file)
     tasks = _run(where, lambda conn: [op.complete(conn, runs_op.resolve_run_id(conn, task.run_id), task.step,
@@ -185,7 +186,12 @@ def fail_task(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
-    """Fail a waiting manual task (no retry); the step's when_exhausted decides what follows."""
+    """Fail a waiting manual task (no retry); the step's when_exhausted decides what follows.
+
+    \b
+    Examples:
+      pgflow task fail 74d94235-acf2-4bcc-bb3a-0e6f0176b324 approve --error 'rejected by finance'
+    """
     common.STATE.output_format = output_format
     tasks = _run(where, lambda conn: [op.fail(conn, runs_op.resolve_run_id(conn, task.run_id), task.step, task.index,
                                               error)])

@@ -31,7 +31,12 @@ Exit 0: stopped cleanly. Exit 1: stopped after a fatal claim (unsupported work; 
 paused, see docs/claim-protocol.md). Exit 2: bad MODULE:FLOW, --step or options. Exit 3: cannot
 connect. Exit 6: startup refused by the database: function fenced (PF001), protocol mismatch
 (PF002), the flow exists with another shape or routing, or a queue collision (PF004).
-Details: docs/step-queues.md."""
+Details: docs/step-queues.md.
+
+\b
+Examples:
+  pgflow worker myapp.flows:scrape --concurrency 20
+  pgflow worker ./flows.py:scrape_queued --step parse --sandbox"""
 
 
 class LogLevel(str, enum.Enum):
@@ -77,7 +82,12 @@ def worker(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     plan = worker_op.plan_worker(target, step_slug=step, function_name=function)
     where = options.resolve()
-    db.connect(where, connect_timeout=options.connect_timeout).close()  # a clear exit 3 before anything starts
+    with db.connect(where, connect_timeout=options.connect_timeout) as conn, mapped_errors(where):  # exit 3 first
+        recompile = worker_op.local_recompile(conn, plan)
+    if recompile is not None:  # local mode: say what the worker's compilation deletes before it does
+        render.stderr_console().print(render.text(recompile.warning(), "bold red"))
+        for difference in recompile.differences:
+            render.stderr_console().print(render.text(f"  {difference}", "red"))
     runner = worker_op.build_worker(
         plan, where.conninfo, max_concurrent=concurrency, batch_size=min(concurrency, 10),
         connect_timeout=options.connect_timeout,

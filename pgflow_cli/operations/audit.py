@@ -29,9 +29,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgflow_cli import __version__, naming, sqlfiles
+from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import transaction
 from pgflow_cli.errors import ConnectionFailed, SchemaMissing, StateConflict
+from pgflow_cli.operations import names
 
 AUDIT_SQL = "audit.sql"
 """The named statements, below ``sql/``."""
@@ -519,7 +520,9 @@ def schema_from_probe(probe: dict[str, Any]) -> SchemaInfo:
     if not probe["has_pgflow_schema"]:
         raise SchemaMissing(
             f"database {database!r} has no pgflow schema: there is nothing to audit",
-            hint="connect to the database that holds pgflow (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, PG* variables)",
+            hint="connect to the database that holds pgflow (--dsn, PGFLOW_DATABASE_URL, DATABASE_URL, PG* variables); "
+            "a new database needs no audit: install pgflow with `pgflow migrate apply`",
+            reason="schema_missing",
         )
     if not probe["pgflow_usage"]:
         raise ConnectionFailed(f"role {role!r} has no USAGE privilege on schema pgflow", hint=grant_hint)
@@ -692,8 +695,8 @@ def build_report(
         if unknown:
             detail = []
             for slug in unknown:
-                similar = sorted(k for k in known if naming.normalized_slug(k) == naming.normalized_slug(slug))
-                detail.append(f"{slug!r}" + (f": did you mean {', '.join(repr(s) for s in similar)}?" if similar else ""))
+                similar = names.suggestions(slug, known)
+                detail.append(f"{slug!r}" + (f": did you mean {' or '.join(repr(s) for s in similar)}?" if similar else ""))
             raise StateConflict(
                 f"flow not found: {', '.join(repr(s) for s in unknown)}",
                 hint="--flow takes an exact flow slug (case matters); run `pgflow audit` without --flow to see every flow",

@@ -13,6 +13,7 @@ The SQL is ``sql/queries/coverage.sql``; it needs only SELECT (and USAGE on the 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 import time
 from collections import Counter
@@ -28,6 +29,8 @@ from psycopg.rows import dict_row
 from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import transaction
 from pgflow_cli.errors import DeadlineReached, ExitCode, StateConflict, UsageError
+from pgflow_cli.operations import names
+from pgflow_cli.operations.waiting import pause
 
 COVERAGE_SQL = "queries/coverage.sql"
 
@@ -245,7 +248,7 @@ def check_coverage(
                 missing = [slug for slug in wanted if slug not in known]
             if missing and not allow_missing_flows:
                 raise StateConflict(
-                    f"no flow named {', '.join(repr(s) for s in missing)}",
+                    f"no flow named {names.unknown_flows(conn, missing)}",
                     hint="flow slugs are exact and case-sensitive; a flow exists once a worker of it has started "
                     "(use --wait to wait for it)",
                 )
@@ -281,7 +284,8 @@ def wait_for_coverage(
         timeout: seconds until the deadline.
         interval: seconds between checks.
         progress: called after every check that is not yet covered, with the report and the
-            seconds left (the CLI prints a line on stderr).
+            seconds left (the CLI prints a line on stderr), and again at least every 5 s meanwhile
+            (:func:`pgflow_cli.operations.waiting.pause`) with the last report.
 
     Returns:
         The first report in which everything is covered.
@@ -308,7 +312,13 @@ def wait_for_coverage(
             )
         if progress is not None:
             progress(report, left)
-        time.sleep(min(interval, max(left, 0.05)))
+        pause(min(interval, max(left, 0.05)),
+              None if progress is None else functools.partial(_report_again, progress, report, deadline))
+
+
+def _report_again(progress: Callable[[CoverageReport, float], None], report: CoverageReport, deadline: float) -> None:
+    """While waiting between checks: the last report again, with the seconds left now."""
+    progress(report, deadline - time.monotonic())
 
 
 _PARAM = re.compile(r"%\((?P<name>[a-z_]+)\)s")

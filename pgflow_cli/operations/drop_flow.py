@@ -30,8 +30,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgflow_cli import sqlfiles
-from pgflow_cli.db import retry_on_lock, scalar, transaction
-from pgflow_cli.errors import PgflowError, Refused, SchemaMissing, StateConflict, UsageError
+from pgflow_cli.db import first_line, retry_on_lock, scalar, transaction
+from pgflow_cli.errors import PgflowError, Refused, StateConflict, UsageError
+from pgflow_cli.operations import names, schema
 
 QUERIES = "queries/drop_flow.sql"
 
@@ -159,28 +160,36 @@ class DropResult:
 
 
 def require_installed(conn: psycopg.Connection) -> None:
-    """Raise :class:`SchemaMissing` (exit 3) when the database lacks ``pgflow.drop_flow`` (migration 0003)."""
+    """Raise :class:`SchemaMissing` (exit 3) when the database lacks ``pgflow.drop_flow``."""
     try:
         row = conn.execute(sqlfiles.statement(QUERIES, "installed")).fetchone()
     except psycopg.errors.InvalidSchemaName:
         row = None
     if not row or not row[0]:
-        raise SchemaMissing(
-            "this database has no whole-flow deletion (pgflow.drop_flow, migration 0003)",
-            hint="upgrade it first: pgflow migrate plan, then pgflow migrate apply",
-        )
+        raise schema.missing_feature(conn, "whole-flow deletion (pgflow.drop_flow)")
 
 
 def plan(conn: psycopg.Connection, flow_slug: str) -> DropPlan:
     """Read the plan of deleting ``flow_slug`` (exact slug) in one read-only statement.
 
     Raises:
-        SchemaMissing: no migration 0003 (exit 3).
+        SchemaMissing: no ``pgflow.drop_flow`` here (exit 3).
         psycopg.Error: PF006 for an unknown flow (the CLI maps it to exit 6).
     """
     require_installed(conn)
-    with transaction(conn, read_only=True, lock_timeout=None, statement_timeout=None):
-        doc = scalar(conn.execute(sqlfiles.statement(QUERIES, "plan"), {"flow_slug": flow_slug}))
+    try:
+        with transaction(conn, read_only=True, lock_timeout=None, statement_timeout=None):
+            doc = scalar(conn.execute(sqlfiles.statement(QUERIES, "plan"), {"flow_slug": flow_slug}))
+    except psycopg.Error as exc:
+        if getattr(exc, "sqlstate", None) != "PF006":
+            raise
+        # the server's message already names a flow that differs only in letter case
+        close = [n for n in names.suggestions(flow_slug, names.flow_slugs(conn)) if n.lower() != flow_slug.lower()]
+        diag = exc.diag
+        raise StateConflict((diag.message_primary or first_line(exc)).strip()
+                            + (f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""),
+                            hint=diag.message_hint or "slugs are exact and case-sensitive; `pgflow status` lists "
+                            "every flow", detail=(diag.message_detail or "").splitlines()) from None
     return DropPlan.from_json(doc)
 
 

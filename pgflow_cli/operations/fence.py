@@ -21,7 +21,9 @@ Everything here returns dataclasses and raises :mod:`pgflow_cli.errors` types; n
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,7 +33,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgflow_cli import db, sqlfiles
-from pgflow_cli.errors import DeadlineReached, SchemaMissing, StateConflict, UsageError
+from pgflow_cli.errors import DeadlineReached, StateConflict, UsageError
+from pgflow_cli.operations import names as slug_names
+from pgflow_cli.operations import schema
+from pgflow_cli.operations.waiting import pause
 
 QUERIES = "queries/fence.sql"
 
@@ -351,14 +356,13 @@ def _fetch(conn: psycopg.Connection, name: str, params: dict[str, Any] | None = 
 
 
 def require_installed(conn: psycopg.Connection) -> None:
-    """Raise :class:`SchemaMissing` (exit 3) unless the database has the fence (migration 0003)."""
+    """Raise :class:`SchemaMissing` (exit 3) unless the database has the fence record (pgflow.fences)."""
     rows = _fetch(conn, "installed")
     if not rows or not rows[0]["installed"]:
-        raise SchemaMissing(
-            "this database has no rollout-fence record (pgflow.fences, migration 0003)",
-            hint="upgrade the schema with `pgflow migrate apply`; while you upgrade from an older schema, fence with "
-            "the SQL of docs/upgrade.md step 2",
-        )
+        error = schema.missing_feature(conn, "the rollout-fence record (pgflow.fences)")
+        if error.reason == "schema_behind":
+            error.hint += "; while you upgrade from an older schema, fence with the SQL of docs/upgrade.md step 2"
+        raise error
 
 
 def select(conn: psycopg.Connection, functions: Sequence[str] = (), flows: Sequence[str] = (), *,
@@ -394,8 +398,8 @@ def select(conn: psycopg.Connection, functions: Sequence[str] = (), flows: Seque
         known = {r["flow_slug"] for r in _fetch(conn, "known_flows", {"flows": flow_list})}
         unknown = [f for f in flow_list if f not in known]
         if unknown:
-            raise StateConflict(f"flow not found: {', '.join(unknown)}",
-                                hint="flow slugs are exact and case-sensitive: SELECT flow_slug FROM pgflow.flows")
+            raise StateConflict(f"flow not found: {slug_names.unknown_flows(conn, unknown)}",
+                                hint="flow slugs are exact and case-sensitive; `pgflow status` lists every flow")
         served = _fetch(conn, "functions_for_flows", {"flows": flow_list})
         unserved = [f for f in flow_list if f not in {r["flow_slug"] for r in served}]
         if unserved:
@@ -572,7 +576,14 @@ def wait_for_drain(conn: psycopg.Connection, functions: Sequence[str], *, window
             return progress
         if progress.elapsed >= timeout:
             raise drain_deadline(progress, timeout)
-        time.sleep(max(0.0, min(interval, timeout - progress.elapsed)))
+        pause(max(0.0, min(interval, timeout - progress.elapsed)), None if on_progress is None else
+              functools.partial(_look_again, on_progress, progress, started, clock))
+
+
+def _look_again(on_progress: Callable[[DrainProgress], None], look: DrainProgress, started: float,
+                clock: Callable[[], float]) -> None:
+    """While waiting between looks: the last look again, with the time waited so far."""
+    on_progress(dataclasses.replace(look, elapsed=clock() - started))
 
 
 def drain_deadline(progress: DrainProgress, timeout: float) -> DeadlineReached:
@@ -665,7 +676,8 @@ def wait_for_heartbeats(conn: psycopg.Connection, functions: Sequence[str], sinc
                 "and look at its worker rows: SELECT * FROM pgflow.workers WHERE function_name = '...'",
                 detail=[f"{name}: no worker registered or heartbeat since the restore" for name in missing],
             )
-        time.sleep(max(0.0, min(interval, timeout - elapsed)))
+        pause(max(0.0, min(interval, timeout - elapsed)), None if on_progress is None else
+              functools.partial(on_progress, workers, missing))
 
 
 # ----------------------------------------------------------------------------------------------

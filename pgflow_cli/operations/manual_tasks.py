@@ -40,6 +40,7 @@ from psycopg.types.json import Jsonb
 
 from pgflow_cli import sqlfiles
 from pgflow_cli.errors import StateConflict, UsageError
+from pgflow_cli.operations import names
 
 QUERIES = "queries/manual_tasks.sql"
 """The named statements, below ``sql/``."""
@@ -220,7 +221,7 @@ def show(conn: psycopg.Connection, run_id: str | uuid.UUID, step_slug: str, task
         row = cur.execute(sqlfiles.statement(QUERIES, "show"), address).fetchone()
     label = f"run {address['run_id']}, step {step_slug!r}, task index {task_index}"
     if row is None:
-        raise ManualTaskNotFound(f"no task at {label}",
+        raise ManualTaskNotFound(f"no task at {label}{_step_suggestion(conn, address)}",
                                  hint="a manual task exists once its step is ready (`pgflow task list`)")
     if row["execution_mode"] != "manual":
         raise ManualTaskNotManual(f"the task at {label} is queue-backed, not manual",
@@ -228,11 +229,24 @@ def show(conn: psycopg.Connection, run_id: str | uuid.UUID, step_slug: str, task
     return _task(row)
 
 
+def _step_suggestion(conn: psycopg.Connection, address: dict[str, Any]) -> str:
+    """`` (did you mean 'approve'?)`` when the run exists and has a step close to the one given."""
+    steps = names.run_step_slugs(conn, address["run_id"])
+    return names.did_you_mean(address["step_slug"], steps) if address["step_slug"] not in steps else ""
+
+
 def _record(conn: psycopg.Connection, statement: str, params: dict[str, Any]) -> ManualTask:
-    with _refusals(), conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(sqlfiles.statement(QUERIES, statement), params)
-        row = cur.execute(sqlfiles.statement(QUERIES, "show"),
-                          {k: params[k] for k in ("run_id", "step_slug", "task_index")}).fetchone()
+    try:
+        with _refusals(), conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(sqlfiles.statement(QUERIES, statement), params)
+            row = cur.execute(sqlfiles.statement(QUERIES, "show"),
+                              {k: params[k] for k in ("run_id", "step_slug", "task_index")}).fetchone()
+    except ManualTaskNotFound as exc:
+        suggestion = _step_suggestion(conn, params)
+        if suggestion:
+            exc.message += suggestion
+            exc.args = (exc.message,)
+        raise
     assert row is not None  # the statement above just wrote this task
     return _task(row)
 

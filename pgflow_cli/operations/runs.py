@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 from pgflow_cli import client, db, sqlfiles
 from pgflow_cli.db import scalar, transaction
 from pgflow_cli.errors import StateConflict, UsageError
+from pgflow_cli.operations import names
 from pgflow_cli.operations.status import RUN_STATES, utc_iso
 
 QUERIES = "queries/runs.sql"
@@ -188,7 +189,8 @@ def list_runs(
         before_id = resolve_run_id(conn, before, "--before") if before is not None else None
         params = {"flow": flow, "status": status, "limit": limit, "before": before_id}
         if flow is not None and not scalar(conn.execute(sqlfiles.statement(QUERIES, "flow_exists"), params)):
-            raise StateConflict(f"no flow named {flow!r}", hint="flow slugs are exact and case-sensitive")
+            raise StateConflict(f"no flow named {names.unknown_flows(conn, [flow])}",
+                                hint="flow slugs are exact and case-sensitive")
         if before_id is not None and not scalar(conn.execute(sqlfiles.statement(QUERIES, "run_exists"),
                                                              {"run_id": before_id})):
             raise StateConflict(f"no run {before_id} (the --before run)", hint="pass a run id that `runs list` showed")

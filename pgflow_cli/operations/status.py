@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from pgflow_cli import sqlfiles
 from pgflow_cli.db import scalar, transaction
 from pgflow_cli.errors import StateConflict
+from pgflow_cli.operations import names
 from pgflow_cli.operations.coverage import DEFAULT_HEARTBEAT_WINDOW
 
 QUERIES = "queries/status.sql"
@@ -106,6 +107,8 @@ class FlowStatus:
             within the window, not stopped) -> count of worker rows; None where the schema's worker rows
             carry no route (upstream-installed: not analysed).
         queues: the flow's queues with their backlog.
+        waiting: tasks of manual steps waiting for their outcome (counted in ``tasks["started"]``, but
+            nobody runs them); None where the schema has no manual tasks.
     """
 
     flow_slug: str
@@ -117,6 +120,12 @@ class FlowStatus:
     oldest_stalled_started_at: dt.datetime | None = None
     workers: dict[str, int] | None = None
     queues: list[QueueBacklog] = field(default_factory=list)
+    waiting: int | None = None
+
+    @property
+    def running(self) -> int:
+        """Started tasks a worker runs: the started ones but manual tasks waiting for their outcome."""
+        return self.tasks.get("started", 0) - (self.waiting or 0)
 
     @property
     def runs_in_flight(self) -> int:
@@ -134,6 +143,7 @@ class FlowStatus:
             "runs": dict(self.runs),
             "runs_in_flight": self.runs_in_flight,
             "tasks": dict(self.tasks),
+            "waiting_manual_tasks": self.waiting,
             "oldest_queued_task": self.oldest_queued.to_dict() if self.oldest_queued else None,
             "stalled_tasks": self.stalled,
             "permanently_stalled_tasks": self.permanently_stalled,
@@ -176,6 +186,9 @@ class StatusReport:
             "runs_in_flight": self.runs_in_flight,
             "queued_tasks": sum(f.tasks.get("queued", 0) for f in self.flows),
             "started_tasks": sum(f.tasks.get("started", 0) for f in self.flows),
+            "waiting_manual_tasks": sum(f.waiting or 0 for f in self.flows),
+            "failed_runs": sum(f.runs.get("failed", 0) for f in self.flows),
+            "stale_workers": sum(f.workers["stale"] for f in self.flows if f.workers),
             "stalled_tasks": sum(f.stalled or 0 for f in self.flows),
             "permanently_stalled_tasks": sum(f.permanently_stalled or 0 for f in self.flows),
             "backlog": sum(f.backlog for f in self.flows),
@@ -229,7 +242,7 @@ def collect(
         checked_at = scalar(conn.execute(sqlfiles.statement(QUERIES, "now")))
         flows = {row["flow_slug"]: FlowStatus(row["flow_slug"]) for row in rows("flows")}
         if flow is not None and flow not in flows:
-            raise StateConflict(f"no flow named {flow!r}",
+            raise StateConflict(f"no flow named {names.unknown_flows(conn, [flow])}",
                                 hint="flow slugs are exact and case-sensitive; `pgflow status` lists every flow")
         capabilities = rows("capabilities")[0]
         for row in rows("runs_by_state"):
@@ -239,6 +252,11 @@ def collect(
         for row in rows("oldest_queued"):
             slug = row.pop("flow_slug")
             flows[slug].oldest_queued = OldestQueued(**{**row, "run_id": str(row["run_id"])})
+        if capabilities["manual_tasks"]:
+            for flow_status in flows.values():
+                flow_status.waiting = 0
+            for row in rows("manual_waiting"):
+                flows[row["flow_slug"]].waiting = row["waiting"]
         stalled_rule = "stalled" if capabilities["manual_tasks"] else "stalled_before_manual_tasks"
         for flow_status in flows.values() if capabilities["stalled_recovery"] else ():
             flow_status.stalled = flow_status.permanently_stalled = 0

@@ -15,11 +15,13 @@ import importlib
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgflow_cli import __version__
+import psycopg
+
+from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.errors import UsageError
 from pgflow_cli.worker import Flow, StepQueuedFlow, Worker
 from pgflow_cli.worker.flow import FlowDefinition
@@ -181,3 +183,69 @@ def build_worker(plan: WorkerPlan, conninfo: str, **options: Any) -> Worker:
             in seconds (every connection the worker opens), ...).
     """
     return Worker(plan.flow, conninfo, function_name=plan.function_name, step_slug=plan.step_slug, **options)
+
+
+DEVELOP_QUERIES = "queries/develop.sql"
+
+
+@dataclass(frozen=True)
+class Recompile:
+    """What starting a worker will delete: its flow changed and the database is in local mode.
+
+    Attributes:
+        flow_slug: the flow.
+        runs / runs_in_flight: its runs, and those still started, counted before anything ran.
+        tasks / tasks_in_flight: its tasks, and those queued or started.
+        differences: the database's differences between the stored and the new definition.
+    """
+
+    flow_slug: str
+    runs: int
+    runs_in_flight: int
+    tasks: int
+    tasks_in_flight: int
+    differences: list[str] = field(default_factory=list)
+
+    def warning(self) -> str:
+        """The loud line said before the worker starts."""
+        return (f"LOCAL MODE (pgflow.environment=local): flow {self.flow_slug!r} changed. Starting this worker "
+                f"DELETES its {self.runs} run(s) ({self.runs_in_flight} in flight) and {self.tasks} task(s) "
+                f"({self.tasks_in_flight} queued or running), with its queues and their messages, and compiles "
+                "the new definition in its place.")
+
+
+def local_recompile(conn: psycopg.Connection, plan: WorkerPlan) -> Recompile | None:
+    """Whether the worker's startup compilation will delete and recompile its flow, and what that deletes.
+
+    Only in local mode (``pgflow.is_local()``, which the sandbox turns on): there a changed flow is
+    deleted with its runs and compiled again. The rows are counted first; then the database's own
+    compilation runs in a transaction that is rolled back, so the verdict is the one the worker will
+    get (nothing is changed here).
+
+    Args:
+        conn: an autocommit connection to the worker's database.
+        plan: the worker's plan (:func:`plan_worker`).
+
+    Returns:
+        A :class:`Recompile` when the worker will delete its flow's data, else None (production, a new
+        flow, the same definition).
+
+    Raises:
+        psycopg.Error: from the server; FlowShapeMismatch cannot occur (local mode recompiles).
+    """
+    from pgflow_cli.worker.protocol import LATEST
+
+    protocol = LATEST()
+    if protocol.database_version(conn) != protocol.version:
+        return None  # the worker refuses to start (its own check says why)
+    if not conn.execute(sqlfiles.statement(DEVELOP_QUERIES, "is_local")).fetchone()[0]:  # type: ignore[index]
+        return None
+    row = conn.execute(sqlfiles.statement(DEVELOP_QUERIES, "flow_contents"), {"flow_slug": plan.flow.slug}).fetchone()
+    runs, runs_in_flight, tasks, tasks_in_flight = (int(value) for value in row or (0, 0, 0, 0))
+    with conn.transaction(force_rollback=True):  # a preview: the worker compiles for real
+        verdict = protocol.compile_flow(conn, plan.flow, plan.step_slug)
+    if verdict.get("status") != "recompiled":
+        return None
+    differences = verdict.get("differences")
+    return Recompile(plan.flow.slug, runs, runs_in_flight, tasks, tasks_in_flight,
+                     [str(d) for d in differences] if isinstance(differences, list) else [])

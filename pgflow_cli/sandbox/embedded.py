@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -198,12 +199,11 @@ class LocalServer:
     def conninfo(self, dbname: str = "postgres", *, tcp: bool = False) -> str:
         """libpq conninfo for a database on this server (socket by default; no password included).
 
-        Values are quoted by psycopg, so a directory with spaces or quotes works.
+        Values are quoted as libpq reads them (:func:`keyword_conninfo`), so a directory with spaces
+        or quotes works; psycopg is not imported (``pgflow sandbox dsn`` stays cheap).
         """
-        from psycopg.conninfo import make_conninfo
-
         host = "127.0.0.1" if tcp else str(self.socket_dir)
-        return make_conninfo(host=host, port=str(self.port), user=self.config.superuser, dbname=dbname)
+        return keyword_conninfo(host=host, port=str(self.port), user=self.config.superuser, dbname=dbname)
 
     # actions ---------------------------------------------------------------
     def init(self) -> None:
@@ -335,6 +335,24 @@ class LocalServer:
                 detail=tail + log_tail,
             )
         return result
+
+
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_./:@+-]+")
+
+
+def keyword_conninfo(**params: str) -> str:
+    """A libpq keyword/value connection string: each value as is when it is plain, else in single
+    quotes with backslashes and quotes escaped (libpq's rule for conninfo strings).
+
+    Args:
+        **params: libpq keywords and their values, in the order written.
+    """
+    def quoted(value: str) -> str:
+        if _PLAIN_VALUE.fullmatch(value):
+            return value
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    return " ".join(f"{key}={quoted(value)}" for key, value in params.items())
 
 
 def validate_base_dir(path: Path) -> Path:

@@ -1,50 +1,31 @@
 """The sandbox: an embedded local PostgreSQL with real PGMQ and the pgflow schema.
 
 Lets every command run on a fresh machine with no database of one's own. The server
-is a :class:`~pgflow_cli.sandbox.embedded.LocalServer`; the database is called ``pgflow``.
-
-Location of the sandbox directory, first match wins:
-
-1. ``$PGFLOW_SANDBOX_DIR``;
-2. as root: ``/var/lib/pgflow-cli/sandbox`` (the server runs as the ``postgres`` user,
-   which cannot enter root's home directory);
-3. otherwise: the user cache directory, e.g. ``~/.cache/pgflow-cli/sandbox``.
+is a :class:`~pgflow_cli.sandbox.embedded.LocalServer`; the database is called ``pgflow``;
+where the sandbox lives is :mod:`pgflow_cli.sandbox.location`.
 """
 
 from __future__ import annotations
 
 import fcntl
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
 import psycopg
 from psycopg import sql as pgsql
 
 from pgflow_cli import db, installer, sqlfiles
 from pgflow_cli.errors import ConnectionFailed, UsageError
 from pgflow_cli.sandbox.embedded import LocalServer, validate_base_dir
+from pgflow_cli.sandbox.location import DATABASE, default_dir, running_conninfo
 
-DATABASE = "pgflow"
 STAGING_DATABASE = "pgflow_installing"
 """A new sandbox database is built under this name and renamed to ``pgflow`` only when complete,
 so an ``up`` that fails half way leaves nothing that looks finished; the next ``up`` drops it and
 starts over."""
 QUERIES = "queries/sandbox.sql"
-ROOT_SANDBOX_DIR = Path("/var/lib/pgflow-cli/sandbox")
-
-
-def default_dir() -> Path:
-    """The sandbox directory by the documented precedence."""
-    override = os.environ.get("PGFLOW_SANDBOX_DIR")
-    if override:
-        return Path(override).expanduser().resolve()
-    if os.geteuid() == 0:
-        return ROOT_SANDBOX_DIR
-    return Path(platformdirs.user_cache_dir("pgflow-cli")) / "sandbox"
 
 
 @dataclass
@@ -62,9 +43,22 @@ class SandboxStatus:
     pgmq_version: str | None = None
     flows: int | None = None
     runs_in_flight: int | None = None
+    local_mode: bool | None = None
+    """``pgflow.environment`` is ``local`` on the database (a changed flow is recompiled, not refused)."""
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
+
+
+LOCAL_MODE = "pgflow.environment"
+"""The setting that puts a database in local mode (``pgflow.is_local()``): the sandbox sets it to
+``local`` on its database, so a worker whose flow changed recompiles it there (deleting its runs, said
+loudly first) instead of being refused as in production (docs/architecture.md "Local vs production")."""
+
+
+def _local_mode(admin: psycopg.Connection) -> None:
+    """Put the sandbox database in local mode (every new session of it reads the setting)."""
+    admin.execute(pgsql.SQL("ALTER DATABASE {} SET pgflow.environment = 'local'").format(pgsql.Identifier(DATABASE)))
 
 
 class Sandbox:
@@ -93,12 +87,7 @@ class Sandbox:
 
     def running_conninfo(self) -> str:
         """Conninfo, or :class:`ConnectionFailed` (exit 3) with the command to start it."""
-        if not self.server.is_running():
-            raise ConnectionFailed(
-                f"the sandbox in {self.directory} is not running",
-                hint="start it with `pgflow sandbox up` (add `--seed demo` for sample flows)",
-            )
-        return self.conninfo()
+        return running_conninfo(self.server, self.directory)
 
     def up(self, *, target: int | None = None,
            prepare: Callable[[str], None] | None = None) -> list[installer.Applied]:
@@ -127,6 +116,7 @@ class Sandbox:
             with self.connect("postgres") as admin:
                 exists = admin.execute(sqlfiles.statement(QUERIES, "database_exists"), {"name": DATABASE}).fetchone()
                 if exists:
+                    _local_mode(admin)  # also a sandbox made before it ran in local mode
                     return []
                 admin.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(STAGING_DATABASE)))
                 admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(STAGING_DATABASE)))
@@ -138,6 +128,7 @@ class Sandbox:
             with self.connect("postgres") as admin:
                 admin.execute(pgsql.SQL("ALTER DATABASE {} RENAME TO {}").format(
                     pgsql.Identifier(STAGING_DATABASE), pgsql.Identifier(DATABASE)))
+                _local_mode(admin)
             return applied
 
     @contextmanager
@@ -199,6 +190,7 @@ class Sandbox:
                 status.schema_version = max(applied) if applied else None
                 status.pending_migrations = len(plan.pending)
                 status.pgmq_version = plan.state.pgmq_version
+                status.local_mode = bool(conn.execute(sqlfiles.statement(QUERIES, "local_mode")).fetchone()[0])  # type: ignore[index]
                 if plan.state.has_flows_table:
                     row = conn.execute(sqlfiles.statement(QUERIES, "counts")).fetchone()
                     status.flows, status.runs_in_flight = (int(row[0]), int(row[1])) if row else (None, None)

@@ -73,8 +73,10 @@ def _compile_verdict(row: Any, flow_slug: str) -> dict[str, Any]:
         kind = result.get("mismatchKind") or "shape"
         raise FlowShapeMismatch(
             f"flow {flow_slug!r} exists in the database with a different {kind}; this worker's definition was refused",
-            hint="deploy the changed definition under a new concrete flow slug (e.g. a V2 suffix); "
-            "production never recompiles a flow that may hold runs",
+            hint="deploy the changed definition under a new, versioned flow slug (e.g. orders_v2 beside orders; "
+            "docs/step-queues.md): production never recompiles a flow that may hold runs. On a development "
+            "database, local mode recompiles it and deletes its runs: `pgflow sandbox up` runs in it, or "
+            "ALTER DATABASE ... SET pgflow.environment = 'local'",
             detail=[str(d) for d in result.get("differences", [])],
         )
     return result

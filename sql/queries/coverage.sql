@@ -7,11 +7,11 @@
 -- `pgflow coverage --sql` prints both statements with the parameters filled in, for psql.
 --
 -- A route is a plain flow (step NULL, queue lower(flow_slug), served by whole-flow workers) or
--- one step of a step-queued flow (its persisted private queue, served by step workers). A
--- worker row serves a route when it polls the route's queue for the route's flow and step (a
--- row registered without a flow counts for any route on its queue). Stopped rows never count.
--- workers.worker_version is read through to_jsonb(row), so the same text runs on databases
--- that do not record versions yet (the versions are then NULL).
+-- one step of a step-queued flow (its persisted private queue, served by step workers). Which
+-- routes a worker row serves is fragments/worker_routes.sql, the rule `pgflow status` uses too.
+-- Stopped rows never count. Columns that later migrations add (flows.queue_mode, steps.queue_name,
+-- workers.worker_version) are read through to_jsonb(row), so the same text runs on every schema
+-- level from the baseline on (a missing version is NULL).
 
 --@name routes
 -- One row per route, in flow and step order. state, first that applies:
@@ -35,9 +35,8 @@ WITH
          pg_catalog.count(w.worker_id) FILTER (WHERE w.stale) AS stale_workers,
          pg_catalog.max(w.last_heartbeat_at) AS last_heartbeat_at
   FROM selected_routes AS r
-  LEFT JOIN workers_x AS w
-    ON w.stopped_at IS NULL AND w.queue_name = r.queue_name
-   AND (w.flow_slug IS NULL OR (w.flow_slug = r.flow_slug AND w.step_slug IS NOT DISTINCT FROM r.step_slug))
+  LEFT JOIN (served AS sv JOIN workers_x AS w ON w.worker_id = sv.worker_id AND w.stopped_at IS NULL)
+    ON sv.flow_slug = r.flow_slug AND sv.step_slug IS NOT DISTINCT FROM r.step_slug
   GROUP BY r.flow_slug, r.step_slug, r.step_index, r.queue_mode, r.queue_name
 ), route_functions AS (
   -- every function that ever registered a worker for the route (stopped rows included)
@@ -46,9 +45,8 @@ WITH
          pg_catalog.array_agg(DISTINCT w.function_name ORDER BY w.function_name)
            FILTER (WHERE wf.enabled IS FALSE) AS fenced_functions
   FROM selected_routes AS r
-  JOIN workers_x AS w
-    ON w.queue_name = r.queue_name
-   AND (w.flow_slug IS NULL OR (w.flow_slug = r.flow_slug AND w.step_slug IS NOT DISTINCT FROM r.step_slug))
+  JOIN served AS sv ON sv.flow_slug = r.flow_slug AND sv.step_slug IS NOT DISTINCT FROM r.step_slug
+  JOIN workers_x AS w ON w.worker_id = sv.worker_id
   LEFT JOIN pgflow.worker_functions AS wf ON wf.function_name = w.function_name
   GROUP BY r.flow_slug, r.step_slug
 ), queue_stats AS (
@@ -115,10 +113,7 @@ FROM workers_x AS w
 WHERE w.stopped_at IS NULL
   AND (w.live OR w.draining)
   AND (%(flows)s::text[] IS NULL OR w.flow_slug IS NULL OR w.flow_slug = ANY (%(flows)s::text[]))
-  AND NOT EXISTS (
-    SELECT 1 FROM all_routes AS r
-    WHERE r.queue_name = w.queue_name
-      AND (w.flow_slug IS NULL OR (w.flow_slug = r.flow_slug AND w.step_slug IS NOT DISTINCT FROM r.step_slug)))
+  AND NOT EXISTS (SELECT 1 FROM served AS sv WHERE sv.worker_id = w.worker_id)
 ORDER BY w.queue_name, w.worker_id
 
 --@name known_flows

@@ -40,6 +40,16 @@ FROM pgflow.step_tasks AS t
 WHERE %(flow)s::text IS NULL OR t.flow_slug = %(flow)s::text
 GROUP BY t.flow_slug, t.status;
 
+--@name manual_waiting
+-- Per flow the tasks of manual steps waiting for their outcome (status started, execution_mode
+-- manual: no worker runs them, trusted code completes them; docs/manual-tasks.md). Only where
+-- step_tasks.execution_mode exists (capabilities.manual_tasks).
+SELECT t.flow_slug, pg_catalog.count(*)::integer AS waiting
+FROM pgflow.step_tasks AS t
+WHERE t.status = 'started' AND t.execution_mode = 'manual'
+  AND (%(flow)s::text IS NULL OR t.flow_slug = %(flow)s::text)
+GROUP BY t.flow_slug;
+
 --@name oldest_queued
 -- Per flow the queued task that has waited longest (since queued_at: its first queueing or its
 -- last requeue by a retry or stalled recovery), in seconds.
@@ -141,33 +151,21 @@ WHERE %(flow)s::text IS NULL OR fq.flow_slug = %(flow)s::text
 ORDER BY fq.flow_slug COLLATE "C" NULLS LAST, q.queue_name COLLATE "C";
 
 --@name workers
--- Worker rows that have not stopped, per flow, by the liveness rule of `pgflow coverage` (its
--- fragment's workers_x, written as sql/fragments/coverage_sources.sql writes it:
--- tests/status/test_status.py compares the two): live (heartbeat within %(heartbeat_window)s seconds,
--- not deprecated), deprecated (told to stop, still heartbeating: draining), stale (no heartbeat
--- in the window without stopping: killed). A row registered without a flow counts for every flow
--- whose queue it polls.
-WITH workers_x AS (
-  SELECT w.worker_id, w.queue_name, w.function_name, w.flow_slug, w.step_slug, w.started_at,
-         w.last_heartbeat_at, w.deprecated_at, w.stopped_at,
-         pg_catalog.to_jsonb(w) ->> 'worker_version' AS worker_version,
-         w.stopped_at IS NULL AND w.deprecated_at IS NULL AND w.last_heartbeat_at >= h.since AS live,
-         w.stopped_at IS NULL AND w.deprecated_at IS NOT NULL AND w.last_heartbeat_at >= h.since AS draining,
-         w.stopped_at IS NULL AND w.last_heartbeat_at < h.since AS stale
-  FROM pgflow.workers AS w
-  CROSS JOIN (SELECT pg_catalog.clock_timestamp()
-                     - pg_catalog.make_interval(secs => %(heartbeat_window)s::double precision) AS since) AS h
-), flows_x AS (
---@include audit/flows.sql
-), steps_x AS (
---@include audit/steps.sql
-), flow_queues AS (
---@include audit/flow_queues.sql
+-- Worker rows that have not stopped, per flow, by the liveness rule and the route rule of `pgflow
+-- coverage` (fragments/workers.sql, fragments/worker_routes.sql): live (heartbeat within
+-- %(heartbeat_window)s seconds, not deprecated), deprecated (told to stop, still heartbeating:
+-- draining), stale (no heartbeat in the window without stopping: killed). A worker counts for the
+-- flow of every route it serves (one without a flow serves every route on its queue), once per flow.
+WITH routes_x AS (
+--@include fragments/routes.sql
+), workers_x AS (
+--@include fragments/workers.sql
+), served AS (
+--@include fragments/worker_routes.sql
 ), attributed AS (
-  SELECT DISTINCT coalesce(w.flow_slug, fq.flow_slug) AS flow_slug, w.worker_id, w.live, w.draining, w.stale
-  FROM workers_x AS w
-  LEFT JOIN flow_queues AS fq
-    ON w.flow_slug IS NULL AND fq.q_table = ('q_' || pg_catalog.lower(w.queue_name))::name::text
+  SELECT DISTINCT sv.flow_slug, w.worker_id, w.live, w.draining, w.stale
+  FROM served AS sv
+  JOIN workers_x AS w ON w.worker_id = sv.worker_id
   WHERE w.stopped_at IS NULL
 )
 SELECT a.flow_slug,
@@ -175,7 +173,6 @@ SELECT a.flow_slug,
        pg_catalog.count(*) FILTER (WHERE a.draining)::integer AS deprecated,
        pg_catalog.count(*) FILTER (WHERE a.stale)::integer AS stale
 FROM attributed AS a
-WHERE a.flow_slug IS NOT NULL
-  AND (%(flow)s::text IS NULL OR a.flow_slug = %(flow)s::text)
+WHERE %(flow)s::text IS NULL OR a.flow_slug = %(flow)s::text
 GROUP BY a.flow_slug;
 --@end

@@ -89,7 +89,7 @@ def test_unknown_flow_in_filter_is_exit_6_with_suggestions(published_db):
     result = cli(published_db, "--flow", "MYFLOW")
     assert result.code == ExitCode.CONFLICT
     assert "flow not found: 'MYFLOW'" in result.stderr
-    assert "did you mean 'MyFlow', 'myflow'?" in result.stderr
+    assert "did you mean 'MyFlow' or 'myflow'?" in result.stderr
     assert "Traceback" not in result.output
 
 

@@ -61,7 +61,7 @@ def test_refusals_change_nothing_and_have_their_exit_codes(fenv):
     assert fenv.enabled("real-fn") is True and fenv.val("SELECT count(*) FROM pgflow.fences") == 0
 
     no_flow = fenv.cli("disable", "--flow", "nosuchflow", "-m", "deploy")
-    assert no_flow.code == 6 and "flow not found: nosuchflow" in no_flow.stderr
+    assert no_flow.code == 6 and "flow not found: 'nosuchflow'" in no_flow.stderr
     fenv.conn.execute("SELECT pgflow.create_flow('idle')")
     unserved = fenv.cli("disable", "--flow", "idle", "-m", "deploy")
     assert unserved.code == 6 and "no worker has registered for flow(s) idle" in unserved.stderr
@@ -108,7 +108,8 @@ def test_status_lists_active_fences_with_age_reason_and_outlook(fenv):
 def test_a_database_without_the_fence_record_is_exit_3(baseline_db):
     result = run_cli("fence", "status", "--dsn", baseline_db.conninfo)
     assert result.code == 3
-    assert "no rollout-fence record" in result.stderr and "docs/upgrade.md step 2" in result.stderr
+    assert "rollout-fence record" in result.stderr and "docs/upgrade.md step 2" in result.stderr
+    assert "pgflow migrate apply" in result.stderr
 
 
 def test_disable_all_fences_every_worker_function_and_restore_all_lifts_them(fenv):

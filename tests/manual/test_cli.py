@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pgflow_cli.cli.task import parse_duration
+from pgflow_cli.cli.common import parse_duration
 from pgflow_cli.errors import UsageError
 from pgflow_cli.worker.flow import Flow
 from tests.support.cli import run_cli
@@ -85,6 +85,7 @@ def test_a_queue_backed_task_is_not_manual(db, rt, author):
 
 
 def test_parse_duration():
-    assert [parse_duration(t) for t in ("90", "90s", "15m", "2h", "1d", "1.5h")] == [90, 90, 900, 7200, 86400, 5400]
-    with pytest.raises(UsageError):
-        parse_duration("-5m")
+    assert [parse_duration(t, "--older-than") for t in ("90", "90s", "15m", "2h", "1d", "1.5h")] == \
+        [90, 90, 900, 7200, 86400, 5400]
+    with pytest.raises(UsageError, match="--stale-for '-5m' is not a duration"):
+        parse_duration("-5m", "--stale-for")

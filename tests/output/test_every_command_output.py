@@ -21,6 +21,8 @@ COMMANDS = {
     "status": ["status"],
     "runs list": ["runs", "list"],
     "runs show": ["runs", "show", "{run_id}"],
+    "workers list": ["workers", "list"],
+    "workers forget": ["workers", "forget", "--stale-for", "1d", "--dry-run"],
     "runs start": ["runs", "start", "review"],
     "runs wait": ["runs", "wait", "{ended_run_id}"],
 }

@@ -35,12 +35,29 @@ def test_migrate_status_table_fits_the_width_and_never_cuts_a_state(baseline_db,
     for row in rows:  # every migration row carries its whole state word
         assert any(re.search(rf"\b{state}\b", row) for state in STATES), row
     assert all(line == line.rstrip() for line in lines), "trailing spaces when piped"
+    assert "summary" not in result.stdout  # --verbose shows it
+    assert len(rows) == len({row.split()[1] for row in rows})  # one line per migration
+    text = " ".join(result.stdout.split())
+    assert re.search(r": \d+ pending \(", text).start() < text.index("migrations (")  # the verdict comes first
     if width == 200:
-        assert "summary" in result.stdout and "applied (UTC)" in result.stdout and "left out" not in result.stdout
+        assert "applied (UTC)" in result.stdout and "left out" not in result.stdout
     else:
         assert f"(left out at {width} columns:" in " ".join(result.stdout.split())
-    if width == 80:  # the summary is kept (wrapped) at 80; the less useful columns go first
-        assert "summary" in result.stdout and "tool" not in lines[1]
+    verbose = _status(baseline_db, "--format", "table", "--verbose", COLUMNS=str(width))
+    assert "summary" in verbose.stdout and max(len(line) for line in verbose.stdout.splitlines()) <= width
+
+
+def test_migrate_status_at_the_newest_level_fits_30_lines_at_80_columns(db):
+    """Issue 29: the verdict first, one line per migration, function files only when one drifted."""
+    result = _status(db, "--format", "table", COLUMNS="80")
+    assert result.code == ExitCode.OK, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 30, "\n".join(lines)
+    text = " ".join(result.stdout.split())
+    assert text.index(": up to date") < text.index("migrations (")  # the verdict comes first
+    assert "function file " not in result.stdout and "none drifted (--verbose lists all" in result.stdout
+    verbose = _status(db, "--format", "plain", "--verbose", COLUMNS="80")
+    assert "sql/functions/claim/claim_tasks.sql" in verbose.stdout and "summary" in verbose.stdout
 
 
 def test_piped_default_is_plain_tabulate_without_padding_or_escapes(baseline_db):
@@ -52,7 +69,7 @@ def test_piped_default_is_plain_tabulate_without_padding_or_escapes(baseline_db)
     assert not ESCAPE.search(plain.stdout)
     assert all(line == line.rstrip() for line in lines)
     header = next(line for line in lines if line.startswith("migration "))
-    assert header.split() == ["migration", "state", "applied", "(UTC)", "by", "tool", "s", "summary"]
+    assert header.split() == ["migration", "state", "applied", "(UTC)", "by", "tool", "s"]
     # one row per line: grep finds a migration with its state on one line
     assert [line.split()[:2] for line in lines if line.startswith("0003_")] == [["0003_queue_stage", "pending"]]
     assert "│" not in plain.stdout and "┃" not in plain.stdout
@@ -148,3 +165,33 @@ def test_a_long_lock_list_in_a_dry_run_is_summarised_and_full_lists_it(baseline_
     assert len(short_locks) == 5 < len(full_locks)
     assert re.search(r"\.\.\. and \d+ more lock\(s\) of \d+ in all .*--full lists every one", short.stdout)
     assert "more lock(s)" not in full.stdout
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_status_keeps_failed_runs_and_manual_waits_at_every_width(db, width):
+    """Issue 29: at 80 columns status kept `waited` and `backlog` and dropped `failed`, and counted a task
+    waiting for its manual outcome as running. Now: failed always, waiting apart, the database and time
+    in the title."""
+    from tests.output.helpers import seed
+
+    seed(db)  # flow review: one run waiting on its manual step approve
+    conn = db.connect()
+    run_id = conn.execute("SELECT run_id FROM pgflow.start_flow('review', '{}'::jsonb)").fetchone()[0]
+    failed = run_cli("task", "fail", str(run_id), "approve", "--error", "rejected", "--dsn", db.conninfo)
+    assert failed.code == ExitCode.OK, failed.output
+    result = run_cli("status", "--dsn", db.conninfo, "--format", "table", env={"COLUMNS": str(width), "NO_COLOR": "1"})
+    assert result.code == ExitCode.OK, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= width, "\n".join(lines)
+    text = " ".join(result.stdout.split())
+    compact = "".join(result.stdout.split())  # a long title wraps anywhere
+    assert compact.startswith("pgflowstatusofpostgres@") and f"/{db.name}at" in compact and "UTC" in compact
+    assert "1 run(s) in flight, 1 failed; 1 manual task(s) waiting;" in text  # the totals, at any width
+    header = next(line for line in lines if "flow" in line and "in flight" in line)
+    row = next(line for line in lines if "review" in line and "│" in line)
+    cells = [cell.strip() for cell in row.strip("│").split("│")]
+    columns = [cell.strip() for cell in header.strip("┃").split("┃")]
+    shown = dict(zip(columns, cells, strict=True))
+    assert shown["failed"] == "1" and shown["in flight"] == "1"
+    if width >= 80:
+        assert (shown["waiting"], shown["running"]) == ("1", "0")  # the manual wait is not running

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from pgflow_cli.cli.common import with_target
+from pgflow_cli.cli.common import PASSWORD_LEFT_OUT, with_target
 from pgflow_cli.db import Target, without_password
 from pgflow_cli.errors import ExitCode
 from tests.audit.helpers import define_flow
@@ -21,9 +21,11 @@ def test_with_target_repeats_the_option_without_the_password():
     assert "s3cr3t" not in text
     assert text == ("next: pgflow migrate plan --dsn 'postgresql://alice@db.example:6432/app?sslmode=require', "
                     "then `pgflow migrate apply --dsn 'postgresql://alice@db.example:6432/app?sslmode=require' "
-                    "--dry-run`; pgflow sandbox up")
+                    f"--dry-run`; pgflow sandbox up ({PASSWORD_LEFT_OUT})")
     keywords = Target("host=db port=5 dbname=app password='x y z'", "--dsn")
-    assert with_target("pgflow audit", keywords) == "pgflow audit --dsn 'dbname=app host=db port=5'"
+    assert with_target("pgflow audit", keywords, note=False) == "pgflow audit --dsn 'dbname=app host=db port=5'"
+    assert with_target("pgflow audit", Target("host=db port=5 dbname=app", "--dsn")) == \
+        "pgflow audit --dsn 'dbname=app host=db port=5'"  # no password given, none left out: no note
     assert with_target("pgflow fence status", Target("host=/s", "sandbox")) == "pgflow fence status --sandbox"
     assert with_target("pgflow audit", Target("", "DATABASE_URL")) == "pgflow audit"  # the environment still holds it
     twice = with_target(with_target("pgflow audit", keywords), keywords)

@@ -89,3 +89,18 @@ def test_a_misspelt_command_still_gets_a_suggestion():
 def test_the_listing_is_in_the_registered_order():
     group = _root()
     assert group.list_commands(typer.Context(group)) == [command.name for command in COMMANDS]
+
+
+def test_the_root_help_groups_the_commands_by_lifecycle():
+    """Issue 29: upgrade, deploy, run, inspect, develop, each command under its section, in that order."""
+    from pgflow_cli.cli import SECTIONS
+
+    text = _help(_root(), 100)
+    headings = [heading for _key, heading in SECTIONS]
+    positions = [text.index(heading + ":") for heading in headings]
+    assert positions == sorted(positions) and [key for key, _ in SECTIONS] == \
+        ["upgrade", "deploy", "run", "inspect", "develop"]
+    bounds = [*positions, len(text)]
+    for command in COMMANDS:
+        index = [key for key, _ in SECTIONS].index(command.section)
+        assert f"\n  {command.name} " in text[bounds[index]:bounds[index + 1]], command.name

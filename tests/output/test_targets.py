@@ -60,7 +60,7 @@ def test_json_database_and_banner_name_the_server_connected_to(db, service_file,
     banner = run_cli("audit", *args, env=env).stderr  # "auditing user@host:port/dbname (from ...)"
     assert f"auditing {p['user']}@{p['host']}:{p['port']}/{p['dbname']}" in banner, banner
     table = run_cli("migrate", "status", *args, "--format", "plain", env=env).stdout
-    assert f"migrations in {p['user']}@{p['host']}:{p['port']}/{p['dbname']}" in table
+    assert table.startswith(f"{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"), table
 
 
 def test_a_service_that_names_another_database_is_reported_as_that_database(db, tmp_path):

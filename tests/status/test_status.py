@@ -196,3 +196,23 @@ def test_permanently_stalled_tasks_are_counted_apart(db):
     assert (flow["stalled_tasks"], flow["permanently_stalled_tasks"], flow["tasks"]["started"]) == (0, 1, 1)
     text = run_cli("status", "--dsn", db.conninfo, "--format", "plain")
     assert "0 (+1 given up)" in text.stdout
+
+
+@pytest.mark.parametrize("registered", ["Orders", "ORDERS", "orders"])
+def test_status_and_coverage_attribute_a_worker_by_one_rule(db, registered):
+    """A killed worker that registered the flow's queue in another letter case (as pre-upgrade workers
+    did: queue = flow slug) polls the same PGMQ table: both reports call the route's worker stale,
+    neither calls it uncovered or unowned (coverage compared queue names exactly, status PGMQ's way)."""
+    conn = db.connect()
+    conn.execute("SELECT pgflow.create_flow('orders')")
+    conn.execute("SELECT pgflow.add_step('orders', 'work')")
+    conn.execute("INSERT INTO pgflow.workers (worker_id, queue_name, function_name, flow_slug, last_heartbeat_at) "
+                 "VALUES (gen_random_uuid(), %s, 'orders-fn', NULL, now() - interval '1 hour')", (registered,))
+    status = _flow(_status(db.conninfo), "orders")
+    coverage = run_cli("coverage", "--dsn", db.conninfo, "--format", "json")
+    assert coverage.code == ExitCode.FINDINGS, coverage.output
+    document = validate(coverage.stdout, "coverage")
+    (route,) = document["routes"]
+    assert status["workers"] == {"live": 0, "deprecated": 0, "stale": 1}
+    assert (route["state"], route["stale_workers"]) == ("stale", 1)
+    assert document["unowned_workers"] == []

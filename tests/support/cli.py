@@ -55,21 +55,22 @@ main(sys.argv[2:])
 """
 
 
-def run_cli_imports(*args: str, workdir: Path) -> tuple[CliResult, set[str]]:
+def run_cli_imports(*args: str, workdir: Path, env: dict[str, str] | None = None) -> tuple[CliResult, set[str]]:
     """Run the command line's entry point (:func:`pgflow_cli.cli.main`) with ``ARGS`` in a fresh
     interpreter, as :func:`run_cli` does, and also return every module it had imported when it exited.
 
     Args:
         args: the command line after ``pgflow``.
         workdir: a directory for the list of modules (one file, ``imports.json``).
+        env: variables added to the clean environment.
 
     Returns:
         The result and the names in the child's ``sys.modules`` at exit.
     """
     listing = workdir / "imports.json"
-    env = {**_clean_env(), "COLUMNS": "200"}
     proc = subprocess.run([sys.executable, "-c", _IMPORTS_DRIVER, str(listing), *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env={**_clean_env(), "COLUMNS": "200", **(env or {})},
+                          timeout=120)
     return CliResult(proc.returncode, proc.stdout, proc.stderr), set(json.loads(listing.read_text()))
 
 
@@ -173,3 +174,22 @@ def kill_cli_when(conninfo: str, *args: str, ready: Callable[[psycopg.Connection
             client.kill()
         stdout, stderr = client.communicate()
     return CliResult(client.returncode, stdout, stderr)
+
+
+def command_leaves() -> dict[tuple[str, ...], object]:
+    """Every command of ``pgflow`` that runs (not a group), by its path (``("migrate", "status")``), read
+    from the command line itself (imports every command module)."""
+    import typer
+
+    from pgflow_cli.cli import app
+
+    def leaves(group, ctx, prefix=()):
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            if hasattr(command, "list_commands"):
+                yield from leaves(command, ctx, (*prefix, name))
+            else:
+                yield (*prefix, name), command
+
+    root = typer.main.get_command(app)
+    return dict(leaves(root, root.make_context("pgflow", ["--help"], resilient_parsing=True)))
