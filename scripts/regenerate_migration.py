@@ -26,38 +26,10 @@ from pathlib import Path
 
 from pgflow_cli import installer, sqlfiles
 from pgflow_cli.installer.catalog import function_files, optional_function_files
-from pgflow_cli.installer.files import replace_sections
+from pgflow_cli.installer.files import recheck_block, replace_sections
 
 GENERATED = ("recheck", "types", "functions")
 """The sections this script writes (``grants`` is written by hand)."""
-
-RECHECK = """\
-DO $recheck$
-DECLARE
-  v_count integer;
-  v_detail text;
-BEGIN
-  SELECT pg_catalog.count(*)::integer,
-         pg_catalog.string_agg(pg_catalog.format('%s %s: %s [%s]', f.check_id, f.object_name, f.message,
-                                                 pg_catalog.array_to_string(f.reasons, ', ')),
-                               E'\\n' ORDER BY f.flow_slug, f.check_id, f.object_name)
-  INTO v_count, v_detail
-  FROM (
-{findings}
-  ) AS f
-  WHERE f.blocking;
-  IF v_count > 0 THEN
-    RAISE EXCEPTION USING
-      ERRCODE = 'PF005',
-      MESSAGE = pg_catalog.format('pgflow queue-stage upgrade refused: %s incompatible definition(s) found under '
-                                  || 'the migration''s locks; this transaction was rolled back', v_count),
-      DETAIL = v_detail,
-      HINT = 'run `pgflow audit` for the report with fixes: a rejected name needs a new concrete flow under a '
-             || 'compliant slug; pgflow never renames or deletes flows. On the phased path, rerun `pgflow migrate '
-             || 'apply` afterwards to finish, or `pgflow migrate abort {version}` to undo the prepared phases';
-  END IF;
-END
-$recheck$;"""
 
 OPTIONAL = """\
 DO $optional$
@@ -104,9 +76,8 @@ def generated(migration: installer.Migration) -> dict[str, str]:
                              + OPTIONAL.format(name=Path(path).stem, text=text))
         else:
             functions.append(f"-- sql/{path}\n{text}")
-    findings = "\n".join(("    " + line) if line else "" for line in sqlfiles.load("audit/findings.sql").rstrip("\n").split("\n"))
     return {
-        "recheck": RECHECK.format(findings=findings, version=migration.version),
+        "recheck": recheck_block(migration.version),
         "types": "\n\n".join(types),
         "functions": "\n".join([
             "-- Function bodies are checked when they first run, not here: the files need no order.",

@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 """Layer -> the other layers it may import (besides SHARED)."""
 
-INSTALLER_ORDER = ["files", "catalog", "old_levels", "ledger", "pgmq_bootstrap", "runner"]
+INSTALLER_ORDER = ["files", "catalog", "old_levels", "ledger", "pgmq_bootstrap", "events", "locks", "engine", "steps"]
 """``pgflow_cli.installer`` modules, each importing only the ones before it (the facade imports all)."""
 
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
@@ -166,7 +166,7 @@ def test_cli_maps_database_errors_only_through_mapped_errors():
         ("pgflow_cli.worker.runner", "def f():\n    from pgflow_cli import installer", "worker may import only"),
         ("pgflow_cli.naming", "from pgflow_cli.db import connect", "naming may import only"),
         ("pgflow_cli.db", "from pgflow_cli.operations.migrate import status", "db may import only"),
-        ("pgflow_cli.installer.files", "from .runner import apply", "import only the ones before them"),
+        ("pgflow_cli.installer.files", "from .steps import apply", "import only the ones before them"),
         ("pgflow_cli.installer.ledger", "from pgflow_cli import installer", "not the facade"),
         ("pgflow_cli.cli.audit", "from pgflow_cli.installer import make_plan", "cli may import only"),
         ("pgflow_cli.newlayer", "from pgflow_cli import db", "not in ALLOWED"),
@@ -182,7 +182,7 @@ def test_a_wrong_way_import_is_reported(module, source, expected):
     [
         ("pgflow_cli.cli.migrate", "from pgflow_cli.operations import migrate\nfrom pgflow_cli import render"),
         ("pgflow_cli.naming", "from pgflow_cli.errors import UsageError\nfrom pgflow_cli import __version__"),
-        ("pgflow_cli.installer.runner", "from pgflow_cli.installer.ledger import make_plan"),
+        ("pgflow_cli.installer.steps", "from pgflow_cli.installer.ledger import make_plan"),
         ("pgflow_cli.worker.flow", "from . import protocol\nimport psycopg"),
     ],
 )

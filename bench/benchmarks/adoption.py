@@ -35,6 +35,7 @@ from psycopg import sql
 from bench.benchmarks.migration import BARE_UPDATE, Prober, database_copy
 from bench.core import Context, Result
 from pgflow_cli import installer
+from pgflow_cli.installer.events import Event, PhaseDone, PhaseStarted, StepDone, StepStarted
 from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
 from tests.support import upstream_shapes
@@ -107,12 +108,12 @@ def run(ctx: Context) -> list[Result]:
                             waits: dict[str, list[float]] = {}
                             mark = [time.perf_counter()]
 
-                            def progress(event: str, data: dict, phases: dict = phases, mark: list = mark,
+                            def progress(event: Event, phases: dict = phases, mark: list = mark,
                                          waits: dict = waits, prober: Prober = prober) -> None:
-                                if event in ("start", "phase"):
+                                if isinstance(event, (StepStarted, PhaseStarted)):
                                     prober.reset_window()
-                                if event in ("phase_done", "done"):
-                                    key = f"{data['migration']} {data.get('phase', 'transaction' if event == 'done' else '')}"
+                                if isinstance(event, (PhaseDone, StepDone)):
+                                    key = f"{event.step} {getattr(event, 'phase', 'transaction')}"
                                     now = time.perf_counter()
                                     phases[key] = round(phases.get(key, 0) + now - mark[0], 2)
                                     mark[0] = now

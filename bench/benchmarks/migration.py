@@ -36,6 +36,7 @@ from psycopg import sql
 
 from bench.core import Context, Result
 from pgflow_cli import installer
+from pgflow_cli.installer.events import Event, PhaseDone, PhaseStarted, StepDone, StepStarted
 
 STEPS = 10
 FLOWS = 20
@@ -177,13 +178,13 @@ def run(ctx: Context) -> list[Result]:
                             else:
                                 during_main: dict[str, float] = {"claim": 0.0, "read": 0.0}
 
-                                def window(event: str, data: dict, prober: Prober = prober,
+                                def window(event: Event, prober: Prober = prober,
                                            during: dict[str, float] = during_main) -> None:
-                                    if data.get("phase", "main") != "main":
+                                    if getattr(event, "phase", "main") != "main":
                                         return
-                                    if event in ("phase", "start"):
+                                    if isinstance(event, (PhaseStarted, StepStarted)):
                                         prober.reset_window()
-                                    elif event in ("phase_done", "done"):
+                                    elif isinstance(event, (PhaseDone, StepDone)):
                                         during.update({k: max(during[k], v) for k, v in prober.window.items()})
 
                                 applied = installer.apply(conn, online="auto", progress=window)

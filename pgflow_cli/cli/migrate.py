@@ -323,48 +323,11 @@ def apply(
             return
         pooler.require_direct_session(conn, target, "pgflow migrate apply", MIGRATOR_SESSION)
 
-        def progress(event: str, data: dict[str, Any]) -> None:
+        def progress(event: migrate_op.events.Event) -> None:
             # json/csv: stderr carries one JSON error document at most (blockers go into its detail)
-            if not output_format.human:
-                return
-            if event == "lock_wait":
-                holder = data["described"][0] if data["described"] else "a session"
-                err.print(render.text(f"another migrator holds the lock: {holder}; waiting up to "
-                                      f"{data['wait_seconds']:g} s for it to finish...", "yellow"))
-            elif event == "pgmq_installed":
-                err.print(render.text(f"installed PGMQ {data['version']} (SQL bundled with pgflow-cli)"))
-            elif event == "workers_alive":
-                err.print(render.text(
-                    f"warning: {data['alive']} worker(s) have a recent heartbeat and {data['enabled_functions']} worker "
-                    f"function(s) are enabled. After this upgrade only workers speaking protocol {data['protocol']} may "
-                    "start; running ones will fail their next claim. Fence and drain them first (docs/upgrade.md step 2).",
-                    "yellow"))
-            elif event == "preflight":
-                err.print(render.text(f"preflight audit: {data['findings']} finding(s), none blocking", "green"))
-            elif event == "start":
-                suffix = f" (attempt {data['attempt']})" if data["attempt"] > 1 else ""
-                err.print(render.text(f"{'dry run of' if dry_run else 'applying'} {data['migration']}{suffix}..."))
-            elif event == "blocked":
-                waiting = data.get("waiting_on") or {}
-                what = f"{waiting.get('mode', 'a lock')} on {waiting.get('object', 'an object')}" if waiting else "a lock"
-                err.print(render.text(f"waiting for {what}, blocked by:", "yellow"))
-                for blocker in data["blockers"]:
-                    err.print(render.text(f"  {migrate_op.describe_blocker(blocker)}", "yellow"))
-            elif event == "retry":
-                err.print(render.text(
-                    f"{data['migration']}: {data['error']}; rolled back, retrying in {data['sleep']}s", "yellow"))
-            elif event == "phase":
-                err.print(render.text(f"  phase {data['phase']} ({data['mode']})..."))
-            elif event == "batch":
-                done = min(data["first_page"] + data["pages"], data["relation_pages"])
-                err.print(render.text(f"    backfill pages {done}/{data['relation_pages']}: {data['rows']} rows "
-                                      f"in {data['ms']} ms", "dim"))
-            elif event == "invalid_index":
-                err.print(render.text(f"    dropping invalid index {data['index']} (left by an earlier concurrent "
-                                      "build) before building it again", "yellow"))
-            elif event == "done":
-                verb = "rolled back (dry run)" if data["dry_run"] else "applied"
-                err.print(render.text(f"{verb} {data['migration']} in {data['duration_ms']} ms", "green"))
+            if output_format.human:
+                for text, style in describe_event(event, dry_run):
+                    err.print(render.text(text, style))
 
         try:
             result = migrate_op.apply(
@@ -401,6 +364,52 @@ def apply(
         page.line(common.with_target(
             f"next: deploy workers speaking protocol {result.protocol_change['protocol']}, check that every route has "
             "a live worker (pgflow coverage), then lift the fence (docs/upgrade.md steps 6-7)"), "dim")
+
+
+def describe_event(event: migrate_op.events.Event, dry_run: bool = False) -> list[tuple[str, str | None]]:
+    """What ``migrate apply`` prints on stderr for one progress event: ``(line, style)`` pairs, none
+    for an event it does not show (a phase that ended, a late lock given back: the next line says
+    what happens).
+
+    Raises:
+        TypeError: an event kind this function does not know (a test gives it every kind).
+    """
+    ev = migrate_op.events
+    match event:
+        case ev.MigratorLockWait(holders=holders, wait_seconds=wait):
+            return [(f"another migrator holds the lock: {holders[0] if holders else 'a session'}; waiting up to "
+                     f"{wait:g} s for it to finish...", "yellow")]
+        case ev.PgmqInstalled(version=version):
+            return [(f"installed PGMQ {version} (SQL bundled with pgflow-cli)", None)]
+        case ev.WorkersAlive():
+            return [(f"warning: {event.alive} worker(s) have a recent heartbeat and {event.enabled_functions} worker "
+                     f"function(s) are enabled. After this upgrade only workers speaking protocol {event.protocol} may "
+                     "start; running ones will fail their next claim. Fence and drain them first (docs/upgrade.md "
+                     "step 2).", "yellow")]
+        case ev.PreflightPassed(findings=findings):
+            return [(f"preflight audit: {findings} finding(s), none blocking", "green")]
+        case ev.StepStarted(step=step, attempt=attempt):
+            suffix = f" (attempt {attempt})" if attempt > 1 else ""
+            return [(f"{'dry run of' if dry_run else 'applying'} {step}{suffix}...", None)]
+        case ev.Blocked(blockers=blockers, waiting_on=waiting):
+            what = f"{waiting.get('mode', 'a lock')} on {waiting.get('object', 'an object')}" if waiting else "a lock"
+            return [(f"waiting for {what}, blocked by:", "yellow"),
+                    *[(f"  {migrate_op.describe_blocker(blocker)}", "yellow") for blocker in blockers]]
+        case ev.Retrying(step=step, error=error, sleep=sleep):
+            return [(f"{step}: {error}; rolled back, retrying in {sleep}s", "yellow")]
+        case ev.PhaseStarted(phase=phase, mode=mode):
+            return [(f"  phase {phase} ({mode})...", None)]
+        case ev.BatchDone():
+            done = min(event.first_page + event.pages, event.relation_pages)
+            return [(f"    backfill pages {done}/{event.relation_pages}: {event.rows} rows in {event.ms} ms", "dim")]
+        case ev.InvalidIndexDropped(index=index):
+            return [(f"    dropping invalid index {index} (left by an earlier concurrent build) before building it "
+                     "again", "yellow")]
+        case ev.StepDone(step=step, duration_ms=ms, dry_run=rolled_back):
+            return [(f"{'rolled back (dry run)' if rolled_back else 'applied'} {step} in {ms} ms", "green")]
+        case ev.PhaseDone() | ev.LateLocksGivenBack():
+            return []
+    raise TypeError(f"no line for the event {event!r}")
 
 
 SUMMARISED = 5

@@ -27,12 +27,35 @@ The package, one concern a module (callers use this facade: ``from pgflow_cli im
 * :mod:`~pgflow_cli.installer.catalog`: catalog facts of the schema and of the functions, compared;
 * :mod:`~pgflow_cli.installer.old_levels`: frozen knowledge of an earlier build's migrations 0003-0016;
 * :mod:`~pgflow_cli.installer.ledger`: the ledger, the database probe and the plan;
-* :mod:`~pgflow_cli.installer.runner`: applying, converting, aborting, locks, retries, progress events;
-* :mod:`~pgflow_cli.installer.pgmq_bootstrap`: the pinned PGMQ SQL for databases without PGMQ.
+* :mod:`~pgflow_cli.installer.pgmq_bootstrap`: the pinned PGMQ SQL for databases without PGMQ;
+* :mod:`~pgflow_cli.installer.events`: progress as typed events;
+* :mod:`~pgflow_cli.installer.locks`: table locks of a transaction, the migrators' advisory lock;
+* :mod:`~pgflow_cli.installer.engine`: the one runner of steps (retries, locks, notices, dry runs,
+  ledger rows, backfills, concurrent indexes), executed or rendered as a psql script;
+* :mod:`~pgflow_cli.installer.steps`: the migration steps (one transaction, phased, the conversion,
+  abort) and :func:`apply`, :func:`install`, :func:`abort`.
+
+The adoption of an upstream-installed schema (:mod:`pgflow_cli.upstream.adopt`) is a step of the
+same engine.
 """
 
 from __future__ import annotations
 
+from pgflow_cli.installer.engine import (
+    BATCH_ALL_PAGES,
+    Engine,
+    LedgerEntry,
+    Options,
+    Outcome,
+    Script,
+    Session,
+    Step,
+    Tally,
+    check_writable,
+    render,
+    run,
+)
+from pgflow_cli.installer.events import ProgressFn
 from pgflow_cli.installer.files import (
     BASELINE_VERSION,
     MAX_BATCH_PAGES,
@@ -55,24 +78,27 @@ from pgflow_cli.installer.ledger import (
     make_plan,
     read_state,
 )
+from pgflow_cli.installer.locks import migrator_lock, take_late_locks, take_locks
 from pgflow_cli.installer.pgmq_bootstrap import PGMQ_SQL_SHA256, PGMQ_SQL_VERSION, bundled_pgmq_sql, ensure_pgmq
-from pgflow_cli.installer.runner import (
+from pgflow_cli.installer.steps import (
+    Abort,
     Applied,
-    ProgressFn,
+    Conversion,
+    Migrations,
+    OneTransaction,
+    Phased,
     abort,
     apply,
-    check_writable,
+    conversion_sentence,
     install,
-    locked_transaction,
-    migrator_lock,
-    take_locks,
 )
 
 __all__ = [
-    "BASELINE_VERSION", "MAX_BATCH_PAGES", "PGMQ_SQL_SHA256", "PGMQ_SQL_VERSION", "QUERIES", "RELEASED_CHECKSUMS",
-    "Applied", "DatabaseState", "LedgerRow", "Migration", "MigrationStatus", "Phase",
-    "PhasedMigration", "Plan", "ProgressFn", "TableLock", "abort", "apply", "available_migrations",
-    "bundled_pgmq_sql", "check_writable", "ensure_pgmq", "install", "ledger", "locked_transaction",
-    "make_plan", "migrator_lock", "parse_phases", "read_state", "take_locks",
-    "versions",
+    "BASELINE_VERSION", "BATCH_ALL_PAGES", "MAX_BATCH_PAGES", "PGMQ_SQL_SHA256", "PGMQ_SQL_VERSION", "QUERIES",
+    "RELEASED_CHECKSUMS", "Abort", "Applied", "Conversion", "DatabaseState", "Engine", "LedgerEntry", "LedgerRow",
+    "Migration", "MigrationStatus", "Migrations", "OneTransaction", "Options", "Outcome", "Phase", "Phased",
+    "PhasedMigration", "Plan", "ProgressFn", "Script", "Session", "Step", "TableLock", "Tally", "abort", "apply",
+    "available_migrations", "bundled_pgmq_sql", "check_writable", "conversion_sentence", "ensure_pgmq", "install",
+    "ledger", "make_plan", "migrator_lock", "parse_phases", "read_state", "render", "run", "take_late_locks",
+    "take_locks", "versions",
 ]

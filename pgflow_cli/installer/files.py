@@ -76,7 +76,7 @@ LOCK_ORDER = ("pgflow.flows", "pgflow.steps", "pgflow.runs", "pgflow.step_states
 """The order of a merged lock plan (the order ``--sql`` prints and the first try takes): definitions,
 then runs and their states and tasks, then workers. Tables not listed come after, in the order
 their ``--@lock`` lines name them. The runtime has no single order (docs/architecture.md "Locks a
-migration takes"), so :func:`~pgflow_cli.installer.runner.take_locks` does not rely on this one to
+migration takes"), so :func:`~pgflow_cli.installer.locks.take_locks` does not rely on this one to
 avoid deadlocks; a retry starts with the lock that stood in the way."""
 
 
@@ -420,6 +420,47 @@ def replace_sections(text: str, bodies: dict[str, str]) -> str:
         return f"{head}{body}\n-- <<< {name}" if body else f"{head}-- <<< {name}"
 
     return SECTION.sub(replace, text)
+
+
+RECHECK = """\
+DO $recheck$
+DECLARE
+  v_count integer;
+  v_detail text;
+BEGIN
+  SELECT pg_catalog.count(*)::integer,
+         pg_catalog.string_agg(pg_catalog.format('%s %s: %s [%s]', f.check_id, f.object_name, f.message,
+                                                 pg_catalog.array_to_string(f.reasons, ', ')),
+                               E'\\n' ORDER BY f.flow_slug, f.check_id, f.object_name)
+  INTO v_count, v_detail
+  FROM (
+{findings}
+  ) AS f
+  WHERE f.blocking;
+  IF v_count > 0 THEN
+    RAISE EXCEPTION USING
+      ERRCODE = 'PF005',
+      MESSAGE = pg_catalog.format('pgflow queue-stage upgrade refused: %s incompatible definition(s) found under '
+                                  || 'the migration''s locks; this transaction was rolled back', v_count),
+      DETAIL = v_detail,
+      HINT = 'run `pgflow audit` for the report with fixes: a rejected name needs a new concrete flow under a '
+             || 'compliant slug; pgflow never renames or deletes flows. On the phased path, rerun `pgflow migrate '
+             || 'apply` afterwards to finish, or `pgflow migrate abort {version}` to undo the prepared phases';
+  END IF;
+END
+$recheck$;"""
+"""The ``recheck`` section of a migration marked ``--@preflight audit`` (:func:`recheck_block`)."""
+
+
+def recheck_block(version: int) -> str:
+    """The blocking rules of the current audit (``sql/audit/findings.sql``) as one ``DO`` statement
+    that raises PF005 with every finding: the ``recheck`` section ``scripts/regenerate_migration.py``
+    writes into migration ``version``, and what the installer runs under the locks of a
+    ``--@preflight audit`` migration whose text holds an older one (a released migration keeps the
+    rules it shipped with)."""
+    findings = "\n".join(("    " + line) if line else ""
+                         for line in sqlfiles.load("audit/findings.sql").rstrip("\n").split("\n"))
+    return RECHECK.format(findings=findings, version=version)
 
 
 @cache

@@ -12,7 +12,7 @@ about them (it never changes again):
 * :data:`LEVEL_16_FUNCTIONS`: the functions such a database has.
 
 A ledger holding every one of those rows with a known checksum, none in progress, is converted in
-one transaction (:func:`pgflow_cli.installer.runner.apply`, docs/upgrade.md "Databases built by an
+one transaction (:class:`pgflow_cli.installer.steps.Conversion`, docs/upgrade.md "Databases built by an
 earlier pgflow-cli"); any other set of them is refused (:func:`classify`).
 """
 

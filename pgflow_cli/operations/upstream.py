@@ -10,19 +10,16 @@ Spec: issue 8.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from pgflow_cli import sqlfiles
+from pgflow_cli import installer, sqlfiles
 from pgflow_cli.errors import UsageError
 from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
 from pgflow_cli.upstream import releases
-
-Progress = Callable[[str, dict[str, Any]], None]
 
 SUPABASE_ADVICE = (
     "supabase_migrations.schema_migrations lists {count} pgflow migration(s) (pgflow {release}); pgflow-cli "
@@ -183,61 +180,24 @@ def refusal(plan: UpstreamPlan) -> Exception | None:
     return None
 
 
-def run(conn: psycopg.Connection, plan: UpstreamPlan, *, assume_release: str | None = None,
-        lock_timeout: float = 5.0, attempts: int = 5, dry_run: bool = False, online: str = "auto",
-        batch_seconds: float = 0.2, progress: Progress | None = None,
-        before_commit: Callable[[psycopg.Connection], None] | None = None) -> adoption.Adopted | int | None:
-    """Carry out what ``plan`` needs before the migrations: the adoption, or an interrupted one's completion.
-
-    Returns:
-        The :class:`~pgflow_cli.upstream.adopt.Adopted` outcome, the number of completion steps
-        done (an interrupted online adoption), or ``None`` when there was nothing to do.
-
-    Raises:
-        StateConflict: unrecognised and nothing asserted, or the schema changed since ``plan``.
-        LockTimeout: see :func:`pgflow_cli.upstream.adopt.adopt`.
-    """
-    if plan.completion:
-        if dry_run:
-            return None
-        return adoption.complete(conn, lock_timeout=lock_timeout, attempts=attempts, progress=progress,
-                                 batch_seconds=batch_seconds, history=False)
-    if plan.recognition.status not in (rec.UPSTREAM, rec.UNRECOGNISED):
-        return None
-    return adoption.adopt(conn, plan.recognition, lock_timeout=lock_timeout, attempts=attempts, dry_run=dry_run,
-                          progress=progress, before_commit=before_commit, assume_release=assume_release,
-                          online=online, batch_seconds=batch_seconds)
+def steps_before_migrations(plan: UpstreamPlan, *, assume_release: str | None = None,
+                            dry_run: bool = False) -> list[installer.Step]:
+    """The engine steps ``plan`` needs before the migrations: the adoption, or the online completion
+    an interrupted adoption left (none in a dry run: it cannot be rolled back), or nothing."""
+    if plan.adoption_pending:
+        return [adoption.Adoption(plan.recognition, assume_release=assume_release)]
+    if plan.completion and not dry_run:
+        return [adoption.Completion(history=False)]
+    return []
 
 
-def history_left(conn: psycopg.Connection) -> bool:
-    """True when an online adoption's history backfill is still to run (reads the record only)."""
-    return adoption.history_pending(conn) is not None
-
-
-def finish_history(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: int = 5,
-                   batch_seconds: float = 0.2, progress: Progress | None = None) -> bool:
-    """Run the history backfill an online adoption left (after the migrations; resumable).
-
-    Returns:
-        True when there was one to run (it is done now), False when nothing was pending.
-
-    Raises:
-        LockTimeout: a batch could not take its row locks within the retries (exit 4); rerun
-            ``pgflow migrate apply`` to continue from the recorded page.
-    """
-    if adoption.history_pending(conn) is None:
-        return False
-    adoption.complete(conn, lock_timeout=lock_timeout, attempts=attempts, progress=progress,
-                      batch_seconds=batch_seconds, history=True)
-    return True
+def history_step() -> installer.Step:
+    """The engine step of ``--fill-history``: the history backfill an online adoption left (and any
+    completion step still pending), after the migrations; nothing when none is left."""
+    return adoption.Completion(history=True)
 
 
 def live_workers(conn: psycopg.Connection) -> dict[str, int]:
     """Workers of the upstream release that still heartbeat: ``{"alive", "functions"}`` (read-only)."""
     row = conn.execute(sqlfiles.statement(adoption.QUERIES, "live_workers")).fetchone()
     return {"alive": int(row[0]), "functions": int(row[1])} if row else {"alive": 0, "functions": 0}
-
-
-def sql_script(conn: psycopg.Connection, plan: UpstreamPlan) -> str:
-    """The adoption as one reviewable SQL script (``migrate apply --sql``)."""
-    return adoption.describe(adoption.adoption_parts(conn, plan.recognition))

@@ -1,6 +1,7 @@
 """Adopt a schema that a published pgflow release installed: bring it to pgflow-cli's baseline in place.
 
-The adoption is one transaction of three parts, all shipped SQL:
+The adoption is a step of the installer's engine (:class:`Adoption`): one transaction of three
+parts, all shipped SQL:
 
 1. ``sql/adoption/schema.sql``: locks the tables, drops the functions pgflow-cli's baseline
    replaces (remembering their grants), adds the missing columns, constraints and index with
@@ -11,24 +12,24 @@ The adoption is one transaction of three parts, all shipped SQL:
 3. ``sql/adoption/finish.sql``: the slug checks again, the remembered grants on the new
    functions (nothing else granted), PUBLIC revoked, and the adoption record;
 
-then the ledger rows of migrations 0001 and 0002, so the installer continues with 0003 as on
-any baseline database. Every row of every table is kept. A lock timeout or deadlock rolls the
-whole transaction back and it is retried; a killed client leaves the database as it was.
+then the ledger rows of migrations 0001 and 0002 (the engine's ledger loop), so the installer
+continues with 0003 as on any baseline database. Every row of every table is kept. A lock
+timeout or deadlock rolls the whole transaction back and it is retried; a killed client leaves
+the database as it was.
 
 On a large database (:data:`ONLINE_THRESHOLD_BYTES`) the transaction backfills only the step
 outputs the runtime reads (runs in flight); the index, the constraint validations and, last,
 the **history backfill** (the stored outputs of finished runs; ``get_run_with_states``
 computes them from their tasks since migration 0003) run after the commit in short
-transactions, recorded in ``pgflow.schema_adoption.pending`` so a rerun resumes. ``pgflow
-migrate apply`` runs the history backfill only with ``--fill-history``, after the migrations
-(:func:`complete` with ``history``).
+transactions (:class:`Completion`, another step), recorded in ``pgflow.schema_adoption.pending``
+so a rerun resumes. ``pgflow migrate apply`` runs the history backfill only with
+``--fill-history``, after the migrations.
 
 Spec: issue 8 "Adoption"; fact sheet ``upstream-releases.md`` §4.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -40,19 +41,17 @@ from psycopg import ClientCursor
 from psycopg import sql as pgsql
 from psycopg.types.json import Jsonb
 
-from pgflow_cli import __version__, sqlfiles
-from pgflow_cli.db import first_line, retry_on_lock, scalar, transaction
+from pgflow_cli import __version__, installer, sqlfiles
+from pgflow_cli.db import scalar
 from pgflow_cli.errors import StateConflict
-from pgflow_cli.installer import MAX_BATCH_PAGES, Migration, TableLock, locked_transaction
+from pgflow_cli.installer import Engine, LedgerEntry, Migration, Options, Outcome, ProgressFn, Session, TableLock
+from pgflow_cli.installer.events import PhaseDone, PhaseStarted, StepStarted
 from pgflow_cli.upstream import recognise as rec
 from pgflow_cli.upstream.releases import REPLACED_BY
 
 QUERIES = "queries/adopt.sql"
-INSTALLER_QUERIES = "queries/installer.sql"
 SCHEMA_FILE = "adoption/schema.sql"
 FINISH_FILE = "adoption/finish.sql"
-
-ProgressFn = Callable[[str, dict[str, Any]], None]
 
 ADOPTION_LOCKS = tuple(TableLock(f"pgflow.{table}", "ACCESS EXCLUSIVE") for table in (
     "flows", "steps", "deps", "runs", "step_states", "step_tasks", "workers", "worker_functions"))
@@ -74,8 +73,6 @@ _FUNCTION_NAME = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION pgflow\.([a-z_][a
 
 
 def _baseline_migrations() -> list[Migration]:
-    from pgflow_cli import installer
-
     return [m for m in installer.available_migrations() if m.version <= installer.BASELINE_VERSION]
 
 
@@ -150,9 +147,9 @@ def adoption_checksum(parts: list[AdoptionPart]) -> str:
     return sqlfiles.checksum("\n".join(p.sql for p in parts))
 
 
-@dataclass
-class Adopted:
-    """Outcome of :func:`adopt`.
+@dataclass(kw_only=True)
+class Adopted(Outcome):
+    """What :class:`Adoption` did.
 
     Attributes:
         release: the release recorded (the newest member of the recognised group, or the one
@@ -160,26 +157,27 @@ class Adopted:
         releases: the recognised group.
         assumed: the operator asserted the release (the schema was not recognised).
         differences: what differed from that release (empty when recognised).
-        duration_ms: time of the successful attempt's transaction.
-        attempts: tries (lock timeouts and deadlocks are retried).
-        dry_run: the transaction was rolled back.
-        online: the completion ran after the commit (:func:`complete`).
-        notices: server notices raised while it ran.
+
+    ``online``: the index and the validations ran after the commit (:class:`Completion`).
     """
 
     release: str
     releases: tuple[str, ...]
     assumed: bool
     differences: list[dict[str, Any]]
-    duration_ms: int
-    attempts: int
-    dry_run: bool
-    online: bool = False
-    notices: list[str] = dataclasses.field(default_factory=list)
 
 
-class _DryRun(Exception):
-    pass
+@dataclass(kw_only=True)
+class Completed(Outcome):
+    """What :class:`Completion` did.
+
+    Attributes:
+        steps: completion steps done (index, each validation, the history backfill).
+        history: the history backfill was one of them.
+    """
+
+    steps: int
+    history: bool
 
 
 def check_adoptable(recognition: rec.Recognition) -> None:
@@ -226,110 +224,132 @@ def large(conn: psycopg.Connection) -> bool:
     return bool(row and int(row[0]) > ONLINE_THRESHOLD_BYTES)
 
 
-def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeout: float = 5.0,
-          attempts: int = 5, dry_run: bool = False, progress: ProgressFn | None = None,
-          before_commit: Callable[[psycopg.Connection], None] | None = None,
-          assume_release: str | None = None, online: str = "auto", batch_seconds: float = 0.2) -> Adopted:
-    """Adopt the upstream schema of ``conn``'s database (see the module docstring).
+class Adoption:
+    """The adoption of the upstream schema recognised as ``recognition``: a step of the installer's
+    engine (see the module docstring).
 
     The adoption itself is one transaction: before it commits the database is the release, after
     it the baseline runtime runs it. On a small database that transaction also checks every
     existing row against the new constraints, builds the new index and backfills every step
-    output. On a large one (``online``), it leaves those three for after the commit, where they
-    run without blocking workers (:func:`complete`): constraints are NOT VALID until validated,
-    and only the outputs of runs in flight are backfilled inside the transaction. The index and
-    the validations are done before this returns; the history backfill (finished runs) is left
-    pending for the caller to run with ``complete(conn, history=True)`` once the migrations
-    after the baseline are applied (``pgflow migrate apply`` does).
+    output. On a large one (:attr:`~pgflow_cli.installer.Options.online`), it leaves those three
+    for after the commit, where they run without blocking workers (:class:`Completion`, run at
+    once but for the history backfill): constraints are NOT VALID until validated, and only the
+    outputs of runs in flight are backfilled inside the transaction. The history backfill
+    (finished runs) is left pending for ``Completion(history=True)`` once the migrations after
+    the baseline are applied (``pgflow migrate apply --fill-history``).
+
+    Rendered (``--sql``) it is for review only: it starts with a recheck of the catalog under its
+    locks that only the tool makes, and the tool reads which constraints its text added NOT VALID.
 
     Args:
-        conn: an autocommit connection (the caller holds the migrator lock).
         recognition: what :func:`~pgflow_cli.upstream.recognise.recognise` found; it is checked
             again inside the transaction and a change refuses the adoption.
-        lock_timeout: seconds each lock may be waited for, per attempt.
-        attempts: tries on lock timeouts and deadlocks.
-        dry_run: run the transaction (everything in it, as on a small database), then roll back.
-        progress: ``progress(event, data)``: ``start``, ``retry``, ``done``, ``batch``, ``phase``.
-        before_commit: hook run inside the transaction just before it commits (or rolls back,
-            in a dry run); ``--dry-run`` reporting uses it.
         assume_release: the release the operator asserted (``--assume-release``), for the recheck.
-        online: ``auto`` (online above :data:`ONLINE_THRESHOLD_BYTES`), ``always`` or ``never``.
-        batch_seconds: time each backfill batch of the online completion aims at, seconds.
-
-    Returns:
-        :class:`Adopted`.
 
     Raises:
         StateConflict: not adoptable (:func:`check_adoptable`), or the schema changed between
             the plan and the locked recheck (exit 6).
         LockTimeout: a lock could not be taken within the retries (exit 4).
     """
-    if online not in ("auto", "always", "never"):
-        raise ValueError(f"online must be auto, always or never, not {online!r}")
-    check_adoptable(recognition)
-    emit = progress or (lambda event, data: None)
-    parts = adoption_parts(conn, recognition)
-    checksum = adoption_checksum(parts)
-    release = recognition.release
-    assert release is not None
-    use_online = not dry_run and (online == "always" or (online == "auto" and large(conn)))
-    label = adoption_label(recognition)
-    tries = 0
-    notices: list[str] = []
-    result: dict[str, Any] = {}
 
-    def collect(diag: psycopg.errors.Diagnostic) -> None:
-        if diag.message_primary:
-            notices.append(diag.message_primary)
+    def __init__(self, recognition: rec.Recognition, *, assume_release: str | None = None) -> None:
+        self.recognition = recognition
+        self.assume_release = assume_release
+        self.label = adoption_label(recognition)
 
-    def attempt() -> None:
-        nonlocal tries
-        tries += 1
-        notices.clear()
-        emit("start", {"migration": label, "release": release, "attempt": tries, "online": use_online})
-        started = time.monotonic()
-        try:
-            with locked_transaction(conn, adoption_locks(conn), lock_timeout=lock_timeout):
-                _recheck(conn, recognition, assume_release)
-                had_output = bool(scalar(conn.execute(sqlfiles.statement(QUERIES, "has_output_column"))))
-                before = set(_unvalidated(conn))
-                for part in parts:
-                    conn.execute(part.sql)  # shipped SQL (and quoted literals)
-                if not had_output:
-                    _backfill_batch(conn, 0, 2 ** 31, in_flight_only=use_online)  # every page
-                added = [c for c in _unvalidated(conn) if c not in before]
-                pending: list[dict[str, Any]] = []
-                if use_online:
-                    pending = [{"step": "index"}, *[{"step": "validate", "table": t, "constraint": c} for t, c in added],
-                               *([] if had_output else [{"step": HISTORY_STEP, "next_page": 0}])]
-                else:
-                    for table, constraint in added:
-                        conn.execute(_validate_statement(table, constraint))
-                    conn.execute(sqlfiles.statement(QUERIES, "skipped_index"))
-                _record(conn, recognition, checksum, pending, int((time.monotonic() - started) * 1000))
-                result["ms"] = int((time.monotonic() - started) * 1000)
-                if before_commit:
-                    before_commit(conn)
-                if dry_run:
-                    raise _DryRun()
-        except _DryRun:
-            pass
+    def run(self, engine: Engine) -> list[Outcome]:
+        recognition = self.recognition
+        check_adoptable(recognition)
+        conn, options = engine.conn, engine.options
+        parts = adoption_parts(conn, recognition)
+        checksum = adoption_checksum(parts)
+        release = recognition.release
+        assert release is not None
+        use_online = not engine.rendering and not options.dry_run and (
+            options.online == "always" or (options.online == "auto" and large(conn)))
+        if engine.rendering:
+            engine.review_only(
+                f"adopt pgflow {recognition.release if recognition.assumed else recognition.label} with "
+                "`pgflow migrate apply`",
+                "this database was installed by a pgflow release: its adoption cannot be printed as a script psql "
+                "runs as is (it starts with a recheck, under its locks, that the catalog is still the release the "
+                "tool recognised, and the tool reads which constraints its text added NOT VALID to validate them); "
+                "the text below is commented out, for review only; adopt it with `pgflow migrate apply`, then "
+                "`--sql` prints the migrations after it")
 
-    def on_retry(number: int, exc: BaseException, delay: float) -> None:
-        emit("retry", {"migration": label, "attempt": number, "error": first_line(exc), "sleep": round(delay, 2)})
+        def body(session: Session) -> None:
+            if session.executing:
+                _recheck(conn, recognition, self.assume_release)
+            else:
+                session.comment("the tool checks, under these locks, that the catalog is still what it recognised: "
+                                + recognition.summary())
+            had_output = bool(scalar(conn.execute(sqlfiles.statement(QUERIES, "has_output_column"))))
+            before = set(_unvalidated(session))
+            for part in parts:
+                session.comment(f"==== {part.label}")
+                session.run(part.sql)  # shipped SQL (and quoted literals)
+            if not had_output:
+                session.comment("the 0.13.0 step output backfill: every completed step" + (
+                    ", of the runs in flight only" if use_online else ""))
+                session.backfill("step outputs", sqlfiles.statement(QUERIES, "step_output_backfill"),
+                                 {"in_flight_only": use_online})
+            added = [c for c in _unvalidated(session) if c not in before]
+            pending: list[dict[str, Any]] = []
+            if use_online:
+                pending = [{"step": "index"}, *[{"step": "validate", "table": t, "constraint": c} for t, c in added],
+                           *([] if had_output else [{"step": HISTORY_STEP, "next_page": 0}])]
+            else:
+                session.comment("each constraint added NOT VALID above is validated (the tool reads which from the "
+                                "catalog): " + sqlfiles.statement(QUERIES, "validate_constraint").splitlines()[-1])
+                for table, constraint in added:
+                    session.run(_validate_statement(table, constraint))
+                session.run(sqlfiles.statement(QUERIES, "skipped_index"))
+            session.comment("the adoption record")
+            session.run(sqlfiles.statement(QUERIES, "adoption_insert"), _adoption_record(recognition, checksum, pending))
 
-    conn.add_notice_handler(collect)
-    try:
-        retry_on_lock(attempt, attempts=attempts, on_retry=on_retry)
-    finally:
-        conn.remove_notice_handler(collect)
-    emit("done", {"migration": label, "release": release, "duration_ms": result["ms"], "attempts": tries,
-                  "dry_run": dry_run, "online": use_online})
-    if use_online:
-        complete(conn, lock_timeout=lock_timeout, attempts=attempts, progress=progress, batch_seconds=batch_seconds,
-                 history=False)
-    return Adopted(release, recognition.releases, recognition.assumed, [d.to_dict() for d in recognition.differences],
-                   result["ms"], tries, dry_run, use_online, list(notices))
+        tally = engine.tally(self.label)
+        engine.transaction(tally, adoption_locks(conn), body, announce=True, heading=self.label,
+                           ledger=[LedgerEntry(m) for m in _baseline_migrations()])
+        outcomes: list[Outcome] = [Adopted(release=release, releases=recognition.releases,
+                                           assumed=recognition.assumed,
+                                           differences=[d.to_dict() for d in recognition.differences],
+                                           **engine.outcome(tally, online=use_online))]
+        if use_online:
+            outcomes += Completion(history=False).run(engine)
+        return outcomes
+
+
+def adopt(conn: psycopg.Connection, recognition: rec.Recognition, *, lock_timeout: float = 5.0,
+          attempts: int = 5, dry_run: bool = False, progress: ProgressFn | None = None,
+          before_commit: Callable[[psycopg.Connection], None] | None = None,
+          assume_release: str | None = None, online: str = "auto", batch_seconds: float = 0.2) -> Adopted:
+    """Run :class:`Adoption` on its own (under the migrators' lock): what ``pgflow migrate apply``
+    runs before the migrations.
+
+    Args:
+        conn: an autocommit connection.
+        recognition: what :func:`~pgflow_cli.upstream.recognise.recognise` found.
+        lock_timeout: seconds the transaction keeps trying for its locks, per attempt.
+        attempts: tries on lock timeouts and deadlocks.
+        dry_run: run the transaction (everything in it, as on a small database), then roll back.
+        progress: receives the events (:mod:`pgflow_cli.installer.events`).
+        before_commit: called inside the transaction just before it commits (or rolls back).
+        assume_release: the release the operator asserted (``--assume-release``), for the recheck.
+        online: ``auto`` (online above :data:`ONLINE_THRESHOLD_BYTES`), ``always`` or ``never``.
+        batch_seconds: time each backfill batch of the online completion aims at, seconds.
+
+    Returns:
+        :class:`Adopted`.
+    """
+    def hook(conn: psycopg.Connection, label: str) -> None:
+        if before_commit is not None:
+            before_commit(conn)
+
+    options = Options(lock_timeout=lock_timeout, attempts=attempts, dry_run=dry_run, online=online,
+                      batch_seconds=batch_seconds, before_commit=hook)
+    outcome = installer.run(conn, [Adoption(recognition, assume_release=assume_release)], options, progress)[0]
+    assert isinstance(outcome, Adopted)
+    return outcome
 
 
 def pending_completion(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -373,9 +393,9 @@ def history_pending(conn: psycopg.Connection) -> HistoryBackfill | None:
     return HistoryBackfill(int(step.get("next_page", 0)), int(pages or 0))
 
 
-def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: int = 5,
-             progress: ProgressFn | None = None, batch_seconds: float = 0.2, history: bool = True) -> int:
-    """Finish an online adoption after its commit; resumable (each step is recorded when done).
+class Completion:
+    """The online completion of an adoption, after its commit; resumable (each step is recorded
+    in ``pgflow.schema_adoption.pending`` in the transaction that does it).
 
     Steps, in order, none of which blocks workers for longer than one short batch:
 
@@ -394,108 +414,106 @@ def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: i
         history: also run the history backfill (``pgflow migrate apply --fill-history`` runs it
             after the migrations, so the upgrade is not kept waiting by it).
 
-    Returns:
-        How many steps were done (0 when nothing was pending).
-
     Raises:
         LockTimeout: a lock could not be taken within the retries (exit 4); rerun to resume.
         psycopg.errors.CheckViolation: an existing row breaks a baseline constraint (the
             constraint stays NOT VALID; rerun after fixing the row).
     """
-    emit = progress or (lambda event, data: None)
-    pending = pending_completion(conn)
-    done = 0
-    for step in [s for s in pending if history or s["step"] != HISTORY_STEP]:
-        mode = "online, in batches; the migrations are committed" if step["step"] == HISTORY_STEP else "online"
-        emit("phase", {"migration": COMPLETION_LABEL, "phase": step["step"], **step, "mode": mode})
-        started = time.monotonic()
-        if step["step"] == HISTORY_STEP:
-            _online_backfill(conn, pending, step, lock_timeout, attempts, emit, batch_seconds)
-        elif step["step"] == "index":
-            _online_index(conn, lock_timeout)
-        else:
-            def validate(step: dict[str, Any] = step) -> None:
-                with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
-                    conn.execute(_validate_statement(step["table"], step["constraint"]))
-            retry_on_lock(validate, attempts=attempts)
-        pending = [s for s in pending if s is not step]
 
-        def record(left: list[dict[str, Any]] = pending) -> None:
-            with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
-                _record_pending(conn, left)
-        retry_on_lock(record, attempts=attempts)
-        done += 1
-        emit("phase_done", {"migration": COMPLETION_LABEL, "phase": step["step"],
-                            "duration_ms": int((time.monotonic() - started) * 1000)})
-    return done
+    label = COMPLETION_LABEL
+
+    def __init__(self, *, history: bool) -> None:
+        self.history = history
+
+    def run(self, engine: Engine) -> list[Outcome]:
+        if engine.rendering:
+            raise RuntimeError("an adoption's online completion runs outside one transaction; it is not rendered")
+        pending = pending_completion(engine.conn)
+        todo = [s for s in pending if self.history or s["step"] != HISTORY_STEP]
+        if not todo:
+            return []
+        tally = engine.tally(COMPLETION_LABEL)
+        engine.emit(StepStarted(COMPLETION_LABEL, 1, True))
+        for step in todo:
+            left = [s for s in pending if s is not step]
+            mode = "online, in batches; the migrations are committed" if step["step"] == HISTORY_STEP else "online"
+            engine.emit(PhaseStarted(COMPLETION_LABEL, step["step"], mode))
+            started = time.monotonic()
+            if step["step"] == HISTORY_STEP:
+                _history(engine, tally, pending, step, left)
+            elif step["step"] == "index":
+                engine.concurrently(tally, [sqlfiles.statement(QUERIES, "skipped_index_concurrently")],
+                                    "the adoption's index build")
+                def done(session: Session, left: list[dict[str, Any]] = left) -> None:
+                    _record_pending(session, left)
+
+                engine.transaction(tally, (), done, final=False)
+            else:
+                def validate(session: Session, step: dict[str, Any] = step, left: list[dict[str, Any]] = left) -> None:
+                    session.run(_validate_statement(step["table"], step["constraint"]))
+                    _record_pending(session, left)
+
+                engine.transaction(tally, (TableLock(f"pgflow.{step['table']}", "SHARE UPDATE EXCLUSIVE"),), validate,
+                                   final=False)
+            pending = left
+            engine.emit(PhaseDone(COMPLETION_LABEL, step["step"], int((time.monotonic() - started) * 1000)))
+        history = any(s["step"] == HISTORY_STEP for s in todo)
+        return [Completed(steps=len(todo), history=history, **engine.outcome(tally, online=True))]
 
 
-def _record_pending(conn: psycopg.Connection, pending: list[dict[str, Any]]) -> None:
-    conn.execute(sqlfiles.statement(QUERIES, "adoption_progress"), {"pending": Jsonb(pending)})
+HISTORY_FIRST_PAGES = 256
+"""Heap pages of the history backfill's first batch (later ones adapt to ``batch_seconds``)."""
 
 
-def _unvalidated(conn: psycopg.Connection) -> list[tuple[str, str]]:
-    return [(t, c) for t, c in conn.execute(sqlfiles.statement(QUERIES, "unvalidated_constraints")).fetchall()]
+def _history(engine: Engine, tally: installer.Tally, pending: list[dict[str, Any]], step: dict[str, Any],
+             left: list[dict[str, Any]]) -> None:
+    """The history backfill in batches from the recorded page; ``step`` (an item of ``pending``)
+    is updated with the page reached, recorded with each batch. Then one pass over every page
+    (rows whose page was passed can only be missing if a rewrite, VACUUM FULL or CLUSTER, moved
+    them; rows with an output are skipped), recorded done in the same transaction."""
+    statement = sqlfiles.statement(QUERIES, "step_output_backfill")
+
+    def reached(session: Session, next_page: int) -> None:
+        step["next_page"] = next_page
+        _record_pending(session, pending)
+
+    engine.batches(tally, HISTORY_STEP, statement, params={"in_flight_only": False},
+                   first_page=int(step.get("next_page", 0)), pages=HISTORY_FIRST_PAGES, bounded=False, record=reached)
+
+    def sweep(session: Session) -> None:
+        session.backfill(HISTORY_STEP, statement, {"in_flight_only": False})
+        _record_pending(session, left)
+
+    engine.transaction(tally, (), sweep, final=False)
+
+
+def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: int = 5,
+             progress: ProgressFn | None = None, batch_seconds: float = 0.2, history: bool = True) -> int:
+    """Run :class:`Completion` on its own (under the migrators' lock).
+
+    Returns:
+        How many steps were done (0 when nothing was pending).
+    """
+    options = Options(lock_timeout=lock_timeout, attempts=attempts, batch_seconds=batch_seconds)
+    outcomes = installer.run(conn, [Completion(history=history)], options, progress)
+    return sum(o.steps for o in outcomes if isinstance(o, Completed))
+
+
+def _record_pending(session: Session, pending: list[dict[str, Any]]) -> None:
+    session.run(sqlfiles.statement(QUERIES, "adoption_progress"), {"pending": Jsonb(pending)})
+
+
+def _unvalidated(session: Session) -> list[tuple[str, str]]:
+    """The NOT VALID check constraints of pgflow (table, constraint); nothing when rendering (the
+    text has not run: the tool reads them)."""
+    if not session.executing:
+        return []
+    return [(str(t), str(c)) for t, c in session.fetch(sqlfiles.statement(QUERIES, "unvalidated_constraints"))]
 
 
 def _validate_statement(table: str, constraint: str) -> pgsql.Composed:
     return pgsql.SQL(sqlfiles.statement(QUERIES, "validate_constraint")).format(
         table=pgsql.Identifier(table), constraint=pgsql.Identifier(constraint))
-
-
-def _backfill_batch(conn: psycopg.Connection, first_page: int, pages: int, *, in_flight_only: bool) -> tuple[int, int]:
-    row = conn.execute(sqlfiles.statement(QUERIES, "step_output_backfill"),
-                       {"first_page": first_page, "pages": pages, "in_flight_only": in_flight_only}).fetchone()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
-
-
-def _online_backfill(conn: psycopg.Connection, pending: list[dict[str, Any]], step: dict[str, Any],
-                     lock_timeout: float, attempts: int, emit: ProgressFn, batch_seconds: float) -> None:
-    """The history backfill in batches from the recorded page; ``step`` (an item of ``pending``)
-    is updated with the page reached, recorded with each batch."""
-    first_page, pages = int(step.get("next_page", 0)), 256
-    budget = batch_seconds if batch_seconds > 0 else 0.2
-    while True:
-        def one(first_page: int = first_page, pages: int = pages) -> tuple[int, int]:
-            with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
-                counts = _backfill_batch(conn, first_page, pages, in_flight_only=False)
-                step["next_page"] = first_page + pages
-                _record_pending(conn, pending)
-                return counts
-
-        started = time.monotonic()
-        updated, relation_pages = retry_on_lock(one, attempts=attempts)
-        elapsed = time.monotonic() - started
-        emit("batch", {"migration": COMPLETION_LABEL, "phase": HISTORY_STEP, "first_page": first_page, "pages": pages,
-                       "relation_pages": relation_pages, "rows": updated, "ms": int(elapsed * 1000)})
-        first_page += pages
-        if first_page >= relation_pages:
-            break
-        wanted = pages * budget / elapsed if elapsed > 0 else pages * 2
-        pages = max(1, min(MAX_BATCH_PAGES, int(max(pages / 4, min(pages * 2, wanted)))))
-
-    def sweep() -> tuple[int, int]:
-        # Rows whose page was passed can only be missing if a rewrite (VACUUM FULL, CLUSTER) moved
-        # them; one pass over every page finds them (a scan: rows with an output are skipped).
-        with transaction(conn, lock_timeout=lock_timeout, statement_timeout=None):
-            return _backfill_batch(conn, 0, 2 ** 31, in_flight_only=False)
-    started = time.monotonic()
-    updated, relation_pages = retry_on_lock(sweep, attempts=attempts)
-    emit("batch", {"migration": COMPLETION_LABEL, "phase": HISTORY_STEP, "first_page": 0, "pages": relation_pages,
-                   "relation_pages": relation_pages, "rows": updated,
-                   "ms": int((time.monotonic() - started) * 1000)})
-
-
-def _online_index(conn: psycopg.Connection, lock_timeout: float) -> None:
-    # Outside any transaction (CONCURRENTLY); a session lock_timeout still applies.
-    timeout = sqlfiles.statement(INSTALLER_QUERIES, "session_lock_timeout")
-    conn.execute(timeout, {"value": f"{int(lock_timeout * 1000)}ms"})
-    try:
-        if scalar(conn.execute(sqlfiles.statement(QUERIES, "skipped_index_invalid"))):
-            conn.execute(sqlfiles.statement(QUERIES, "skipped_index_drop"))
-        conn.execute(sqlfiles.statement(QUERIES, "skipped_index_concurrently"))
-    finally:
-        conn.execute(timeout, {"value": "0"})
 
 
 def _recheck(conn: psycopg.Connection, planned: rec.Recognition, assume_release: str | None) -> None:
@@ -508,10 +526,9 @@ def _recheck(conn: psycopg.Connection, planned: rec.Recognition, assume_release:
         )
 
 
-def _record(conn: psycopg.Connection, recognition: rec.Recognition, checksum: str, pending: list[dict[str, Any]],
-            duration_ms: int) -> None:
-    """The adoption record and the ledger rows of the baseline migrations (same transaction)."""
-    conn.execute(sqlfiles.statement(QUERIES, "adoption_insert"), {
+def _adoption_record(recognition: rec.Recognition, checksum: str, pending: list[dict[str, Any]]) -> dict[str, Any]:
+    """The values of the adoption record (``adoption_insert``)."""
+    return {
         "release": recognition.release,
         "releases": list(recognition.releases),
         "assumed": recognition.assumed,
@@ -522,32 +539,4 @@ def _record(conn: psycopg.Connection, recognition: rec.Recognition, checksum: st
         "tool_version": __version__,
         "pending": Jsonb(pending),
         "complete": not pending,
-    })
-    conn.execute(sqlfiles.statement(INSTALLER_QUERIES, "ledger_bootstrap"))
-    for migration in _baseline_migrations():
-        conn.execute(sqlfiles.statement(INSTALLER_QUERIES, "ledger_record"), {
-            "version": migration.version, "name": migration.name, "checksum": migration.checksum,
-            "tool_version": __version__, "duration_ms": duration_ms, "state": "applied", "phases_done": [],
-        })
-
-
-def describe(parts: list[AdoptionPart]) -> str:
-    """The adoption as one SQL script (``--sql``): the statements in order, inside BEGIN/COMMIT.
-
-    The statements the driver adds around the parts (the step output backfill, the constraint
-    validation, the index, the adoption record and ledger rows) are named in comments with the
-    file and section they come from.
-    """
-    body = "\n\n".join(f"-- ==== {p.label}\n{p.sql.strip()}" for p in parts)
-    tail = (
-        "-- ==== then, in the same transaction (sql/queries/adopt.sql):\n"
-        "--   step_output_backfill  when step_states.output was missing (releases before 0.13.0): every\n"
-        "--                         completed step on a small database, the runs in flight on a large one\n"
-        "--   validate_constraint   each constraint added NOT VALID above (small database)\n"
-        "--   skipped_index         idx_step_states_skipped (small database)\n"
-        "--   adoption_insert       the adoption record; then the ledger rows of 0001 and 0002\n"
-        "-- On a large database the index (CONCURRENTLY) and the validations run after COMMIT, each\n"
-        "-- in its own short transaction; the backfill of finished runs (history) runs in batches\n"
-        "-- after the migrations that follow (`pgflow migrate status` reports it until it is done).\n"
-    )
-    return "BEGIN;\n\n" + body + "\n\n" + tail + "COMMIT;\n"
+    }

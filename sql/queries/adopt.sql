@@ -111,15 +111,9 @@ ALTER TABLE pgflow.{table} VALIDATE CONSTRAINT {constraint}
 --@name skipped_index
 CREATE INDEX IF NOT EXISTS idx_step_states_skipped ON pgflow.step_states (run_id, step_slug) WHERE status = 'skipped'
 
---@name skipped_index_invalid
--- A concurrent build that was interrupted leaves an invalid index behind.
-SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i
-               WHERE i.indexrelid = pg_catalog.to_regclass('pgflow.idx_step_states_skipped') AND NOT i.indisvalid)
-
---@name skipped_index_drop
-DROP INDEX CONCURRENTLY IF EXISTS pgflow.idx_step_states_skipped
-
 --@name skipped_index_concurrently
+-- The adoption's online completion (outside any transaction); the installer drops an invalid
+-- leftover of an interrupted build first and checks the index valid afterwards.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idx_step_states_skipped ON pgflow.step_states (run_id, step_slug)
   WHERE status = 'skipped'
 --@end

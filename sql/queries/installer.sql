@@ -265,3 +265,25 @@ DROP FUNCTION {function};
 SELECT p.oid::regprocedure::text AS signature, p.ctid::text AS row_version
 FROM pg_catalog.pg_proc AS p
 WHERE p.pronamespace = pg_catalog.to_regnamespace('pgflow');
+
+--@name transaction_changes
+-- Rows this transaction inserted, updated and deleted so far, per table (what a dry run reports).
+SELECT schemaname || '.' || relname AS table_name, n_tup_ins AS inserted, n_tup_upd AS updated, n_tup_del AS deleted
+FROM pg_stat_xact_user_tables
+WHERE n_tup_ins + n_tup_upd + n_tup_del > 0
+  AND schemaname !~ '^pg_(toast_)?temp_'  -- the migration's own scratch tables
+ORDER BY 1;
+
+--@name transaction_locks
+-- Relation locks this transaction holds (what a dry run reports): what workers would wait on. A relation
+-- this transaction dropped (an index it replaced) has no name any more.
+SELECT coalesce(n.nspname || '.' || c.relname, 'a relation dropped by this migration (oid ' || l.relation || ')') AS relation,
+       string_agg(l.mode, ', ' ORDER BY l.mode) AS modes
+FROM pg_locks AS l
+LEFT JOIN pg_class AS c ON c.oid = l.relation
+LEFT JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE l.pid = pg_backend_pid() AND l.granted AND l.relation IS NOT NULL AND l.locktype = 'relation'
+  AND coalesce(n.nspname, '') NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+  AND coalesce(n.nspname, '') !~ '^pg_(toast_)?temp_'  -- the migration's own scratch tables
+GROUP BY 1
+ORDER BY 1;

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pgflow_cli import installer
+from pgflow_cli.installer import events
 
 
 class _Stop(Exception):
@@ -15,8 +16,8 @@ def leave_in_progress(database) -> None:
     """Apply the pending migrations phase by phase and stop before 0003's last phase: 0003 is left
     in progress (committed phases prepare, backfill, validate, index)."""
 
-    def stop(event: str, data: dict) -> None:
-        if event == "phase" and data["phase"] == "main":
+    def stop(event: events.Event) -> None:
+        if isinstance(event, events.PhaseStarted) and event.phase == "main":
             raise _Stop()
 
     with pytest.raises(_Stop):

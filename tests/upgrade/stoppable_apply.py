@@ -14,11 +14,12 @@ import sys
 import psycopg
 
 from pgflow_cli import installer
+from pgflow_cli.installer.events import Event, PhaseStarted
 
 
 def main(conninfo: str, phase: str) -> None:
-    def progress(event: str, data: dict) -> None:
-        if event == "phase" and data["phase"] == phase:
+    def progress(event: Event) -> None:
+        if isinstance(event, PhaseStarted) and event.phase == phase:
             print(f"PHASE {phase}", flush=True)
             sys.stdin.readline()
 

@@ -13,6 +13,7 @@ import pytest
 
 from pgflow_cli import installer
 from pgflow_cli.errors import LockTimeout
+from pgflow_cli.installer.events import Event, InvalidIndexDropped, PhaseDone, PhaseStarted
 from tests.upgrade.conftest import build_pre_upgrade
 
 INDEX = "pgflow.idx_step_tasks_queue_message"
@@ -29,11 +30,11 @@ def test_a_failed_concurrent_build_is_dropped_and_rebuilt_not_recorded(baseline_
     migrator = baseline_db.connect()
     watcher = baseline_db.connect()
     blocker = psycopg.connect(baseline_db.conninfo, application_name="old-writer")  # not autocommit
-    events: list[tuple[str, dict]] = []
+    events: list[Event] = []
 
-    def progress(event: str, data: dict) -> None:
-        events.append((event, data))
-        if event == "phase" and data["phase"] == "index":
+    def progress(event: Event) -> None:
+        events.append(event)
+        if isinstance(event, PhaseStarted) and event.phase == "index":
             # an old writer: a row write left open, which every concurrent build must wait out
             blocker.execute("UPDATE pgflow.step_tasks SET attempts_count = attempts_count "
                             "WHERE ctid = (SELECT ctid FROM pgflow.step_tasks LIMIT 1)")
@@ -45,13 +46,13 @@ def test_a_failed_concurrent_build_is_dropped_and_rebuilt_not_recorded(baseline_
     assert "index" not in status.recorded.phases_done  # never recorded with a failed build
     left = _index(watcher)
     assert left is not None and left[1] is False  # the second attempt's build left an invalid index
-    assert [d["index"] for e, d in events if e == "invalid_index"] == [INDEX]  # the first one's was dropped
+    assert [e.index for e in events if isinstance(e, InvalidIndexDropped)] == [INDEX]  # the first one's was dropped
 
     blocker.rollback()
     built: list[tuple[int, bool] | None] = []
 
-    def record_index(event: str, data: dict) -> None:
-        if event == "phase_done" and data["phase"] == "index":
+    def record_index(event: Event) -> None:
+        if isinstance(event, PhaseDone) and event.phase == "index":
             built.append(_index(watcher))
 
     installer.apply(migrator, online="always", lock_timeout=5, progress=record_index)

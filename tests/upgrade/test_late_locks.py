@@ -3,7 +3,7 @@
 The recheck of migration 0003's ``prepare`` phase scans every task row (1-2 s on a million). Its
 lock plan (sql/migrations/0003/locks.sql) freezes the definitions (``SHARE ROW EXCLUSIVE`` on
 flows and steps) up front and takes the task table exclusively only at the statement of 0003's
-text that locks it, after the recheck (installer.runner.take_late_locks). These tests hold the
+text that locks it, after the recheck (installer.locks.take_late_locks). These tests hold the
 recheck in the middle (a session holds ``pgmq.meta``, which the recheck reads and workers do
 not) and look at what the migration holds and who can go on, through pg_locks, never by time.
 """
@@ -17,8 +17,9 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import installer
+from pgflow_cli.installer.events import Event, LateLocksGivenBack, Retrying
 from pgflow_cli.installer.files import TableLock, parse_locks
-from pgflow_cli.installer.runner import LateLocksBusy, take_late_locks
+from pgflow_cli.installer.locks import LateLocksBusy, take_late_locks
 from tests.support.levels import versions_after
 from tests.worker.helpers import wait_until
 
@@ -49,10 +50,10 @@ class _HeldRecheck:
         migrator = database.connect()
         self.observer = database.connect()
         self.blocker = psycopg.connect(database.conninfo)
-        self.events: list[tuple[str, dict]] = []
+        self.events: list[Event] = []
         self.blocker.execute("LOCK TABLE pgmq.meta IN ACCESS EXCLUSIVE MODE")
         self.applying = pool.submit(installer.apply, migrator, online="always", lock_timeout=60,
-                                    progress=lambda event, data: self.events.append((event, data)))
+                                    progress=self.events.append)
         try:
             self.locks = _wait_for(self.observer, migrator.info.backend_pid,
                                    lambda held: ("meta", "AccessShareLock", False) in held
@@ -115,8 +116,8 @@ def test_the_late_locks_give_way_to_a_holder_that_waits_for_the_migration(pre_up
                       "the writer to wait for the migration")
             held.release()  # the recheck ends; the late lock meets the writer holding step_tasks
             writing.result(timeout=120)  # the migration gave way: the writer got its lock
-            gave_way = ("late_locks_busy", {"migration": "0003_queue_stage", "phase": "prepare",
-                                            "lock": "pgflow.step_tasks ACCESS EXCLUSIVE"})
+            gave_way = LateLocksGivenBack(step="0003_queue_stage", phase="prepare",
+                                          lock="pgflow.step_tasks ACCESS EXCLUSIVE")
             wait_until(lambda: gave_way in events, "the migration to report that it gave way", timeout=120)
             other.commit()
         finally:
@@ -124,7 +125,7 @@ def test_the_late_locks_give_way_to_a_holder_that_waits_for_the_migration(pre_up
             other.rollback()
         results = held.applying.result(timeout=300)
     assert [r.migration.version for r in results] == [3, *versions_after(3)]
-    assert not [data for event, data in events if event == "retry"], events
+    assert not [event for event in events if isinstance(event, Retrying)], events
     held.close()
     other.close()
 

@@ -26,6 +26,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import installer, sqlfiles
+from pgflow_cli.installer.events import Retrying
 from pgflow_cli.worker import Flow, ProtocolV1
 from pgflow_cli.worker.protocol import ProtocolV2, for_version
 from tests.support.levels import versions_after
@@ -156,7 +157,7 @@ def test_producers_workers_and_maintenance_run_through_the_migration(baseline_db
         before = dict(traffic.calls)
         retries: list[dict] = []
         results = installer.apply(admin, lock_timeout=30, attempts=3, online=online,
-                                  progress=lambda event, data: retries.append(data) if event == "retry" else None)
+                                  progress=lambda event: retries.append(event) if isinstance(event, Retrying) else None)
         assert [r.migration.version for r in results] == [3, *versions_after(3)]
         # and still busy after it: every producer got through again, the workers speak protocol 2
         after_migration = dict(traffic.calls)

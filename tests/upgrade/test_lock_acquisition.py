@@ -19,6 +19,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import installer
+from pgflow_cli.installer.events import Event, PhaseStarted, Retrying
 from pgflow_cli.installer.files import TableLock
 from pgflow_cli.worker import Flow
 from pgflow_cli.worker.protocol import ProtocolV2
@@ -141,11 +142,11 @@ def test_a_backfill_range_never_deadlocks_with_a_worker_holding_its_rows(baselin
     assert str(first_row).split(",")[0] != str(last_row).split(",")[0], "the tasks must span two pages"
     touch = "UPDATE pgflow.step_tasks SET attempts_count = attempts_count WHERE ctid = %s::tid"
     worker = baseline_db.connect(autocommit=False)
-    events: list[tuple[str, dict]] = []
+    events: list[Event] = []
 
-    def progress(event: str, data: dict) -> None:
-        events.append((event, data))
-        if event == "phase" and data["phase"] == "backfill":
+    def progress(event: Event) -> None:
+        events.append(event)
+        if isinstance(event, PhaseStarted) and event.phase == "backfill":
             worker.execute(touch, (str(last_row),))  # the worker holds the range's last row
 
     migrator = baseline_db.connect()
@@ -158,7 +159,7 @@ def test_a_backfill_range_never_deadlocks_with_a_worker_holding_its_rows(baselin
     worker.execute(touch, (str(first_row),))  # returns: the range gave its rows back (no 40P01)
     worker.commit()
     migration.join(120)
-    assert [d for e, d in events if e == "retry"] == []  # neither a deadlock nor a lock timeout of the migration
+    assert [e for e in events if isinstance(e, Retrying)] == []  # neither a deadlock nor a lock timeout of the migration
     assert admin.execute("SELECT count(*) FROM pgflow.step_tasks WHERE queue_name IS NULL").fetchone()[0] == 0
 
 

@@ -1,6 +1,6 @@
 """Every migration declares the table locks its transactions take, so the runner can take them first.
 
-The runner takes a migration's ``--@lock`` plan before any of its SQL (installer.runner.take_locks).
+The runner takes a migration's ``--@lock`` plan before any of its SQL (installer.locks.take_locks).
 A lock the SQL takes later that is not in the plan brings back a wait while holding locks, the
 deadlock of issue 14 item 1. This test runs every shipped migration (0004+ included, whoever
 writes them) and compares the locks its transaction holds just before commit with its plan.

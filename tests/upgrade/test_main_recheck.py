@@ -1,5 +1,5 @@
 """0003's last transaction holds ACCESS EXCLUSIVE on the task table; the rechecks it runs under
-that lock (0003's own and the current audit's blocking rules, installer.runner._current_recheck)
+that lock (0003's own and the current audit's blocking rules, installer.steps._current_recheck)
 must not read the task table, or workers wait for a full scan (1.1 s on a million task rows,
 bench/benchmarks/adoption.py). The plans are checked with EXPLAIN ANALYZE: no scan of
 ``pgflow.step_tasks`` may run on a healthy database."""

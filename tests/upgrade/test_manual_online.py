@@ -19,6 +19,7 @@ import pytest
 
 from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode, LockTimeout
+from pgflow_cli.installer.events import Event, PhaseDone, PhaseStarted
 from tests.layout.catalog import definitions
 from tests.runtime.driver import Runtime
 from tests.support.cli import run_cli
@@ -89,10 +90,10 @@ def _wait_for(conn: psycopg.Connection, query: str, params: tuple, *, deadline: 
 
 def test_the_phased_path_ends_where_one_transaction_does(baseline_db, db):
     conn, _rt = _baseline_with_work(baseline_db)
-    events: list[tuple[str, dict]] = []
-    [stage] = installer.apply(conn, online="always", progress=lambda e, d: events.append((e, d)))
+    events: list[Event] = []
+    [stage] = installer.apply(conn, online="always", progress=events.append)
     assert stage.migration.version == STAGE and stage.online
-    assert [d["phase"] for e, d in events if e == "phase"] == ["prepare", "backfill", "validate", "index", "main"]
+    assert [e.phase for e in events if isinstance(e, PhaseStarted)] == ["prepare", "backfill", "validate", "index", "main"]
     upgraded = _catalog(conn)
     with db.connect() as fresh:  # every migration, each in one transaction
         assert upgraded == _catalog(fresh)
@@ -109,10 +110,10 @@ def test_claims_and_reports_go_on_while_the_checks_validate_and_the_index_builds
     open_rt = Runtime(open_worker, "baseline")
     seen: dict[str, object] = {}
 
-    def progress(event: str, data: dict) -> None:
-        if event == "phase" and data["phase"] == "validate":
+    def progress(event: Event) -> None:
+        if isinstance(event, PhaseStarted) and event.phase == "validate":
             _claim_and_complete(open_rt)
-        if event == "phase_done" and data["phase"] == "validate":
+        if isinstance(event, PhaseDone) and event.phase == "validate":
             seen["validated_beside_open_worker"] = (
                 open_worker.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS)
 
@@ -154,8 +155,8 @@ def test_a_run_stopped_before_validate_keeps_the_baseline_working_and_resumes(ba
     conn = baseline_db.connect()
     blocker = psycopg.connect(baseline_db.conninfo, application_name="vacuum-like")
 
-    def progress(event: str, data: dict) -> None:
-        if event == "phase" and data["phase"] == "validate":
+    def progress(event: Event) -> None:
+        if isinstance(event, PhaseStarted) and event.phase == "validate":
             blocker.execute("LOCK TABLE pgflow.step_tasks IN SHARE UPDATE EXCLUSIVE MODE")
 
     with pytest.raises(LockTimeout):

@@ -9,6 +9,7 @@ import pytest
 
 from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode, LockTimeout
+from pgflow_cli.installer.events import BatchDone, PhaseStarted
 from tests.support.cli import run_cli
 from tests.support.fingerprint import fingerprint
 from tests.support.levels import versions_after
@@ -24,11 +25,11 @@ def test_online_path_gives_the_same_result_in_small_batches(pre_upgrade):
     conn = database.connect()
     bulk_finished_runs(conn, 2000)  # 6,000 more tasks: the heap spans many pages
     events = []
-    installer.apply(conn, online="always", batch_pages=10, progress=lambda e, d: events.append((e, d)))
-    phases = [d["phase"] for e, d in events if e == "phase" and d["migration"].startswith("0003")]
+    installer.apply(conn, online="always", batch_pages=10, progress=events.append)
+    phases = [e.phase for e in events if isinstance(e, PhaseStarted) and e.step.startswith("0003")]
     assert phases == ["prepare", "backfill", "validate", "index", "main"]
-    batches = [d for e, d in events if e == "batch"]
-    assert len(batches) >= 2 and sum(b["rows"] for b in batches) == conn.execute(
+    batches = [e for e in events if isinstance(e, BatchDone)]
+    assert len(batches) >= 2 and sum(b.rows for b in batches) == conn.execute(
         "SELECT count(*) FROM pgflow.step_tasks").fetchone()[0]
     assert _states(conn)[3] == ("applied", [])
     assert conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE queue_name <> lower(flow_slug)").fetchone()[0] == 0
@@ -43,8 +44,8 @@ def _interrupt_main(database):
     conn = database.connect()
     holder: dict = {}
 
-    def progress(event, data):
-        if event == "phase" and data["phase"] == "main":
+    def progress(event):
+        if isinstance(event, PhaseStarted) and event.phase == "main":
             blocker = psycopg.connect(database.conninfo, application_name="pgflow-worker")
             blocker.execute("SELECT 1 FROM pgflow.flows LIMIT 1")  # ACCESS SHARE, kept by the open transaction
             holder["blocker"] = blocker

@@ -10,6 +10,7 @@ import pytest
 from pgflow_cli import installer
 from pgflow_cli.db import Target
 from pgflow_cli.errors import ExitCode
+from pgflow_cli.installer.events import PreflightPassed
 from pgflow_cli.operations import migrate as migrate_op
 from pgflow_cli.worker import Flow, ProtocolV1
 from tests.support.cli import run_cli
@@ -69,8 +70,8 @@ def test_a_collision_created_after_the_preflight_is_caught_by_the_recheck(baseli
     other = baseline_db.connect()
     snapshot = {}
 
-    def progress(event, data):
-        if event == "preflight":  # the preflight passed; the locks are not taken yet
+    def progress(event):
+        if isinstance(event, PreflightPassed):  # the preflight passed; the locks are not taken yet
             other.execute("SELECT pgflow.create_flow('OrderFlow')")  # case alias of orderFlow (released rule allows it)
             snapshot["before"] = fingerprint(baseline_db.conninfo)
 

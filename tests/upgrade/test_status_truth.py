@@ -15,6 +15,7 @@ import pytest
 
 from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode
+from pgflow_cli.installer.events import Event, PhaseStarted
 from tests.support.cli import communicate_or_dump, run_cli, sigint_as_at_a_terminal, with_stack_dumps
 from tests.support.levels import versions_after
 from tests.upgrade.conftest import build_pre_upgrade
@@ -27,8 +28,8 @@ class _Stop(Exception):
 
 
 def _stop_before(phase_name: str):
-    def progress(event: str, data: dict) -> None:
-        if event == "phase" and data["phase"] == phase_name:
+    def progress(event: Event) -> None:
+        if isinstance(event, PhaseStarted) and event.phase == phase_name:
             raise _Stop()
     return progress
 

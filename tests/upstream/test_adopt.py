@@ -10,6 +10,7 @@ from psycopg import sql
 
 from pgflow_cli import installer
 from pgflow_cli.errors import StateConflict
+from pgflow_cli.installer.events import PhaseStarted
 from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
 from tests.support.fingerprint import fingerprint
@@ -230,7 +231,7 @@ def test_online_adoption_finishes_after_its_commit_and_reaches_the_same_catalog(
                                              "AND connamespace = 'pgflow'::regnamespace").fetchone()[0]
 
     events = []
-    adopted = _adopt(database, online="always", before_commit=look, progress=lambda e, d: events.append((e, d)))
+    adopted = _adopt(database, online="always", before_commit=look, progress=events.append)
 
     runs = {k: str(v) for k, v in state.runs.items()}
     # inside the transaction: only what the runtime will read (runs in flight) was backfilled
@@ -241,7 +242,7 @@ def test_online_adoption_finishes_after_its_commit_and_reaches_the_same_catalog(
     # after adopt(): the index and the validations are done, the catalog is a baseline install's;
     # the finished runs' outputs (history) are left for after the migrations
     assert adopted.online
-    phases = [d["phase"] for e, d in events if e == "phase"]
+    phases = [e.phase for e in events if isinstance(e, PhaseStarted)]
     assert phases[:1] == ["index"] and phases.count("validate") == inside["unvalidated"]
     assert adoption.HISTORY_STEP not in phases
     assert catalog(database.conninfo) == _baseline_catalog(baseline_db)

@@ -130,6 +130,7 @@ def test_a_killed_client_leaves_the_database_as_before_and_a_rerun_succeeds(rele
 
 
 def test_an_interrupted_online_completion_is_finished_by_the_next_apply(inflight_db):
+    from pgflow_cli.installer.events import Event, PhaseStarted
     from pgflow_cli.upstream import adopt as adoption
     from pgflow_cli.upstream import recognise as rec
 
@@ -138,8 +139,8 @@ def test_an_interrupted_online_completion_is_finished_by_the_next_apply(inflight
     class Stop(Exception):
         pass
 
-    def stop_at_index(event: str, data: dict) -> None:
-        if event == "phase" and data["phase"] == "index":
+    def stop_at_index(event: Event) -> None:
+        if isinstance(event, PhaseStarted) and event.phase == "index":
             raise Stop()
 
     with psycopg.connect(database.conninfo, autocommit=True) as conn:

@@ -17,6 +17,7 @@ import psycopg
 
 from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode
+from pgflow_cli.installer.events import BatchDone, Event
 from pgflow_cli.upstream import adopt as adoption
 from pgflow_cli.upstream import recognise as rec
 from tests.support.cli import kill_cli_when, run_cli
@@ -44,11 +45,11 @@ def test_the_history_backfill_resumes_at_the_page_it_recorded(release_db):
     class Stop(Exception):
         pass
 
-    batches: list[dict] = []
+    batches: list[BatchDone] = []
 
-    def stop_after_two_batches(event: str, data: dict) -> None:
-        if event == "batch":
-            batches.append(data)
+    def stop_after_two_batches(event: Event) -> None:
+        if isinstance(event, BatchDone):
+            batches.append(event)
             if len(batches) == 2:
                 raise Stop()
 
@@ -59,16 +60,16 @@ def test_the_history_backfill_resumes_at_the_page_it_recorded(release_db):
             adoption.complete(conn, history=True, batch_seconds=0.001, progress=stop_after_two_batches)
         second = batches[1]
         recorded = adoption.history_pending(conn)
-        assert recorded is not None and recorded.next_page == second["first_page"] + second["pages"]
+        assert recorded is not None and recorded.next_page == second.first_page + second.pages
         assert recorded.next_page < recorded.pages  # stopped part way
         done = RUNS * LOAD_STEPS - _missing(conn)
-        assert done == batches[0]["rows"] + second["rows"] > 0  # exactly the two committed batches
+        assert done == batches[0].rows + second.rows > 0  # exactly the two committed batches
 
         batches.clear()
         assert adoption.complete(conn, history=True, batch_seconds=0.001,
-                                 progress=lambda e, d: batches.append(d) if e == "batch" else None) == 1
-        assert batches[0]["first_page"] == recorded.next_page  # resumed, not started again
-        assert sum(b["rows"] for b in batches) == RUNS * LOAD_STEPS - done
+                                 progress=lambda e: batches.append(e) if isinstance(e, BatchDone) else None) == 1
+        assert batches[0].first_page == recorded.next_page  # resumed, not started again
+        assert sum(b.rows for b in batches) == RUNS * LOAD_STEPS - done
         assert _missing(conn) == 0 and conn.execute(WRONG).fetchone()[0] == 0
         assert adoption.history_pending(conn) is None and adoption.pending_completion(conn) == []
 
