@@ -4,9 +4,10 @@ Spec "Stage 2", "Worker coverage": one worker process polls one queue; a plain f
 serves the whole flow on ``lower(flow_slug)``, a step worker serves exactly one step of a
 step-queued flow on that step's private queue. Everything that can be checked without the
 database (the module, the flow object, the step, the complete route map) is checked before a
-connection is opened; the startup refusals of the database (fence ``PF001``, protocol
-``PF002``, shape or routing mismatch) surface as :class:`~pgflow_cli.worker.WorkerStartupError`
-(exit 6).
+connection is opened; a flow or step the worker cannot serve raises
+:class:`~pgflow_cli.worker.DefinitionError` (exit 2), and the startup refusals of the database
+(fence ``PF001``, protocol ``PF002``, shape or routing mismatch) surface as
+:class:`~pgflow_cli.worker.WorkerStartupError` (exit 6).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from pgflow_cli import __version__
 from pgflow_cli.errors import UsageError
-from pgflow_cli.worker import Flow, StepQueuedFlow, Worker
+from pgflow_cli.worker import Flow, StepQueuedFlow, Worker, WorkerOptions
 from pgflow_cli.worker.flow import FlowDefinition
 
 DEFAULT_WORKER_VERSION = f"pgflow-cli {__version__}"
@@ -159,8 +160,9 @@ def plan_worker(target: str, *, step_slug: str | None, function_name: str | None
     """Load the flow and check the worker/step combination, all before any database access.
 
     Raises:
-        UsageError: see :func:`load_flow`; a ``--step`` on a plain flow, none on a step-queued
-            flow, or a step the flow does not have (exit 2).
+        UsageError: see :func:`load_flow` (exit 2).
+        DefinitionError: a ``--step`` on a plain flow, none on a step-queued flow, or a step the
+            flow does not have (exit 2).
     """
     from pgflow_cli.worker.protocol import LATEST
 
@@ -170,14 +172,12 @@ def plan_worker(target: str, *, step_slug: str | None, function_name: str | None
                       function_name=function_name or default_function_name(flow, step_slug), source=target)
 
 
-def build_worker(plan: WorkerPlan, conninfo: str, **options: Any) -> Worker:
+def build_worker(plan: WorkerPlan, conninfo: str, options: WorkerOptions) -> Worker:
     """The reference worker for a plan.
 
     Args:
         plan: from :func:`plan_worker`.
         conninfo: libpq connection string.
-        **options: :class:`~pgflow_cli.worker.Worker` options (``max_concurrent``,
-            ``heartbeat_interval`` in seconds, ``drain_timeout`` in seconds, ``connect_timeout``
-            in seconds (every connection the worker opens), ...).
+        options: how it runs (concurrency, heartbeats, drain, tracebacks, ...).
     """
-    return Worker(plan.flow, conninfo, function_name=plan.function_name, step_slug=plan.step_slug, **options)
+    return Worker(plan.flow, conninfo, function_name=plan.function_name, step_slug=plan.step_slug, options=options)

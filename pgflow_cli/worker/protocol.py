@@ -9,7 +9,7 @@ compiles, registers or polls; any mismatch is refused with both versions and the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -17,7 +17,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import naming, sqlfiles
-from pgflow_cli.errors import PgflowError, StateConflict, UsageError
+from pgflow_cli.errors import StateConflict
+from pgflow_cli.worker.errors import DefinitionError, WorkerError
+from pgflow_cli.worker.failures import TaskFailure
 
 # SQLSTATEs raised by pgflow SQL (docs/architecture.md).
 SQLSTATE_FENCED = "PF001"
@@ -32,7 +34,7 @@ PACKAGE_FOR_PROTOCOL = {
 }
 
 
-class WorkerStartupError(PgflowError):
+class WorkerStartupError(WorkerError):
     """The worker refused to start; nothing was registered and nothing was polled."""
 
     exit_code = StateConflict.exit_code
@@ -102,7 +104,11 @@ def protocol_mismatch(worker_version: int, database_version: int | None) -> Prot
 
 @dataclass(frozen=True)
 class ClaimedTask:
-    """A task this worker now owns (status started, attempt counted, visibility extended)."""
+    """A task this worker now owns (status started, attempt counted, visibility extended).
+
+    ``flow_input`` is the run input for root single steps only (``None`` otherwise); ``attempt``
+    is the task's ``attempts_count`` after the claim (1 for its first attempt).
+    """
 
     flow_slug: str
     run_id: str
@@ -112,6 +118,44 @@ class ClaimedTask:
     task_index: int
     flow_input: Any
     queue_name: str
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """A step's effective settings (the step's, else the flow's), read at startup.
+
+    Attributes:
+        timeout: seconds a task may run before its message becomes visible again.
+        max_attempts: attempts in all, the first included.
+        base_delay: seconds; the retry after attempt n waits ``floor(base_delay * 2**n)``.
+    """
+
+    timeout: int
+    max_attempts: int
+    base_delay: int
+
+
+def failure_report(task: ClaimedTask, failure: TaskFailure) -> dict[str, Any]:
+    """The arguments of one failure report: ``fail_task``'s named parameters, and one element of
+    ``fail_tasks``' JSON array. The one place they are built, for both calls.
+
+    The handler's directive (``failure.retry``: a ``RetryLater``, whose ``delay()`` gives the
+    seconds to wait; ``failure.fail_now``) is not sent yet: the calls take it once the database's
+    ``fail_task`` has a retry delay and a fail-now argument (see ``has_retry_control``).
+    """
+    return {"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
+            "error_message": failure.message}
+
+
+def _attempts_by_message(cursor: psycopg.Cursor[Any]) -> dict[int, int]:
+    return {int(message_id): int(attempts) for message_id, attempts in cursor.fetchall()}
+
+
+def _with_attempts(tasks: list[ClaimedTask], attempts: dict[int, int]) -> list[ClaimedTask]:
+    """Each task with the attempt its claim counted (1 where the row was not found: it always is,
+    the read follows the claim on the same connection)."""
+    return [replace(task, attempt=attempts.get(task.message_id, 1)) for task in tasks]
 
 
 @dataclass
@@ -152,17 +196,17 @@ class ProtocolV1:
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
         """The queue a worker for this flow polls."""
         if step_slug is not None:
-            raise UsageError("protocol 1 has no private step queues; a step worker needs protocol 2 or later")
+            raise DefinitionError("protocol 1 has no private step queues; a step worker needs protocol 2 or later")
         return flow_slug
 
     def queue_for(self, flow: Any, step_slug: str | None) -> str:
         """The queue a worker of ``flow`` (a Flow or StepQueuedFlow) polls; checked before any database access.
 
         Raises:
-            UsageError: a step-queued flow, which protocol 1 cannot serve.
+            DefinitionError: a step-queued flow, which protocol 1 cannot serve.
         """
         if getattr(flow, "queue_mode", "flow") != "flow":
-            raise UsageError(f"flow {flow.slug!r} uses private step queues, which protocol 1 does not have")
+            raise DefinitionError(f"flow {flow.slug!r} uses private step queues, which protocol 1 does not have")
         return self.queue_name(flow.slug, step_slug)
 
     def compile_flow(self, conn: psycopg.Connection, flow: Any, step_slug: str | None) -> dict[str, Any]:
@@ -237,17 +281,26 @@ class ProtocolV1:
 
     def claim(self, conn: psycopg.Connection, *, flow_slug: str, step_slug: str | None, queue_name: str,
               message_ids: list[int], worker_id: str) -> ClaimOutcome:
-        """Claim the tasks behind ``message_ids``; unclaimable ids are simply absent (protocol 1)."""
-        with conn.cursor(row_factory=dict_row) as cur:
-            rows = cur.execute(self._sql("claim"), {"flow_slug": flow_slug, "msg_ids": message_ids, "worker_id": worker_id}).fetchall()
-        return ClaimOutcome(claimed=[
+        """Claim the tasks behind ``message_ids``; unclaimable ids are simply absent (protocol 1).
+
+        The claim and the read of the claimed tasks' attempt numbers travel in one pipeline (one
+        round trip).
+        """
+        params = {"flow_slug": flow_slug, "msg_ids": message_ids, "worker_id": worker_id}
+        with conn.cursor(row_factory=dict_row) as cur, conn.cursor() as attempts:
+            with conn.pipeline():
+                cur.execute(self._sql("claim"), params)
+                attempts.execute(self._sql("claimed_attempts"), params)
+            rows = cur.fetchall()
+            by_message = _attempts_by_message(attempts)
+        return ClaimOutcome(claimed=_with_attempts([
             ClaimedTask(
                 flow_slug=r["flow_slug"], run_id=str(r["run_id"]), step_slug=r["step_slug"], input=r["input"],
                 message_id=int(r["msg_id"]), task_index=int(r["task_index"]), flow_input=r["flow_input"],
                 queue_name=queue_name,
             )
             for r in rows
-        ])
+        ], by_message))
 
     def release(self, conn: psycopg.Connection, queue_name: str, message_ids: list[int]) -> None:
         """Make messages this worker read but will not claim visible again at once."""
@@ -259,12 +312,15 @@ class ProtocolV1:
             "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": Jsonb(output),
         })
 
-    def fail(self, conn: psycopg.Connection, task: ClaimedTask, error_message: str) -> None:
-        """Report failure; the database retries or exhausts the task."""
-        conn.execute(self._sql("fail"), {
-            "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
-            "error_message": error_message,
-        })
+    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> None:
+        """Report a failed attempt (:func:`failure_report`); the database retries or exhausts the task."""
+        conn.execute(self._sql("fail"), failure_report(task, failure))
+
+    def has_retry_control(self, conn: psycopg.Connection) -> bool:
+        """Whether the database's ``fail_task`` / ``fail_tasks`` take a handler's retry delay and
+        fail-now (``RetryLater``, ``FailNow``). No schema has them yet: they are reported as
+        ordinary failures."""
+        return False
 
     def stopped(self, conn: psycopg.Connection, worker_id: str) -> None:
         """Mark the worker stopped."""
@@ -278,31 +334,58 @@ class ProtocolV1:
         """Report several successes in one call (see :meth:`ProtocolV2.complete_many`).
 
         Raises:
-            UsageError: protocol 1 has no batch entry point (check :meth:`has_batch_reports`).
+            DefinitionError: protocol 1 has no batch entry point (check :meth:`has_batch_reports`).
         """
-        raise UsageError("protocol 1 has no batch completion; report each task with complete()")
+        raise DefinitionError("protocol 1 has no batch completion; report each task with complete()")
 
-    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, str]]) -> None:
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> None:
         """Report several failures in one call (see :meth:`ProtocolV2.fail_many`).
 
         Raises:
-            UsageError: protocol 1 has no batch failure; report each task with fail().
+            DefinitionError: protocol 1 has no batch failure; report each task with fail().
         """
-        raise UsageError("protocol 1 has no batch failure; report each task with fail()")
+        raise DefinitionError("protocol 1 has no batch failure; report each task with fail()")
 
-    def step_timeouts(self, conn: psycopg.Connection, flow_slug: str, step_slug: str | None) -> dict[str, int]:
-        """Effective timeout in seconds (the step's, else the flow's) of each step the worker may claim.
+    def step_settings(self, conn: psycopg.Connection, flow_slug: str, step_slug: str | None) -> dict[str, StepSettings]:
+        """Effective timeout, max_attempts and base_delay (the step's, else the flow's) of each step
+        the worker may claim.
 
         Args:
             flow_slug: the compiled flow.
             step_slug: a step worker's step (only that step), or ``None`` for every step.
 
         Returns:
-            ``{step_slug: seconds}``; empty when the flow is not compiled.
+            ``{step_slug: StepSettings}``; empty when the flow is not compiled.
         """
-        rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "step_timeouts"),
+        rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "step_settings"),
                             {"flow_slug": flow_slug, "step_slug": step_slug}).fetchall()
-        return {str(r[0]): int(r[1]) for r in rows}
+        return {str(r[0]): StepSettings(timeout=int(r[1]), max_attempts=int(r[2]), base_delay=int(r[3])) for r in rows}
+
+    def run_input(self, conn: psycopg.Connection, run_id: str) -> Any:
+        """The input a run was started with (``None`` when the run is gone)."""
+        row = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "run_input"), {"run_id": run_id}).fetchone()
+        return None if row is None else row[0]
+
+    def ended_tasks(self, conn: psycopg.Connection, worker_id: str,
+                    running: list[tuple[ClaimedTask, int]]) -> dict[tuple[str, str, int], str]:
+        """Which of the tasks a worker runs are no longer wanted, in one query.
+
+        Args:
+            worker_id: the worker.
+            running: ``(task, attempt)`` of every handler it runs.
+
+        Returns:
+            ``{(run_id, step_slug, task_index): reason}``: the run or step is no longer started,
+            or the task is no longer this attempt of this worker.
+        """
+        rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "ended_tasks"), {
+            "worker_id": worker_id,
+            "run_ids": [task.run_id for task, _ in running],
+            "step_slugs": [task.step_slug for task, _ in running],
+            "task_indexes": [task.task_index for task, _ in running],
+            "attempts": [attempt for _, attempt in running],
+        }).fetchall()
+        return {(str(r[0]), str(r[1]), int(r[2])): str(r[3]) for r in rows}
 
 
 class ProtocolV2(ProtocolV1):
@@ -356,27 +439,26 @@ class ProtocolV2(ProtocolV1):
                  for task, output in results]
         conn.execute(sqlfiles.statement(self.v2_queries, "complete_many"), {"tasks": Jsonb(tasks)})
 
-    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, str]]) -> None:
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> None:
         """Report several failures in one ``pgflow.fail_tasks`` call (one transaction).
 
         Args:
-            failures: ``(task, error_message)`` pairs, applied in this order with the per-task
+            failures: ``(task, failure)`` pairs, each sent as :func:`failure_report` builds it, applied in this order with the per-task
                 semantics of ``fail_task`` (retry or exhaust).
 
         Raises:
             psycopg.Error: the call raised; nothing of the batch was applied.
         """
-        tasks = [{"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
-                  "error_message": message} for task, message in failures]
+        tasks = [failure_report(task, failure) for task, failure in failures]
         conn.execute(sqlfiles.statement(self.v2_queries, "fail_many"), {"tasks": Jsonb(tasks)})
 
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
         """The generated lowercase default queue (plain flows; step workers need private step queues)."""
         if step_slug is not None:
-            raise UsageError("a step's queue comes from its StepQueuedFlow; use queue_for(flow, step_slug)")
+            raise DefinitionError("a step's queue comes from its StepQueuedFlow; use queue_for(flow, step_slug)")
         queue = naming.default_queue_name(flow_slug)
         if queue.name is None:
-            raise UsageError(f"flow slug {flow_slug!r} cannot be used: {naming.describe_reasons([queue.reason or ''])}")
+            raise DefinitionError(f"flow slug {flow_slug!r} cannot be used: {naming.describe_reasons([queue.reason or ''])}")
         return queue.name
 
     def queue_for(self, flow: Any, step_slug: str | None) -> str:
@@ -392,19 +474,19 @@ class ProtocolV2(ProtocolV1):
             ``lower(flow_slug)`` for a plain flow, else the step's generated private queue.
 
         Raises:
-            UsageError: a step worker of a plain flow, a step-queued flow without a step, or
+            DefinitionError: a step worker of a plain flow, a step-queued flow without a step, or
                 a step the flow does not have (exit 2).
         """
         if getattr(flow, "queue_mode", "flow") == "step":
             if step_slug is None:
-                raise UsageError(
+                raise DefinitionError(
                     f"flow {flow.slug!r} uses private step queues: each worker serves exactly one step",
                     hint="name the step (step_worker(flow, step) or `pgflow worker ... --step SLUG`); steps: "
                     + ", ".join(flow.routes),
                 )
             return str(flow.queue_for(step_slug))
         if step_slug is not None:
-            raise UsageError(
+            raise DefinitionError(
                 f"flow {flow.slug!r} is a plain flow: its workers serve the whole flow, not step {step_slug!r}",
                 hint="drop the step (--step), or deploy with_step_queues(flow) under a new concrete flow slug",
             )
@@ -439,12 +521,19 @@ class ProtocolV2(ProtocolV1):
 
     def claim(self, conn: psycopg.Connection, *, flow_slug: str, step_slug: str | None, queue_name: str,
               message_ids: list[int], worker_id: str) -> ClaimOutcome:
-        """Classifying claim: returns every message's outcome (fatal outcomes already paused the function)."""
-        with conn.cursor(row_factory=dict_row) as cur:
-            rows = cur.execute(sqlfiles.statement(self.v2_queries, "claim"), {
-                "queue_name": queue_name, "msg_ids": message_ids, "worker_id": worker_id,
-                "flow_slug": flow_slug, "step_slug": step_slug,
-            }).fetchall()
+        """Classifying claim: returns every message's outcome (fatal outcomes already paused the function).
+
+        The claim and the read of the claimed tasks' attempt numbers travel in one pipeline (one
+        round trip).
+        """
+        params = {"queue_name": queue_name, "msg_ids": message_ids, "worker_id": worker_id,
+                  "flow_slug": flow_slug, "step_slug": step_slug}
+        with conn.cursor(row_factory=dict_row) as cur, conn.cursor() as attempts:
+            with conn.pipeline():
+                cur.execute(sqlfiles.statement(self.v2_queries, "claim"), params)
+                attempts.execute(sqlfiles.statement(self.v2_queries, "claimed_attempts"), params)
+            rows = cur.fetchall()
+            by_message = _attempts_by_message(attempts)
         outcome = ClaimOutcome()
         fatal_reasons: list[str] = []
         for r in rows:
@@ -470,6 +559,7 @@ class ProtocolV2(ProtocolV1):
                 outcome.released.append(message_id)
         if outcome.fatal_messages:
             outcome.fatal_reason = "; ".join(fatal_reasons)
+        outcome.claimed = _with_attempts(outcome.claimed, by_message)
         return outcome
 
 
@@ -483,9 +573,9 @@ def for_version(version: int) -> ProtocolV1:
     """The protocol class for ``version``.
 
     Raises:
-        UsageError: unknown version.
+        DefinitionError: unknown version.
     """
     try:
         return PROTOCOLS[version]()
     except KeyError:
-        raise UsageError(f"unknown protocol version {version}; this worker speaks {sorted(PROTOCOLS)}") from None
+        raise DefinitionError(f"unknown protocol version {version}; this worker speaks {sorted(PROTOCOLS)}") from None

@@ -26,6 +26,14 @@ FROM pgmq.read_with_poll(%(queue_name)s, %(vt)s, %(qty)s, %(max_poll_seconds)s, 
 SELECT flow_slug, run_id, step_slug, input, msg_id, task_index, flow_input
 FROM pgflow.start_tasks(%(flow_slug)s, %(msg_ids)s::bigint[], %(worker_id)s);
 
+--@name claimed_attempts
+-- The attempt each just-claimed task is in (attempts_count after the claim); sent in the claim's
+-- pipeline, so it reads the claim's result. Protocol 1 queues are named after the flow.
+SELECT t.message_id, t.attempts_count
+FROM pgflow.step_tasks AS t
+WHERE t.flow_slug = %(flow_slug)s AND t.message_id = ANY(%(msg_ids)s::bigint[])
+  AND t.status = 'started' AND t.last_worker_id = %(worker_id)s;
+
 --@name complete
 SELECT count(*) FROM pgflow.complete_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(output)s::jsonb);
 

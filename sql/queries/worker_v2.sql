@@ -37,11 +37,47 @@ SELECT count(*) FROM pgflow.complete_tasks(%(tasks)s::jsonb);
 -- tasks: a JSON array of {run_id, step_slug, task_index, error_message}, applied in array order, all or nothing.
 SELECT count(*) FROM pgflow.fail_tasks(%(tasks)s::jsonb);
 
---@name step_timeouts
--- Effective timeout (seconds) of every step this worker may claim: the step's, else the flow's.
--- Used by any protocol (the columns exist since the baseline schema).
-SELECT s.step_slug, COALESCE(s.opt_timeout, f.opt_timeout) AS timeout
+--@name claimed_attempts
+-- The attempt each just-claimed task is in (attempts_count after the claim), by the claimed
+-- messages' identity; sent in the claim's pipeline, so it reads the claim's result.
+SELECT t.message_id, t.attempts_count
+FROM pgflow.step_tasks AS t
+WHERE t.queue_name = %(queue_name)s AND t.message_id = ANY(%(msg_ids)s::bigint[])
+  AND t.status = 'started' AND t.last_worker_id = %(worker_id)s;
+
+--@name step_settings
+-- Effective timeout (seconds), max_attempts and base_delay (seconds) of every step this worker
+-- may claim: the step's, else the flow's. Used by any protocol (the columns exist since the
+-- baseline schema).
+SELECT s.step_slug, COALESCE(s.opt_timeout, f.opt_timeout) AS timeout,
+       COALESCE(s.opt_max_attempts, f.opt_max_attempts) AS max_attempts,
+       COALESCE(s.opt_base_delay, f.opt_base_delay) AS base_delay
 FROM pgflow.steps AS s
 JOIN pgflow.flows AS f ON f.flow_slug = s.flow_slug
 WHERE s.flow_slug = %(flow_slug)s AND (%(step_slug)s::text IS NULL OR s.step_slug = %(step_slug)s);
+
+--@name run_input
+-- A run's input (TaskContext.flow_input), read once per run by the worker that asks.
+SELECT r.input FROM pgflow.runs AS r WHERE r.run_id = %(run_id)s;
+
+--@name ended_tasks
+-- Of the tasks a worker is running (parallel arrays; attempts = the attempt each handler runs),
+-- those whose work is no longer wanted: the run or the step is no longer started, or the task is
+-- no longer this attempt of this worker (stalled-task recovery requeued it, or another worker
+-- took it over). One query per heartbeat for all of a worker's in-flight tasks; used by any
+-- protocol. Rows are looked up by key.
+SELECT k.run_id, k.step_slug, k.task_index,
+       CASE WHEN r.status IS DISTINCT FROM 'started' THEN 'the run ' || coalesce(r.status, 'is gone')
+            WHEN s.status IS DISTINCT FROM 'started'
+              THEN 'the step ' || CASE s.status WHEN 'skipped' THEN 'was skipped' ELSE coalesce(s.status, 'is gone') END
+            ELSE 'the task is no longer this attempt (' || coalesce(t.status, 'gone') || ')'
+       END AS reason
+FROM ROWS FROM (unnest(%(run_ids)s::uuid[]), unnest(%(step_slugs)s::text[]), unnest(%(task_indexes)s::integer[]),
+                unnest(%(attempts)s::integer[])) AS k (run_id, step_slug, task_index, attempt)
+LEFT JOIN pgflow.runs AS r ON r.run_id = k.run_id
+LEFT JOIN pgflow.step_states AS s ON s.run_id = k.run_id AND s.step_slug = k.step_slug
+LEFT JOIN pgflow.step_tasks AS t ON t.run_id = k.run_id AND t.step_slug = k.step_slug AND t.task_index = k.task_index
+WHERE r.status IS DISTINCT FROM 'started' OR s.status IS DISTINCT FROM 'started'
+   OR t.status IS DISTINCT FROM 'started' OR t.attempts_count IS DISTINCT FROM k.attempt
+   OR t.last_worker_id IS DISTINCT FROM %(worker_id)s;
 --@end

@@ -7,7 +7,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import installer
-from pgflow_cli.worker import Flow, ProtocolMismatch, ProtocolV1, ProtocolV2, Worker
+from pgflow_cli.worker import Flow, ProtocolMismatch, ProtocolV1, ProtocolV2, Worker, WorkerOptions
 from tests.upgrade.conftest import flows
 
 
@@ -94,8 +94,8 @@ def test_a_protocol_1_worker_left_running_through_the_upgrade_stops_and_hides_no
     database, _state = pre_upgrade
     conn = database.connect()
     flow = Flow("keepFlow").step("only", lambda run, ctx: {"by": "old"})
-    old = Worker(flow, database.conninfo, function_name="keep-old", protocol=ProtocolV1(), poll_vt=300,
-                 max_poll_seconds=1, heartbeat_interval=3600)
+    old = Worker(flow, database.conninfo, function_name="keep-old", protocol=ProtocolV1(),
+                 options=WorkerOptions(poll_vt=300, max_poll_seconds=1, heartbeat_interval=3600))
     old.start()
     try:
         installer.apply(conn)
