@@ -367,7 +367,7 @@ class ProtocolV1:
         return None if row is None else row[0]
 
     def ended_tasks(self, conn: psycopg.Connection, worker_id: str,
-                    running: list[tuple[ClaimedTask, int]]) -> dict[tuple[str, str, int], str]:
+                    running: list[tuple[ClaimedTask, int]]) -> dict[tuple[str, str, int, int], tuple[str, bool]]:
         """Which of the tasks a worker runs are no longer wanted, in one query.
 
         Args:
@@ -375,8 +375,9 @@ class ProtocolV1:
             running: ``(task, attempt)`` of every handler it runs.
 
         Returns:
-            ``{(run_id, step_slug, task_index): reason}``: the run or step is no longer started,
-            or the task is no longer this attempt of this worker.
+            ``{(run_id, step_slug, task_index, attempt): (reason, taken_over)}``: the run or step is no longer
+            started, or the task is no longer this attempt of this worker; ``taken_over`` when
+            another claim of the task is running (a report of this attempt would end that one).
         """
         rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "ended_tasks"), {
             "worker_id": worker_id,
@@ -385,7 +386,7 @@ class ProtocolV1:
             "task_indexes": [task.task_index for task, _ in running],
             "attempts": [attempt for _, attempt in running],
         }).fetchall()
-        return {(str(r[0]), str(r[1]), int(r[2])): str(r[3]) for r in rows}
+        return {(str(r[0]), str(r[1]), int(r[2]), int(r[3])): (str(r[4]), bool(r[5])) for r in rows}
 
 
 class ProtocolV2(ProtocolV1):

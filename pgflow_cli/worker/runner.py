@@ -122,6 +122,10 @@ Outcome = tuple[bool, Any]
 """``(True, output)`` or ``(False, TaskFailure)``."""
 
 
+def _attempt_key(task: ClaimedTask) -> tuple[str, str, int, int]:
+    return task.run_id, task.step_slug, task.task_index, task.attempt
+
+
 @dataclass
 class WorkerStats:
     """Counters for tests, benchmarks and the final log line.
@@ -223,6 +227,7 @@ class Worker:
         self._waiting = 0
         self._running: dict[int, float] = {}
         self._active: dict[int, tuple[ClaimedTask, TaskContext]] = {}
+        self._taken_over: set[tuple[str, str, int, int]] = set()
         self._slot_seconds: float | None = None
         self._tokens = itertools.count()
         self._settings: dict[str, StepSettings] = {}
@@ -321,6 +326,8 @@ class Worker:
         handlers are cancelled, ``def`` handlers are left running, their tasks stay ``started`` for
         stalled-task recovery. Queued reports are still sent (for a moment) and the worker row is
         marked stopped."""
+        if self.stop_reason is not None and not self._force.is_set():
+            self.stop_reason = f"{self.stop_reason}, then {reason}"
         self.stop(reason)
         self._force.set()
         with self._cv:
@@ -713,8 +720,19 @@ class Worker:
         return fields
 
     def _finish(self, task: ClaimedTask, outcome: Outcome) -> None:
-        """Report the attempt now, or queue it for the reporter thread."""
+        """Report the attempt now, or queue it for the reporter thread; not at all when another
+        worker has taken the task over (the database would let this late report end that attempt)."""
         ok, payload = outcome
+        with self._cv:
+            taken_over = _attempt_key(task) in self._taken_over
+            self._taken_over.discard(_attempt_key(task))
+        if taken_over:
+            log.warning("task %s/%s/%s: not reported, another worker took the task over while this attempt (%d) ran",
+                        task.run_id, task.step_slug, task.task_index, task.attempt,
+                        extra={"event": "task_not_reported", "worker_id": self.worker_id, "flow": task.flow_slug,
+                               "step": task.step_slug, "run_id": task.run_id, "task_index": task.task_index,
+                               "attempt": task.attempt})
+            return
         if not self.reports_batched:
             self._report(task, ok=ok, payload=payload)
         elif not self._reports.put(PendingReport(task, ok, payload)):
@@ -730,8 +748,12 @@ class Worker:
             return
         ended = self.protocol.ended_tasks(conn, self.worker_id, [(task, context.attempt) for task, context in running])
         for task, context in running:
-            reason = ended.get((task.run_id, task.step_slug, task.task_index))
-            if reason is not None:
+            found = ended.get((task.run_id, task.step_slug, task.task_index, context.attempt))
+            if found is not None:
+                reason, taken_over = found
+                if taken_over:
+                    with self._cv:
+                        self._taken_over.add(_attempt_key(task))
                 context.stop.set(reason)
                 self.stats.add(stop_signals=1)
                 log.info("task %s/%s/%s: %s while its handler runs; its stop signal is set", task.run_id,

@@ -64,14 +64,19 @@ SELECT r.input FROM pgflow.runs AS r WHERE r.run_id = %(run_id)s;
 -- Of the tasks a worker is running (parallel arrays; attempts = the attempt each handler runs),
 -- those whose work is no longer wanted: the run or the step is no longer started, or the task is
 -- no longer this attempt of this worker (stalled-task recovery requeued it, or another worker
--- took it over). One query per heartbeat for all of a worker's in-flight tasks; used by any
--- protocol. Rows are looked up by key.
-SELECT k.run_id, k.step_slug, k.task_index,
-       CASE WHEN r.status IS DISTINCT FROM 'started' THEN 'the run ' || coalesce(r.status, 'is gone')
+-- took it over: taken_over, when a report of this attempt would end the other worker's). One
+-- query per heartbeat for all of a worker's in-flight tasks; used by any protocol. Rows are
+-- looked up by key.
+SELECT k.run_id, k.step_slug, k.task_index, k.attempt,
+       CASE WHEN t.status = 'started' AND (t.attempts_count <> k.attempt OR t.last_worker_id IS DISTINCT FROM %(worker_id)s)
+              THEN 'another worker took the task over (attempt ' || t.attempts_count || ')'
+            WHEN r.status IS DISTINCT FROM 'started' THEN 'the run ' || coalesce(r.status, 'is gone')
             WHEN s.status IS DISTINCT FROM 'started'
               THEN 'the step ' || CASE s.status WHEN 'skipped' THEN 'was skipped' ELSE coalesce(s.status, 'is gone') END
             ELSE 'the task is no longer this attempt (' || coalesce(t.status, 'gone') || ')'
-       END AS reason
+       END AS reason,
+       coalesce(t.status = 'started' AND (t.attempts_count <> k.attempt OR t.last_worker_id IS DISTINCT FROM %(worker_id)s),
+                false) AS taken_over
 FROM ROWS FROM (unnest(%(run_ids)s::uuid[]), unnest(%(step_slugs)s::text[]), unnest(%(task_indexes)s::integer[]),
                 unnest(%(attempts)s::integer[])) AS k (run_id, step_slug, task_index, attempt)
 LEFT JOIN pgflow.runs AS r ON r.run_id = k.run_id
