@@ -616,7 +616,8 @@ class Worker:
                 outcome = await self._call_async(task, context)
                 assert self._side is not None
                 reporting = True
-                await asyncio.wrap_future(self._side.submit(self._finish, task, outcome))
+                if not self._queued_at_once(task, outcome):
+                    await asyncio.wrap_future(self._side.submit(self._finish, task, outcome))
         except asyncio.CancelledError:
             if not reporting:
                 self.stats.add(cancelled=1)
@@ -738,6 +739,18 @@ class Worker:
         elif not self._reports.put(PendingReport(task, ok, payload)):
             log.error("worker %s: task %s/%s/%s finished after the worker stopped reporting; it stays started "
                       "for stalled-task recovery", self.worker_id, task.run_id, task.step_slug, task.task_index)
+
+    def _queued_at_once(self, task: ClaimedTask, outcome: Outcome) -> bool:
+        """On the event loop: queue a batched report if the queue has room (no thread handoff, no
+        wait); False when :meth:`_finish` must run in a thread (one call per report, a full queue,
+        a task taken over, or a closed queue, which it logs)."""
+        if not self.reports_batched:
+            return False
+        with self._cv:
+            if _attempt_key(task) in self._taken_over:
+                return False
+        ok, payload = outcome
+        return self._reports.offer(PendingReport(task, ok, payload)) is True
 
     def _check_in_flight(self, conn: psycopg.Connection) -> None:
         """Set the stop signal of every running task whose run or step has ended, or which is no longer
