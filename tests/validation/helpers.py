@@ -2,9 +2,9 @@
 
 ``App(version, conninfo)``: ``setup()``, ``submit(documents, faults)``, ``start_worker(stage)``
 (a hand-rolled stage worker, or `pgflow worker ... --step`), ``queue(stage)``, ``tick()`` (what
-production runs periodically: the step-queued version's failed-run sync and pgflow's stalled-task
-recovery, which pg_cron runs in production), ``wait_terminal()`` and counting helpers over the
-domain tables. Nothing is mocked; waits poll real rows.
+production runs periodically: pgflow's stalled-task recovery, which pg_cron runs in production),
+``wait_terminal()`` and counting helpers over the domain tables. Nothing is mocked; waits poll
+real rows.
 """
 
 from __future__ import annotations
@@ -73,7 +73,6 @@ class App:
     def tick(self) -> None:
         if self.version == "stepqueues":
             self.conn.execute("SELECT pgflow.requeue_stalled_tasks()")
-            stepqueues.sync_failed_runs(self.conn)
 
     def wait_terminal(self, timeout: float = DEADLINE) -> None:
         def terminal() -> bool:

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         with psycopg.connect(dsn, autocommit=True) as conn:
             app.submit(conn, domain.sample_documents(args.documents))
-        finished = common.wait_terminal(dsn, args.timeout, app.sync_failed_runs)
+        finished = common.wait_terminal(dsn, args.timeout)
     finally:
         common.stop(pools)
     return common.report(dsn, started, finished)
