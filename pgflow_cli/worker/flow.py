@@ -13,8 +13,9 @@ Handler input (same rules as the database builds them):
 * a map step receives one element of its array (the run input for a root map, else the
   output of its single dependency).
 
-Every handler is called as ``handler(input, context)`` with a :class:`TaskContext`
-and must return a JSON-serialisable value (the task output). A handler is a plain function
+Every handler is called as ``handler(input, context)`` with a :class:`TaskContext` (a handler
+that takes a single argument is called as ``handler(input)``) and must return a JSON-serialisable
+value (the task output). A handler is a plain function
 (run in one of the worker's threads) or an ``async def`` function (run on the worker's event
 loop); both kinds may be mixed in one flow and share the worker's ``max_concurrent`` slots.
 
@@ -56,8 +57,9 @@ author declares (``Flow[Literal["fetch", "parse"]]("scrape")``) so a type checke
 misspelt step in ``.step()``, ``depends_on``, ``with_step_queues`` and ``step_worker``."""
 
 
-Handler = Callable[[Any, TaskContext], Any]
-"""``handler(input, context) -> output``; an ``async def`` handler returns a coroutine of the output."""
+Handler = Callable[[Any, TaskContext], Any] | Callable[[Any], Any]
+"""``handler(input, context) -> output``, or ``handler(input) -> output`` for a handler that needs
+no context; an ``async def`` handler returns a coroutine of the output."""
 
 
 def is_async_handler(handler: object) -> bool:
@@ -69,12 +71,27 @@ def is_async_handler(handler: object) -> bool:
     return inspect.iscoroutinefunction(call)
 
 
+def takes_context(handler: object) -> bool:
+    """Whether the worker calls ``handler(input, context)`` (True) or ``handler(input)``: the second
+    form only for a handler whose signature takes exactly one argument. A callable whose signature
+    cannot be read gets the context."""
+    try:
+        signature = inspect.signature(handler)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(None, None)
+        return True
+    except TypeError:
+        return False
+
+
 def _check_handler(where: str, handler: object) -> None:
     """Refuse, at definition, a handler the worker could never call or whose result it could never store.
 
     Raises:
         DefinitionError: not callable; a generator or async generator function (its result is an
-            iterator, not an output); a signature that cannot take ``(input, context)``.
+            iterator, not an output); a signature that takes neither ``(input, context)`` nor ``(input)``.
     """
     if not callable(handler):
         raise DefinitionError(f"{where}: the handler must be callable, got {type(handler).__name__}")
@@ -85,11 +102,14 @@ def _check_handler(where: str, handler: object) -> None:
         signature = inspect.signature(handler)
     except (TypeError, ValueError):  # a builtin or extension callable without a readable signature
         return
-    try:
-        signature.bind(None, None)
-    except TypeError:
-        raise DefinitionError(f"{where}: the handler must accept (input, context); its signature is {signature}",
-                              hint="e.g. def handler(value, ctx): ...; ctx is the TaskContext") from None
+    for arguments in ((None, None), (None,)):
+        try:
+            signature.bind(*arguments)
+            return
+        except TypeError:
+            continue
+    raise DefinitionError(f"{where}: the handler must accept (input, context) or (input); its signature is {signature}",
+                          hint="e.g. def handler(value, ctx): ...; ctx is the TaskContext")
 
 
 @dataclass(frozen=True)
@@ -114,6 +134,24 @@ class StepDefinition:
     def is_async(self) -> bool:
         """Whether the handler is an ``async def`` function (run on the worker's event loop)."""
         return is_async_handler(self.handler)
+
+    @cached_property
+    def takes_context(self) -> bool:
+        """Whether the handler is called with the context as its second argument (see :func:`takes_context`)."""
+        return takes_context(self.handler)
+
+    def call(self, value: Any, context: TaskContext) -> Any:
+        """Call the handler with ``value`` (and ``context`` when it takes one); the coroutine of an
+        ``async def`` handler.
+
+        Raises:
+            DefinitionError: a manual step (no handler).
+        """
+        if self.handler is None:
+            raise DefinitionError(f"step {self.slug!r} is manual: it has no handler")
+        if self.takes_context:
+            return self.handler(value, context)  # type: ignore[call-arg]
+        return self.handler(value)  # type: ignore[call-arg]
 
     def shape(self) -> dict[str, Any]:
         """The step's part of the startup shape document."""

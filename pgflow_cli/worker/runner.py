@@ -645,7 +645,7 @@ class Worker:
             return self._failed(task, context, TaskFailure.plain(
                 f"worker has no handler for step {task.step_slug!r}", "MissingHandler"))
         try:
-            output = step.handler(self._handler_input(task, step), context)
+            output = step.call(self._handler_input(task, step), context)
         except BaseException as exc:  # the handler's failure is the task's failure, whatever it raised
             return self._failed(task, context, self._failure(exc), exc)
         if inspect.isawaitable(output):
@@ -662,7 +662,7 @@ class Worker:
         step = self._steps[task.step_slug]
         assert step.handler is not None
         try:
-            output = await step.handler(self._handler_input(task, step), context)
+            output = await step.call(self._handler_input(task, step), context)
         except asyncio.CancelledError:
             if self._force.is_set():
                 raise  # the forced stop: the task is left to stalled-task recovery

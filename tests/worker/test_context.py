@@ -213,3 +213,15 @@ def test_a_task_stalled_recovery_gave_to_another_worker_stops_its_old_handler_an
     wait_until(lambda: any("not reported, another worker took the task over" in r.getMessage()
                            for r in caplog.records), "the old worker to say it kept its result")
     assert old.stats.snapshot()["completed"] == 0
+
+
+def test_handlers_that_take_no_context_get_only_their_input(env):
+    async def shout(deps):
+        return deps["plain"].upper()
+
+    flow = Flow("noContextFlow").step("plain", lambda run_input: run_input["word"]).step(
+        "loud", shout, depends_on=["plain"])
+    env.start_worker(flow)
+    run_id = env.start_run("noContextFlow", {"word": "quiet"})
+    [run] = env.wait_runs_finished([run_id])
+    assert (run["status"], run["output"]) == ("completed", {"loud": "QUIET"})

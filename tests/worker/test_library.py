@@ -124,17 +124,25 @@ async def agen(value, ctx):
 @pytest.mark.parametrize(("handler", "needle"), [
     (gen, "generator function"),
     (agen, "generator function"),
-    (lambda value: value, "must accept (input, context)"),
-    (lambda value, ctx, extra: value, "must accept (input, context)"),
+    (lambda: None, "must accept (input, context) or (input)"),
+    (lambda value, ctx, extra: value, "must accept (input, context) or (input)"),
     ("not callable", "must be callable"),
-], ids=["generator", "async-generator", "one-argument", "three-arguments", "not-callable"])
+], ids=["generator", "async-generator", "no-argument", "three-arguments", "not-callable"])
 def test_handlers_that_can_never_work_are_refused_at_definition(handler, needle):
     with pytest.raises(DefinitionError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         Flow("refused").step("a", handler)
 
 
-def test_handlers_with_defaults_or_star_args_are_accepted():
-    Flow("ok").step("a", lambda value, ctx=None, *rest: value).step("b", lambda *args: args[0]).step("c", print)
+def test_handlers_with_defaults_or_star_args_are_accepted_and_one_argument_ones_get_no_context():
+    async def no_context(value):
+        return value
+
+    flow = (Flow("ok").step("a", lambda value, ctx=None, *rest: value).step("b", lambda *args: args[0])
+            .step("c", print).step("d", lambda value: value).step("e", no_context))
+    assert [flow.get_step(s).takes_context for s in flow.step_slugs] == [True, True, True, False, False]
+    ctx = TaskContext(flow_slug="ok", run_id="r", step_slug="d")
+    assert flow.get_step("d").call(7, ctx) == 7
+    assert asyncio.run(flow.get_step("e").call(8, ctx)) == 8
 
 
 # ----------------------------------------------------------------------------------------------
