@@ -39,11 +39,15 @@ SELECT count(*) FROM pgflow.fail_tasks(%(tasks)s::jsonb);
 
 --@name claimed_attempts
 -- The attempt each just-claimed task is in (attempts_count after the claim), by the claimed
--- messages' identity; sent in the claim's pipeline, so it reads the claim's result.
-SELECT t.message_id, t.attempts_count
-FROM pgflow.step_tasks AS t
-WHERE t.queue_name = %(queue_name)s AND t.message_id = ANY(%(msg_ids)s::bigint[])
-  AND t.status = 'started' AND t.last_worker_id = %(worker_id)s;
+-- messages' identity; sent in the claim's pipeline, so it reads the claim's result. One probe of
+-- the (queue_name, message_id) key per message: the status and worker conditions stay outside the
+-- probe, or the planner may prefer the partial index on the worker's started tasks and read all of
+-- them for every claim.
+SELECT m.id AS message_id, t.attempts_count
+FROM pg_catalog.unnest(%(msg_ids)s::bigint[]) AS m (id)
+CROSS JOIN LATERAL (SELECT x.attempts_count, x.status, x.last_worker_id FROM pgflow.step_tasks AS x
+                    WHERE x.queue_name = %(queue_name)s AND x.message_id = m.id LIMIT 1) AS t
+WHERE t.status = 'started' AND t.last_worker_id = %(worker_id)s;
 
 --@name step_settings
 -- Effective timeout (seconds), max_attempts and base_delay (seconds) of every step this worker
@@ -65,8 +69,8 @@ SELECT r.input FROM pgflow.runs AS r WHERE r.run_id = %(run_id)s;
 -- those whose work is no longer wanted: the run or the step is no longer started, or the task is
 -- no longer this attempt of this worker (stalled-task recovery requeued it, or another worker
 -- took it over: taken_over, when a report of this attempt would end the other worker's). One
--- query per heartbeat for all of a worker's in-flight tasks; used by any protocol. Rows are
--- looked up by key.
+-- query per heartbeat for all of a worker's in-flight tasks; used by any protocol. Each row is
+-- one key probe per table (LATERAL ... LIMIT 1), never a scan of the runs or step states.
 SELECT k.run_id, k.step_slug, k.task_index, k.attempt,
        CASE WHEN t.status = 'started' AND (t.attempts_count <> k.attempt OR t.last_worker_id IS DISTINCT FROM %(worker_id)s)
               THEN 'another worker took the task over (attempt ' || t.attempts_count || ')'
@@ -77,11 +81,15 @@ SELECT k.run_id, k.step_slug, k.task_index, k.attempt,
        END AS reason,
        coalesce(t.status = 'started' AND (t.attempts_count <> k.attempt OR t.last_worker_id IS DISTINCT FROM %(worker_id)s),
                 false) AS taken_over
-FROM ROWS FROM (unnest(%(run_ids)s::uuid[]), unnest(%(step_slugs)s::text[]), unnest(%(task_indexes)s::integer[]),
-                unnest(%(attempts)s::integer[])) AS k (run_id, step_slug, task_index, attempt)
-LEFT JOIN pgflow.runs AS r ON r.run_id = k.run_id
-LEFT JOIN pgflow.step_states AS s ON s.run_id = k.run_id AND s.step_slug = k.step_slug
-LEFT JOIN pgflow.step_tasks AS t ON t.run_id = k.run_id AND t.step_slug = k.step_slug AND t.task_index = k.task_index
+FROM ROWS FROM (pg_catalog.unnest(%(run_ids)s::uuid[]), pg_catalog.unnest(%(step_slugs)s::text[]),
+                pg_catalog.unnest(%(task_indexes)s::integer[]), pg_catalog.unnest(%(attempts)s::integer[]))
+     AS k (run_id, step_slug, task_index, attempt)
+LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r ON true
+LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
+                   WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug LIMIT 1) AS s ON true
+LEFT JOIN LATERAL (SELECT x.status, x.attempts_count, x.last_worker_id FROM pgflow.step_tasks AS x
+                   WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug AND x.task_index = k.task_index
+                   LIMIT 1) AS t ON true
 WHERE r.status IS DISTINCT FROM 'started' OR s.status IS DISTINCT FROM 'started'
    OR t.status IS DISTINCT FROM 'started' OR t.attempts_count IS DISTINCT FROM k.attempt
    OR t.last_worker_id IS DISTINCT FROM %(worker_id)s;

@@ -111,3 +111,32 @@ def test_a_protocol_1_worker_left_running_through_the_upgrade_stops_and_hides_no
         "JOIN pgflow.step_tasks AS t ON t.message_id = q.msg_id WHERE t.run_id = %s", (run_id,)).fetchone()
     assert reads >= 1 and visible  # ... and handed it back instead of hiding it for 300 s
     assert conn.execute("SELECT status FROM pgflow.step_tasks WHERE run_id = %s", (run_id,)).fetchone()[0] == "queued"
+
+
+@pytest.mark.parametrize("protocol_class", [ProtocolV1, ProtocolV2], ids=["protocol-1", "protocol-2"])
+def test_a_claim_says_which_attempt_each_task_is_in(request, protocol_class):
+    """The attempt numbers a claim reads with it (TaskContext.attempt), on each protocol's schema."""
+    import uuid
+
+    database = request.getfixturevalue("baseline_db" if protocol_class is ProtocolV1 else "db")
+    conn = database.connect()
+    protocol, worker_id = protocol_class(), str(uuid.uuid4())
+    protocol.compile(conn, "attemptsFlow", Flow("attemptsFlow", max_attempts=3, base_delay=0)
+                     .step("only", lambda v, ctx: v).shape(), None)
+    queue = protocol.queue_name("attemptsFlow", None)
+    protocol.register(conn, worker_id=worker_id, function_name="attempts-fn", queue_name=queue,
+                      flow_slug="attemptsFlow", step_slug=None)
+    conn.execute("SELECT pgflow.start_flow('attemptsFlow', '{}'::jsonb) FROM generate_series(1, 2)")
+
+    def claim() -> dict[int, int]:
+        ids = protocol.read(conn, queue_name=queue, vt=30, qty=5, max_poll_seconds=1, poll_interval_ms=20)
+        tasks = protocol.claim(conn, flow_slug="attemptsFlow", step_slug=None, queue_name=queue, message_ids=ids,
+                               worker_id=worker_id).claimed
+        return {task.message_id: task.attempt for task in tasks}
+
+    first = claim()
+    assert sorted(first.values()) == [1, 1]
+    retried = min(first)
+    conn.execute("SELECT pgflow.fail_task(run_id, step_slug, task_index, 'again') FROM pgflow.step_tasks "
+                 "WHERE message_id = %s", (retried,))
+    assert claim() == {retried: 2}
