@@ -8,9 +8,11 @@ import json
 import re
 import signal
 
+import jsonschema
 import pytest
 
 from tests.stage2.helpers import CliWorker, flow_target
+from tests.support.schemas import validate
 from tests.worker.helpers import wait_until
 
 
@@ -71,6 +73,10 @@ def test_json_logs_with_tracebacks_logged_and_stored(db):
         proc.kill()
 
     records = [json.loads(line) for line in proc.lines("stderr")]  # every line is one JSON object
+    for record in records:
+        validate(record, "worker-log")
+    with pytest.raises(jsonschema.ValidationError):
+        validate({**records[0], "attempt": 0}, "worker-log")
     failures = [r for r in records if r.get("event") == "task_failed"]
     assert [(r["level"], r["attempt"], r["max_attempts"], r["retry_in_seconds"]) for r in failures] == [
         ("WARNING", 1, 2, 0), ("ERROR", 2, 2, None)]
