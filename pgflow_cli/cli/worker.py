@@ -11,7 +11,6 @@ import typer
 from pgflow_cli import db, render
 from pgflow_cli.cli.common import ANY_TARGET, TargetOptions, mapped_errors, option_groups
 from pgflow_cli.operations import worker as worker_op
-from pgflow_cli.worker import WorkerOptions, logs
 
 log = logging.getLogger("pgflow.worker")
 
@@ -99,11 +98,11 @@ def worker(
         "--store-tracebacks", help="The task's stored error carries the handler's traceback after the message "
         "(shortened to its innermost frames; shown by `pgflow runs show`).")] = False,
 ) -> None:
-    logs.configure(log_level.value, log_format.value)
+    worker_op.configure_logging(log_level.value, log_format.value)
     plan = worker_op.plan_worker(target, step_slug=step, function_name=function)
     where = options.resolve()
     db.connect(where, connect_timeout=options.connect_timeout).close()  # a clear exit 3 before anything starts
-    runner = worker_op.build_worker(plan, where.conninfo, WorkerOptions(
+    runner = worker_op.build_worker(plan, where.conninfo, worker_op.WorkerOptions(
         max_concurrent=concurrency, batch_size=min(concurrency, 10), connect_timeout=options.connect_timeout,
         heartbeat_interval=heartbeat_interval, drain_timeout=drain_timeout, worker_version=worker_version,
         application_name=f"pgflow-worker {plan.function_name}"[:63], log_tracebacks=log_tracebacks,

@@ -22,8 +22,11 @@ from typing import Any
 
 from pgflow_cli import __version__
 from pgflow_cli.errors import UsageError
-from pgflow_cli.worker import Flow, StepQueuedFlow, Worker, WorkerOptions
+from pgflow_cli.worker import Flow, StepQueuedFlow, Worker, WorkerOptions, logs
 from pgflow_cli.worker.flow import FlowDefinition
+
+__all__ = ["DEFAULT_WORKER_VERSION", "WorkerOptions", "WorkerPlan", "build_worker", "configure_logging",
+           "default_function_name", "import_module", "load_flow", "plan_worker", "split_target"]
 
 DEFAULT_WORKER_VERSION = f"pgflow-cli {__version__}"
 """What a worker reports at registration unless ``--worker-version`` / ``$PGFLOW_WORKER_VERSION`` says otherwise."""
@@ -181,3 +184,9 @@ def build_worker(plan: WorkerPlan, conninfo: str, options: WorkerOptions) -> Wor
         options: how it runs (concurrency, heartbeats, drain, tracebacks, ...).
     """
     return Worker(plan.flow, conninfo, function_name=plan.function_name, step_slug=plan.step_slug, options=options)
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """Log to stderr at ``level`` (``debug`` ... ``error``) as ``text`` or ``json`` lines
+    (:func:`pgflow_cli.worker.logs.configure`)."""
+    logs.configure(level, log_format)
