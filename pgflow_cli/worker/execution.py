@@ -1,5 +1,5 @@
-"""Where handlers run: a pool of daemon threads for ``def`` handlers, and one event loop in its own
-thread for ``async def`` handlers.
+"""Where handlers run: a pool of daemon threads for ``def`` handlers, one event loop in its own
+thread for ``async def`` handlers, and the slots both kinds share.
 
 Both are daemon threads on purpose. A worker that stops with handlers still running (the drain
 timeout passed, or a second Ctrl-C) leaves those tasks to stalled-task recovery and must be able
@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
@@ -149,3 +150,76 @@ class EventLoopThread:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+class Slots:
+    """``size`` handler slots shared by threads and coroutines: a ``def`` handler's thread and an
+    ``async def`` handler's task each hold one while the handler runs, so both kinds together
+    never run more than ``size`` at once. Waiters get slots in arrival order.
+
+    Args:
+        size: how many (at least 1).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, size)
+        self._free = self.size
+        self._lock = threading.Lock()
+        self._waiters: deque[threading.Event | tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+
+    def acquire(self) -> None:
+        """Take a slot, blocking the calling thread until one is free."""
+        with self._lock:
+            if self._free and not self._waiters:
+                self._free -= 1
+                return
+            granted = threading.Event()
+            self._waiters.append(granted)
+        granted.wait()
+
+    async def acquire_async(self) -> None:
+        """Take a slot, waiting on the running event loop (not blocking it) until one is free."""
+        loop = asyncio.get_running_loop()
+        granted: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._free and not self._waiters:
+                self._free -= 1
+                return
+            self._waiters.append((loop, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            with self._lock:
+                waiting = (loop, granted) in self._waiters
+                if waiting:
+                    self._waiters.remove((loop, granted))
+            if not waiting and granted.done() and not granted.cancelled():
+                self.release()  # handed over just as it was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        """Give a slot back: to the longest waiter, else to the free ones."""
+        with self._lock:
+            if not self._waiters:
+                self._free += 1
+                return
+            waiter = self._waiters.popleft()
+        if isinstance(waiter, threading.Event):
+            waiter.set()
+            return
+        loop, granted = waiter
+        try:
+            loop.call_soon_threadsafe(self._grant, granted)
+        except RuntimeError:  # its loop is closed: nobody waits there any more
+            self.release()
+
+    def _grant(self, granted: asyncio.Future[None]) -> None:
+        if granted.done():  # cancelled before the slot arrived
+            self.release()
+        else:
+            granted.set_result(None)
+
+    def in_use(self) -> int:
+        """Slots held now."""
+        with self._lock:
+            return self.size - self._free

@@ -82,7 +82,7 @@ from psycopg_pool import ConnectionPool
 from pgflow_cli import db
 from pgflow_cli.db import first_line
 from pgflow_cli.worker.context import STOP_DRAINING, RunInputs, TaskContext
-from pgflow_cli.worker.execution import DaemonThreads, EventLoopThread
+from pgflow_cli.worker.execution import DaemonThreads, EventLoopThread, Slots
 from pgflow_cli.worker.failures import GENERIC_FAILURE, RetryPolicy, TaskFailure
 from pgflow_cli.worker.flow import FlowDefinition, StepDefinition
 from pgflow_cli.worker.options import WorkerOptions
@@ -237,6 +237,7 @@ class Worker:
         self._inputs = RunInputs(self._read_run_input, self.options.run_inputs_cached)
         self._reporter: threading.Thread | None = None
         self._pool: ConnectionPool | None = None
+        self._slots = Slots(self.options.max_concurrent)
         self._threads: DaemonThreads | None = None
         self._loop: EventLoopThread | None = None
         self._side: DaemonThreads | None = None
@@ -597,18 +598,29 @@ class Worker:
         """Run one claimed task's ``def`` handler in this thread and report (or queue its report).
         Never raises: every attempt ends reported, or is logged and left ``started`` for stalled-task
         recovery."""
-        token, context = self._begin(task, claimed_at)
+        self._slots.acquire()
         try:
-            if context is not None:
-                self._finish(task, self._call(task, context))
-        except BaseException as exc:  # nothing may vanish silently in a handler thread
-            self._lost(task, exc)
+            token, context = self._begin(task, claimed_at)
+            try:
+                if context is not None:
+                    self._finish(task, self._call(task, context))
+            except BaseException as exc:  # nothing may vanish silently in a handler thread
+                self._lost(task, exc)
+            finally:
+                self._end(token)
         finally:
-            self._end(token)
+            self._slots.release()
 
     async def _execute_async(self, task: ClaimedTask, claimed_at: float) -> None:
         """:meth:`_execute` for an ``async def`` handler, on the worker's event loop; the report is
         sent from a thread, so a slow database never blocks the other handlers on the loop."""
+        await self._slots.acquire_async()
+        try:
+            await self._run_async(task, claimed_at)
+        finally:
+            self._slots.release()
+
+    async def _run_async(self, task: ClaimedTask, claimed_at: float) -> None:
         token, context = self._begin(task, claimed_at)
         reporting = False
         try:

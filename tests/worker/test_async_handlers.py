@@ -139,3 +139,54 @@ def test_draining_tells_async_handlers_and_stop_now_cancels_them_cleanly(env):
     task = env.task(run_id, "only")
     assert (task["status"], task["attempts_count"]) == ("started", 1)  # left to stalled-task recovery
     assert env.worker_row(worker.worker_id)["stopped_at"] is not None
+
+
+class Concurrency:
+    """How many handlers (of any kind) run at once, and the most seen."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+
+    def enter(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+def test_def_and_async_def_handlers_share_the_slots_and_never_exceed_them(env):
+    slots = 4
+    seen = Concurrency()
+
+    async def waits(item, ctx):
+        seen.enter()
+        try:
+            await asyncio.sleep(0.05)  # long enough for the claims ahead of the slots to arrive meanwhile
+            return item
+        finally:
+            seen.leave()
+
+    def blocks(item, ctx):
+        seen.enter()
+        try:
+            threading.Event().wait(0.05)
+            return item
+        finally:
+            seen.leave()
+
+    flow = (Flow("sharedSlotsFlow")
+            .step("items", lambda run_input, ctx: run_input)
+            .map("coroutines", waits, array="items")
+            .map("threads", blocks, array="items"))
+    # batch_size beyond the slots: once it has seen a handler finish, the worker claims ahead of them
+    worker = env.start_worker(flow, max_concurrent=slots, batch_size=20)
+    run_ids = [env.start_run("sharedSlotsFlow", list(range(20))) for _ in range(3)]
+    runs = env.wait_runs_finished(run_ids)
+    assert {r["status"] for r in runs} == {"completed"}
+    assert seen.most == slots
+    assert worker.stats.snapshot()["completed"] == 3 * (1 + 20 + 20)
