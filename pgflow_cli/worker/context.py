@@ -47,15 +47,23 @@ class StopSignal:
         reason: why it was set (:data:`STOP_DRAINING`, ``"the run failed"``, ...), ``None`` until then.
     """
 
+    # One is made for every task; most are never waited on, so the threading.Event is made by the
+    # first wait() only.
+    _shared_lock = threading.Lock()
+
     def __init__(self) -> None:
-        self._event = threading.Event()
-        self._lock = threading.Lock()
+        self._set = False
+        self._event: threading.Event | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.reason: str | None = None
 
+    @property
+    def _lock(self) -> threading.Lock:
+        return StopSignal._shared_lock
+
     def is_set(self) -> bool:
         """True once the signal is set (cheap: reads a flag, no database access)."""
-        return self._event.is_set()
+        return self._set
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block the calling thread until the signal is set or ``timeout`` seconds passed.
@@ -63,7 +71,13 @@ class StopSignal:
         Returns:
             whether the signal is set.
         """
-        return self._event.wait(timeout)
+        with self._lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     async def wait_async(self, timeout: float | None = None) -> bool:
         """Wait, without blocking the event loop, until the signal is set or ``timeout`` seconds passed.
@@ -74,14 +88,14 @@ class StopSignal:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         with self._lock:
-            if self._event.is_set():
+            if self._set:
                 return True
             self._waiters.append((loop, waiter))
         try:
             await asyncio.wait_for(waiter, timeout)
             return True
         except asyncio.TimeoutError:
-            return self._event.is_set()
+            return self._set
         finally:
             with self._lock:
                 if (loop, waiter) in self._waiters:
@@ -90,10 +104,12 @@ class StopSignal:
     def set(self, reason: str) -> None:
         """Set the signal (the first reason is kept). Called by the worker; safe from any thread."""
         with self._lock:
-            if self._event.is_set():
+            if self._set:
                 return
             self.reason = reason
-            self._event.set()
+            self._set = True
+            if self._event is not None:
+                self._event.set()
             waiters, self._waiters = self._waiters, []
         for loop, waiter in waiters:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
@@ -122,19 +138,19 @@ class TaskContext:
         message_id: the PGMQ message id of the task.
         queue_name: the queue the message came from.
         worker_id: the worker running it.
-        attempt: this attempt's number, from 1 (the task's ``attempts_count`` after the claim).
         max_attempts: the step's effective ``max_attempts`` (the step's, else the flow's).
         deadline: when the step's effective timeout ends, counted from the claim (aware, UTC);
             after it the task's message becomes visible again and another worker may take it.
         stop: set when the work is no longer wanted (see :class:`StopSignal`).
 
     Handlers receive it from the worker; tests of a handler can build one with the keyword
-    arguments (``flow_input`` given directly).
+    arguments (``flow_input`` given directly; ``deadline_clock``, the deadline on the monotonic
+    clock, and the loaders are the worker's).
     """
 
     __slots__ = ("flow_slug", "run_id", "step_slug", "task_index", "message_id", "queue_name", "worker_id",
-                 "attempt", "max_attempts", "deadline", "stop", "_deadline_clock", "_flow_input", "_load",
-                 "_load_async")
+                 "_attempt", "_load_attempt", "max_attempts", "deadline", "stop", "_deadline_clock", "_flow_input",
+                 "_load", "_load_async")
 
     def __init__(
         self,
@@ -146,13 +162,15 @@ class TaskContext:
         message_id: int = 0,
         queue_name: str = "",
         worker_id: str = "",
-        attempt: int = 1,
+        attempt: int | None = 1,
         max_attempts: int = 1,
         deadline: datetime | None = None,
         stop: StopSignal | None = None,
         flow_input: Any = _UNSET,
         load_flow_input: Callable[[], Any] | None = None,
         load_flow_input_async: Callable[[], Awaitable[Any]] | None = None,
+        deadline_clock: float | None = None,
+        load_attempt: Callable[[], int] | None = None,
     ) -> None:
         self.flow_slug = flow_slug
         self.run_id = run_id
@@ -161,15 +179,30 @@ class TaskContext:
         self.message_id = message_id
         self.queue_name = queue_name
         self.worker_id = worker_id
-        self.attempt = attempt
+        self._attempt = attempt
+        self._load_attempt = load_attempt
         self.max_attempts = max_attempts
         self.deadline = deadline or datetime.now(timezone.utc)
         self.stop = stop or StopSignal()
         # the same moment on the monotonic clock: a wall-clock step must not move it
-        self._deadline_clock = time.monotonic() + (self.deadline - datetime.now(timezone.utc)).total_seconds()
+        self._deadline_clock = deadline_clock if deadline_clock is not None else (
+            time.monotonic() + (self.deadline - datetime.now(timezone.utc)).total_seconds())
         self._flow_input = flow_input
         self._load = load_flow_input
         self._load_async = load_flow_input_async
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, from 1 (the task's ``attempts_count`` after the claim). The worker
+        reads it for all tasks of one claim at the first request (one query), so handlers that never
+        ask cost nothing.
+
+        Raises:
+            psycopg.Error: the worker could not read it (the database is unreachable).
+        """
+        if self._attempt is None:
+            self._attempt = self._load_attempt() if self._load_attempt is not None else 1
+        return self._attempt
 
     @property
     def is_last_attempt(self) -> bool:
@@ -203,8 +236,9 @@ class TaskContext:
         return self.flow_input
 
     def __repr__(self) -> str:
+        attempt = "?" if self._attempt is None else self._attempt
         return (f"TaskContext(flow={self.flow_slug!r}, step={self.step_slug!r}, run={self.run_id!r}, "
-                f"task={self.task_index}, attempt={self.attempt}/{self.max_attempts})")
+                f"task={self.task_index}, attempt={attempt}/{self.max_attempts})")
 
 
 class RunInputs:
@@ -229,11 +263,9 @@ class RunInputs:
 
     def remember(self, run_id: str, value: Any) -> None:
         """Keep an input the worker already has (a root single step's claim carries it)."""
-        entry = _Pending()
-        entry.resolve(value)
         with self._lock:
             if run_id not in self._entries:
-                self._store(run_id, entry)
+                self._store(run_id, _Pending(value))
 
     def get(self, run_id: str) -> Any:
         """The run's input, read on the first request (blocks the calling thread meanwhile).
@@ -268,23 +300,26 @@ class RunInputs:
 
 
 class _Pending:
-    """One run input: being read, read, or failed."""
+    """One run input: being read (``done`` set once read or failed), or known from the start."""
 
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._value: Any = None
+    def __init__(self, *value: Any) -> None:
+        self._done: threading.Event | None = None if value else threading.Event()
+        self._value: Any = value[0] if value else None
         self._error: BaseException | None = None
 
     def resolve(self, value: Any) -> None:
         self._value = value
-        self._done.set()
+        if self._done is not None:
+            self._done.set()
 
     def fail(self, error: BaseException) -> None:
         self._error = error
-        self._done.set()
+        if self._done is not None:
+            self._done.set()
 
     def result(self) -> Any:
-        self._done.wait()
+        if self._done is not None:
+            self._done.wait()
         if self._error is not None:
             raise self._error
         return self._value

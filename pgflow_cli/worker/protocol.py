@@ -9,7 +9,7 @@ compiles, registers or polls; any mismatch is refused with both versions and the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -106,8 +106,9 @@ def protocol_mismatch(worker_version: int, database_version: int | None) -> Prot
 class ClaimedTask:
     """A task this worker now owns (status started, attempt counted, visibility extended).
 
-    ``flow_input`` is the run input for root single steps only (``None`` otherwise); ``attempt``
-    is the task's ``attempts_count`` after the claim (1 for its first attempt).
+    ``flow_input`` is the run input for root single steps only (``None`` otherwise). ``attempt`` is
+    the task's ``attempts_count`` after the claim (1 for its first attempt) when known; a claim does
+    not read it (most handlers never ask): :meth:`ProtocolV1.claimed_attempts` does, for a batch.
     """
 
     flow_slug: str
@@ -118,7 +119,7 @@ class ClaimedTask:
     task_index: int
     flow_input: Any
     queue_name: str
-    attempt: int = 1
+    attempt: int | None = None
 
 
 @dataclass(frozen=True)
@@ -146,16 +147,6 @@ def failure_report(task: ClaimedTask, failure: TaskFailure) -> dict[str, Any]:
     """
     return {"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
             "error_message": failure.message}
-
-
-def _attempts_by_message(cursor: psycopg.Cursor[Any]) -> dict[int, int]:
-    return {int(message_id): int(attempts) for message_id, attempts in cursor.fetchall()}
-
-
-def _with_attempts(tasks: list[ClaimedTask], attempts: dict[int, int]) -> list[ClaimedTask]:
-    """Each task with the attempt its claim counted (1 where the row was not found: it always is,
-    the read follows the claim on the same connection)."""
-    return [replace(task, attempt=attempts.get(task.message_id, 1)) for task in tasks]
 
 
 @dataclass
@@ -281,26 +272,35 @@ class ProtocolV1:
 
     def claim(self, conn: psycopg.Connection, *, flow_slug: str, step_slug: str | None, queue_name: str,
               message_ids: list[int], worker_id: str) -> ClaimOutcome:
-        """Claim the tasks behind ``message_ids``; unclaimable ids are simply absent (protocol 1).
-
-        The claim and the read of the claimed tasks' attempt numbers travel in one pipeline (one
-        round trip).
-        """
-        params = {"flow_slug": flow_slug, "msg_ids": message_ids, "worker_id": worker_id}
-        with conn.cursor(row_factory=dict_row) as cur, conn.cursor() as attempts:
-            with conn.pipeline():
-                cur.execute(self._sql("claim"), params)
-                attempts.execute(self._sql("claimed_attempts"), params)
-            rows = cur.fetchall()
-            by_message = _attempts_by_message(attempts)
-        return ClaimOutcome(claimed=_with_attempts([
+        """Claim the tasks behind ``message_ids``; unclaimable ids are simply absent (protocol 1)."""
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(self._sql("claim"), {"flow_slug": flow_slug, "msg_ids": message_ids, "worker_id": worker_id}).fetchall()
+        return ClaimOutcome(claimed=[
             ClaimedTask(
                 flow_slug=r["flow_slug"], run_id=str(r["run_id"]), step_slug=r["step_slug"], input=r["input"],
                 message_id=int(r["msg_id"]), task_index=int(r["task_index"]), flow_input=r["flow_input"],
                 queue_name=queue_name,
             )
             for r in rows
-        ], by_message))
+        ])
+
+    def claimed_attempts(self, conn: psycopg.Connection, *, flow_slug: str, queue_name: str, message_ids: list[int],
+                         worker_id: str) -> dict[int, int]:
+        """The attempt each task this worker claimed and still runs is in (``attempts_count``), by message id.
+
+        Read on demand, once per claim batch, when a handler or a failure's log line first needs
+        one (a claim does not read it: reading it with every claim cost more client CPU than the
+        rest of a task's handling).
+
+        Returns:
+            ``{message_id: attempt}``; a task another claim has taken meanwhile is absent.
+        """
+        rows = conn.execute(self._attempts_sql(), {"flow_slug": flow_slug, "queue_name": queue_name,
+                                                   "msg_ids": message_ids, "worker_id": worker_id}).fetchall()
+        return {int(message_id): int(attempts) for message_id, attempts in rows}
+
+    def _attempts_sql(self) -> str:
+        return self._sql("claimed_attempts")
 
     def release(self, conn: psycopg.Connection, queue_name: str, message_ids: list[int]) -> None:
         """Make messages this worker read but will not claim visible again at once."""
@@ -367,17 +367,17 @@ class ProtocolV1:
         return None if row is None else row[0]
 
     def ended_tasks(self, conn: psycopg.Connection, worker_id: str,
-                    running: list[tuple[ClaimedTask, int]]) -> dict[tuple[str, str, int, int], tuple[str, bool]]:
+                    running: list[tuple[ClaimedTask, int | None]]) -> dict[int, tuple[str, bool]]:
         """Which of the tasks a worker runs are no longer wanted, in one query.
 
         Args:
             worker_id: the worker.
-            running: ``(task, attempt)`` of every handler it runs.
+            running: ``(task, attempt)`` of every handler it runs (``None``: attempt not read).
 
         Returns:
-            ``{(run_id, step_slug, task_index, attempt): (reason, taken_over)}``: the run or step is no longer
-            started, or the task is no longer this attempt of this worker; ``taken_over`` when
-            another claim of the task is running (a report of this attempt would end that one).
+            ``{position in running: (reason, taken_over)}``: the run or step is no longer started,
+            or the task is no longer this attempt of this worker; ``taken_over`` when another claim
+            of the task is running (a report of this attempt would end that one).
         """
         rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "ended_tasks"), {
             "worker_id": worker_id,
@@ -386,7 +386,7 @@ class ProtocolV1:
             "task_indexes": [task.task_index for task, _ in running],
             "attempts": [attempt for _, attempt in running],
         }).fetchall()
-        return {(str(r[0]), str(r[1]), int(r[2]), int(r[3])): (str(r[4]), bool(r[5])) for r in rows}
+        return {int(r[0]) - 1: (str(r[1]), bool(r[2])) for r in rows}
 
 
 class ProtocolV2(ProtocolV1):
@@ -522,19 +522,12 @@ class ProtocolV2(ProtocolV1):
 
     def claim(self, conn: psycopg.Connection, *, flow_slug: str, step_slug: str | None, queue_name: str,
               message_ids: list[int], worker_id: str) -> ClaimOutcome:
-        """Classifying claim: returns every message's outcome (fatal outcomes already paused the function).
-
-        The claim and the read of the claimed tasks' attempt numbers travel in one pipeline (one
-        round trip).
-        """
-        params = {"queue_name": queue_name, "msg_ids": message_ids, "worker_id": worker_id,
-                  "flow_slug": flow_slug, "step_slug": step_slug}
-        with conn.cursor(row_factory=dict_row) as cur, conn.cursor() as attempts:
-            with conn.pipeline():
-                cur.execute(sqlfiles.statement(self.v2_queries, "claim"), params)
-                attempts.execute(sqlfiles.statement(self.v2_queries, "claimed_attempts"), params)
-            rows = cur.fetchall()
-            by_message = _attempts_by_message(attempts)
+        """Classifying claim: returns every message's outcome (fatal outcomes already paused the function)."""
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(sqlfiles.statement(self.v2_queries, "claim"), {
+                "queue_name": queue_name, "msg_ids": message_ids, "worker_id": worker_id,
+                "flow_slug": flow_slug, "step_slug": step_slug,
+            }).fetchall()
         outcome = ClaimOutcome()
         fatal_reasons: list[str] = []
         for r in rows:
@@ -560,8 +553,10 @@ class ProtocolV2(ProtocolV1):
                 outcome.released.append(message_id)
         if outcome.fatal_messages:
             outcome.fatal_reason = "; ".join(fatal_reasons)
-        outcome.claimed = _with_attempts(outcome.claimed, by_message)
         return outcome
+
+    def _attempts_sql(self) -> str:
+        return sqlfiles.statement(self.v2_queries, "claimed_attempts")
 
 
 LATEST = ProtocolV2

@@ -122,8 +122,26 @@ Outcome = tuple[bool, Any]
 """``(True, output)`` or ``(False, TaskFailure)``."""
 
 
-def _attempt_key(task: ClaimedTask) -> tuple[str, str, int, int]:
-    return task.run_id, task.step_slug, task.task_index, task.attempt
+class _ClaimBatch:
+    """The tasks of one claim, and their attempt numbers once a task asks: read for the whole batch
+    in one query (:meth:`ProtocolV1.claimed_attempts`), at most once."""
+
+    def __init__(self, worker: Worker, tasks: list[ClaimedTask]) -> None:
+        self._worker = worker
+        self._message_ids = [task.message_id for task in tasks]
+        self._lock = threading.Lock()
+        self._attempts: dict[int, int] | None = None
+
+    def attempt(self, message_id: int) -> int:
+        """The attempt of the task behind ``message_id`` (1 if another claim has taken it meanwhile).
+
+        Raises:
+            psycopg.Error: the read failed (asked again next time).
+        """
+        with self._lock:
+            if self._attempts is None:
+                self._attempts = self._worker._read_attempts(self._message_ids)
+            return self._attempts.get(message_id, 1)
 
 
 @dataclass
@@ -227,7 +245,8 @@ class Worker:
         self._waiting = 0
         self._running: dict[int, float] = {}
         self._active: dict[int, tuple[ClaimedTask, TaskContext]] = {}
-        self._taken_over: set[tuple[str, str, int, int]] = set()
+        self._taken_over: set[int] = set()
+        """Tokens of running attempts another claim of their task has replaced: never reported."""
         self._slot_seconds: float | None = None
         self._tokens = itertools.count()
         self._settings: dict[str, StepSettings] = {}
@@ -471,8 +490,9 @@ class Worker:
             )
             self.stop("fatal claim outcome")
             return
+        batch = _ClaimBatch(self, outcome.claimed)
         for task in outcome.claimed:
-            self._submit(task, claimed_at)
+            self._submit(task, claimed_at, batch)
 
     def _route(self) -> dict[str, Any]:
         """The route this worker registered (heartbeats are checked against it)."""
@@ -515,7 +535,7 @@ class Worker:
         with self._cv:
             self._cv.wait(timeout)
 
-    def _submit(self, task: ClaimedTask, claimed_at: float) -> None:
+    def _submit(self, task: ClaimedTask, claimed_at: float, batch: _ClaimBatch | None = None) -> None:
         """Hand a claimed task to a handler slot: the event loop for an ``async def`` handler, a
         thread otherwise (``claimed_at``: the claim's moment on the monotonic clock)."""
         assert self._threads is not None
@@ -523,9 +543,9 @@ class Worker:
             self._waiting += 1
         step = self._steps.get(task.step_slug)
         if self._loop is not None and step is not None and step.handler is not None and step.is_async:
-            future = self._loop.submit(self._execute_async(task, claimed_at))
+            future = self._loop.submit(self._execute_async(task, claimed_at, batch))
         else:
-            future = self._threads.submit(self._execute, task, claimed_at)
+            future = self._threads.submit(self._execute, task, claimed_at, batch)
         future.add_done_callback(lambda done: self._log_escaped(task, done.exception()) if not done.cancelled() else None)
 
     def _log_escaped(self, task: ClaimedTask, exc: BaseException | None) -> None:
@@ -536,7 +556,8 @@ class Worker:
                       type(exc).__name__)
 
     # task execution -----------------------------------------------------------------
-    def _begin(self, task: ClaimedTask, claimed_at: float) -> tuple[int, TaskContext | None]:
+    def _begin(self, task: ClaimedTask, claimed_at: float,
+               batch: _ClaimBatch | None) -> tuple[int, TaskContext | None]:
         """Take a slot for ``task``; returns its token and context, or no context when the task waited
         longer than its effective timeout (it is then not run: its message may already be visible to
         others, and it stays ``started`` for stalled-task recovery)."""
@@ -546,15 +567,23 @@ class Worker:
             self._waiting -= 1
             self._running[token] = started
             self._cv.notify_all()
-        timeout = self._settings.get(task.step_slug, DEFAULT_SETTINGS).timeout
+        settings = self._settings.get(task.step_slug, DEFAULT_SETTINGS)
+        timeout = settings.timeout
         if started - claimed_at > timeout:
             self.stats.add(expired=1)
             log.warning("worker %s: task %s/%s/%s waited %.0fs for a handler, longer than its %ss timeout; "
                         "not run, it stays started for stalled-task recovery", self.worker_id, task.run_id,
                         task.step_slug, task.task_index, started - claimed_at, timeout)
             return token, None
-        context = self._context(task, claimed_at)
+        context = self._context(task, claimed_at, settings, batch)
+        key = (task.run_id, task.step_slug, task.task_index)
         with self._cv:
+            # a running attempt of the same task in this worker is an older claim of it (its claim
+            # timed out and stalled-task recovery gave the task back): its result must not count
+            for other, (running, older) in self._active.items():
+                if (running.run_id, running.step_slug, running.task_index) == key:
+                    self._taken_over.add(other)
+                    older.stop.set("a newer claim of the task runs in this worker")
             self._active[token] = (task, context)
         if self._stop.is_set():  # claimed before the drain began: the handler learns it at once
             context.stop.set(STOP_DRAINING)
@@ -569,8 +598,8 @@ class Worker:
             self._slot_seconds = seconds if average is None else (average + SLOT_AVERAGE_WEIGHT * (seconds - average))
             self._cv.notify_all()
 
-    def _context(self, task: ClaimedTask, claimed_at: float) -> TaskContext:
-        settings = self._settings.get(task.step_slug, DEFAULT_SETTINGS)
+    def _context(self, task: ClaimedTask, claimed_at: float, settings: StepSettings,
+                 batch: _ClaimBatch | None) -> TaskContext:
         run_id = task.run_id
         step = self._steps.get(task.step_slug)
         known: dict[str, Any] = {}
@@ -581,29 +610,38 @@ class Worker:
         return TaskContext(
             flow_slug=task.flow_slug, run_id=run_id, step_slug=task.step_slug, task_index=task.task_index,
             message_id=task.message_id, queue_name=task.queue_name, worker_id=self.worker_id,
-            attempt=task.attempt, max_attempts=settings.max_attempts,
+            attempt=task.attempt,
+            load_attempt=(lambda: batch.attempt(task.message_id)) if batch is not None else None,
+            max_attempts=settings.max_attempts,
             deadline=datetime.now(timezone.utc) + timedelta(seconds=claimed_at + settings.timeout - time.monotonic()),
+            deadline_clock=claimed_at + settings.timeout,
             load_flow_input=lambda: self._inputs.get(run_id),
             load_flow_input_async=(lambda: asyncio.wrap_future(side.submit(self._inputs.get, run_id)))
             if side is not None else None,
             **known,
         )
 
+    def _read_attempts(self, message_ids: list[int]) -> dict[int, int]:
+        assert self._pool is not None
+        with self._pool.connection() as conn:
+            return self.protocol.claimed_attempts(conn, flow_slug=self.flow.slug, queue_name=self.queue_name,
+                                                  message_ids=message_ids, worker_id=self.worker_id)
+
     def _read_run_input(self, run_id: str) -> Any:
         assert self._pool is not None
         with self._pool.connection() as conn:
             return self.protocol.run_input(conn, run_id)
 
-    def _execute(self, task: ClaimedTask, claimed_at: float) -> None:
+    def _execute(self, task: ClaimedTask, claimed_at: float, batch: _ClaimBatch | None = None) -> None:
         """Run one claimed task's ``def`` handler in this thread and report (or queue its report).
         Never raises: every attempt ends reported, or is logged and left ``started`` for stalled-task
         recovery."""
         self._slots.acquire()
         try:
-            token, context = self._begin(task, claimed_at)
+            token, context = self._begin(task, claimed_at, batch)
             try:
                 if context is not None:
-                    self._finish(task, self._call(task, context))
+                    self._finish(task, context, token, self._call(task, context))
             except BaseException as exc:  # nothing may vanish silently in a handler thread
                 self._lost(task, exc)
             finally:
@@ -611,25 +649,25 @@ class Worker:
         finally:
             self._slots.release()
 
-    async def _execute_async(self, task: ClaimedTask, claimed_at: float) -> None:
+    async def _execute_async(self, task: ClaimedTask, claimed_at: float, batch: _ClaimBatch | None) -> None:
         """:meth:`_execute` for an ``async def`` handler, on the worker's event loop; the report is
         sent from a thread, so a slow database never blocks the other handlers on the loop."""
         await self._slots.acquire_async()
         try:
-            await self._run_async(task, claimed_at)
+            await self._run_async(task, claimed_at, batch)
         finally:
             self._slots.release()
 
-    async def _run_async(self, task: ClaimedTask, claimed_at: float) -> None:
-        token, context = self._begin(task, claimed_at)
+    async def _run_async(self, task: ClaimedTask, claimed_at: float, batch: _ClaimBatch | None) -> None:
+        token, context = self._begin(task, claimed_at, batch)
         reporting = False
         try:
             if context is not None:
                 outcome = await self._call_async(task, context)
                 assert self._side is not None
                 reporting = True
-                if not self._queued_at_once(task, outcome):
-                    await asyncio.wrap_future(self._side.submit(self._finish, task, outcome))
+                if not self._queued_at_once(task, token, outcome):
+                    await asyncio.wrap_future(self._side.submit(self._finish, task, context, token, outcome))
         except asyncio.CancelledError:
             if not reporting:
                 self.stats.add(cancelled=1)
@@ -701,7 +739,13 @@ class Worker:
         settings = self._settings.get(task.step_slug, DEFAULT_SETTINGS)
         policy = RetryPolicy(max_attempts=settings.max_attempts, base_delay=settings.base_delay,
                              when_exhausted=step.when_exhausted if step is not None else "fail")
-        retry_in = policy.next_attempt_in(context.attempt, failure, retry_control=self.retry_control)
+        try:
+            attempt = context.attempt
+        except Exception as exc:  # the failure is reported all the same; only its log line lacks the number
+            log.warning("task %s/%s/%s: could not read its attempt number (%s)", task.run_id, task.step_slug,
+                        task.task_index, type(exc).__name__)
+            attempt = 0
+        retry_in = policy.next_attempt_in(max(attempt, 1), failure, retry_control=self.retry_control)
         fields = self._fields(task, context, event="task_failed", retry_in_seconds=retry_in,
                               error_type=failure.error_type, error=failure.summary,
                               when_exhausted=policy.when_exhausted)
@@ -712,12 +756,12 @@ class Worker:
         where = (task.flow_slug, task.step_slug, task.run_id, task.task_index, task.message_id)
         if retry_in is not None:
             log.warning("task failed (attempt %d/%d), retried in %ss: flow=%s step=%s run=%s task=%s msg=%s: %s%s",
-                        context.attempt, policy.max_attempts, f"{retry_in:g}", *where, failure.summary, note,
+                        attempt, policy.max_attempts, f"{retry_in:g}", *where, failure.summary, note,
                         exc_info=traceback, extra=fields)
         else:
-            ending = (f"on its last attempt ({context.attempt}/{policy.max_attempts})"
-                      if context.attempt >= policy.max_attempts else
-                      f"for good at attempt {context.attempt}/{policy.max_attempts} (FailNow)")
+            ending = (f"on its last attempt ({attempt}/{policy.max_attempts})"
+                      if attempt >= policy.max_attempts else
+                      f"for good at attempt {attempt}/{policy.max_attempts} (FailNow)")
             log.error("task failed %s; the step's when_exhausted=%s applies: flow=%s step=%s run=%s task=%s msg=%s: "
                       "%s%s", ending, policy.when_exhausted, *where, failure.summary, note,
                       exc_info=traceback, extra=fields)
@@ -728,23 +772,19 @@ class Worker:
         fields = {"worker_id": self.worker_id, "flow": task.flow_slug, "step": task.step_slug, "run_id": task.run_id,
                   "task_index": task.task_index, "message_id": task.message_id, "queue": task.queue_name}
         if context is not None:
-            fields.update(attempt=context.attempt, max_attempts=context.max_attempts)
+            attempt = context._attempt  # only when known: a log line never reads it from the database
+            fields.update(max_attempts=context.max_attempts, **({"attempt": attempt} if attempt else {}))
         fields.update(more)
         return fields
 
-    def _finish(self, task: ClaimedTask, outcome: Outcome) -> None:
-        """Report the attempt now, or queue it for the reporter thread; not at all when another
-        worker has taken the task over (the database would let this late report end that attempt)."""
+    def _finish(self, task: ClaimedTask, context: TaskContext, token: int, outcome: Outcome) -> None:
+        """Report the attempt now, or queue it for the reporter thread; not at all when another claim
+        of the task has replaced it (the database would let this late report end that attempt)."""
         ok, payload = outcome
-        with self._cv:
-            taken_over = _attempt_key(task) in self._taken_over
-            self._taken_over.discard(_attempt_key(task))
-        if taken_over:
-            log.warning("task %s/%s/%s: not reported, another worker took the task over while this attempt (%d) ran",
-                        task.run_id, task.step_slug, task.task_index, task.attempt,
-                        extra={"event": "task_not_reported", "worker_id": self.worker_id, "flow": task.flow_slug,
-                               "step": task.step_slug, "run_id": task.run_id, "task_index": task.task_index,
-                               "attempt": task.attempt})
+        if self._replaced(token):
+            log.warning("task %s/%s/%s: not reported, %s", task.run_id, task.step_slug, task.task_index,
+                        context.stop.reason, extra=self._fields(task, context, event="task_not_reported",
+                                                                reason=context.stop.reason))
             return
         if not self.reports_batched:
             self._report(task, ok=ok, payload=payload)
@@ -752,15 +792,21 @@ class Worker:
             log.error("worker %s: task %s/%s/%s finished after the worker stopped reporting; it stays started "
                       "for stalled-task recovery", self.worker_id, task.run_id, task.step_slug, task.task_index)
 
-    def _queued_at_once(self, task: ClaimedTask, outcome: Outcome) -> bool:
-        """On the event loop: queue a batched report if the queue has room (no thread handoff, no
-        wait); False when :meth:`_finish` must run in a thread (one call per report, a full queue,
-        a task taken over, or a closed queue, which it logs)."""
-        if not self.reports_batched:
+    def _replaced(self, token: int) -> bool:
+        if not self._taken_over:  # rare: only a newer claim of a running task fills it
             return False
         with self._cv:
-            if _attempt_key(task) in self._taken_over:
-                return False
+            if token in self._taken_over:
+                self._taken_over.discard(token)
+                return True
+            return False
+
+    def _queued_at_once(self, task: ClaimedTask, token: int, outcome: Outcome) -> bool:
+        """On the event loop: queue a batched report if the queue has room (no thread handoff, no
+        wait); False when :meth:`_finish` must run in a thread (one call per report, a full queue,
+        a replaced attempt, or a closed queue, which it logs)."""
+        if not self.reports_batched or (self._taken_over and token in self._taken_over):
+            return False
         ok, payload = outcome
         return self._reports.offer(PendingReport(task, ok, payload)) is True
 
@@ -768,22 +814,22 @@ class Worker:
         """Set the stop signal of every running task whose run or step has ended, or which is no longer
         this attempt's; one query for all of them (at each heartbeat)."""
         with self._cv:
-            running = [(task, context) for task, context in self._active.values() if not context.stop.is_set()]
+            running = [(token, task, context) for token, (task, context) in self._active.items()
+                       if not context.stop.is_set()]
         if not running:
             return
-        ended = self.protocol.ended_tasks(conn, self.worker_id, [(task, context.attempt) for task, context in running])
-        for task, context in running:
-            found = ended.get((task.run_id, task.step_slug, task.task_index, context.attempt))
-            if found is not None:
-                reason, taken_over = found
-                if taken_over:
-                    with self._cv:
-                        self._taken_over.add(_attempt_key(task))
-                context.stop.set(reason)
-                self.stats.add(stop_signals=1)
-                log.info("task %s/%s/%s: %s while its handler runs; its stop signal is set", task.run_id,
-                         task.step_slug, task.task_index, reason,
-                         extra=self._fields(task, context, event="task_stop_signal", reason=reason))
+        ended = self.protocol.ended_tasks(conn, self.worker_id,
+                                          [(task, context._attempt) for _token, task, context in running])
+        for position, (reason, taken_over) in ended.items():
+            token, task, context = running[position]
+            if taken_over:
+                with self._cv:
+                    self._taken_over.add(token)
+            context.stop.set(reason)
+            self.stats.add(stop_signals=1)
+            log.info("task %s/%s/%s: %s while its handler runs; its stop signal is set", task.run_id,
+                     task.step_slug, task.task_index, reason,
+                     extra=self._fields(task, context, event="task_stop_signal", reason=reason))
 
     def _report(self, task: ClaimedTask, *, ok: bool, payload: Any) -> None:
         """Send complete/fail; retry transient errors; never leave a refused report unreported.

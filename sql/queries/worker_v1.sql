@@ -27,9 +27,9 @@ SELECT flow_slug, run_id, step_slug, input, msg_id, task_index, flow_input
 FROM pgflow.start_tasks(%(flow_slug)s, %(msg_ids)s::bigint[], %(worker_id)s);
 
 --@name claimed_attempts
--- The attempt each just-claimed task is in (attempts_count after the claim); sent in the claim's
--- pipeline, so it reads the claim's result (one probe per message, see worker_v2.sql). Protocol 1
--- queues are named after the flow.
+-- The attempt each task of one claim batch is in (attempts_count after the claim), read when a
+-- handler or a failure's log first needs one (one probe per message, see worker_v2.sql). Protocol
+-- 1 queues are named after the flow.
 SELECT m.id AS message_id, t.attempts_count
 FROM pg_catalog.unnest(%(msg_ids)s::bigint[]) AS m (id)
 CROSS JOIN LATERAL (SELECT x.attempts_count, x.status, x.last_worker_id FROM pgflow.step_tasks AS x

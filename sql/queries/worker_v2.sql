@@ -38,11 +38,11 @@ SELECT count(*) FROM pgflow.complete_tasks(%(tasks)s::jsonb);
 SELECT count(*) FROM pgflow.fail_tasks(%(tasks)s::jsonb);
 
 --@name claimed_attempts
--- The attempt each just-claimed task is in (attempts_count after the claim), by the claimed
--- messages' identity; sent in the claim's pipeline, so it reads the claim's result. One probe of
--- the (queue_name, message_id) key per message: the status and worker conditions stay outside the
+-- The attempt each task of one claim batch is in (attempts_count after the claim), by the claimed
+-- messages' identity; read when a handler or a failure's log first needs one. One probe of the
+-- (queue_name, message_id) key per message: the status and worker conditions stay outside the
 -- probe, or the planner may prefer the partial index on the worker's started tasks and read all of
--- them for every claim.
+-- them.
 SELECT m.id AS message_id, t.attempts_count
 FROM pg_catalog.unnest(%(msg_ids)s::bigint[]) AS m (id)
 CROSS JOIN LATERAL (SELECT x.attempts_count, x.status, x.last_worker_id FROM pgflow.step_tasks AS x
@@ -65,15 +65,18 @@ WHERE s.flow_slug = %(flow_slug)s AND (%(step_slug)s::text IS NULL OR s.step_slu
 SELECT r.input FROM pgflow.runs AS r WHERE r.run_id = %(run_id)s;
 
 --@name ended_tasks
--- Of the tasks a worker is running (parallel arrays; attempts = the attempt each handler runs),
+-- Of the tasks a worker is running (parallel arrays; attempts = the attempt each handler runs, NULL
+-- where the worker has not read it; n = the position, 1-based),
 -- those whose work is no longer wanted: the run or the step is no longer started, or the task is
 -- no longer this attempt of this worker (stalled-task recovery requeued it, or another worker
 -- took it over: taken_over, when a report of this attempt would end the other worker's). One
 -- query per heartbeat for all of a worker's in-flight tasks; used by any protocol. Each row is
 -- one key probe per table (LATERAL ... LIMIT 1), never a scan of the runs or step states.
-SELECT k.run_id, k.step_slug, k.task_index, k.attempt,
-       CASE WHEN t.status = 'started' AND (t.attempts_count <> k.attempt OR t.last_worker_id IS DISTINCT FROM %(worker_id)s)
+SELECT k.n,
+       CASE WHEN t.status = 'started' AND t.last_worker_id IS DISTINCT FROM %(worker_id)s
               THEN 'another worker took the task over (attempt ' || t.attempts_count || ')'
+            WHEN t.status = 'started' AND t.attempts_count <> k.attempt
+              THEN 'a newer claim of the task runs (attempt ' || t.attempts_count || ')'
             WHEN r.status IS DISTINCT FROM 'started' THEN 'the run ' || coalesce(r.status, 'is gone')
             WHEN s.status IS DISTINCT FROM 'started'
               THEN 'the step ' || CASE s.status WHEN 'skipped' THEN 'was skipped' ELSE coalesce(s.status, 'is gone') END
@@ -83,7 +86,7 @@ SELECT k.run_id, k.step_slug, k.task_index, k.attempt,
                 false) AS taken_over
 FROM ROWS FROM (pg_catalog.unnest(%(run_ids)s::uuid[]), pg_catalog.unnest(%(step_slugs)s::text[]),
                 pg_catalog.unnest(%(task_indexes)s::integer[]), pg_catalog.unnest(%(attempts)s::integer[]))
-     AS k (run_id, step_slug, task_index, attempt)
+     WITH ORDINALITY AS k (run_id, step_slug, task_index, attempt, n)
 LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r ON true
 LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
                    WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug LIMIT 1) AS s ON true
@@ -91,6 +94,6 @@ LEFT JOIN LATERAL (SELECT x.status, x.attempts_count, x.last_worker_id FROM pgfl
                    WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug AND x.task_index = k.task_index
                    LIMIT 1) AS t ON true
 WHERE r.status IS DISTINCT FROM 'started' OR s.status IS DISTINCT FROM 'started'
-   OR t.status IS DISTINCT FROM 'started' OR t.attempts_count IS DISTINCT FROM k.attempt
+   OR t.status IS DISTINCT FROM 'started' OR t.attempts_count <> k.attempt
    OR t.last_worker_id IS DISTINCT FROM %(worker_id)s;
 --@end

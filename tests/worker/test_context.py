@@ -130,12 +130,18 @@ def test_draining_sets_the_stop_signal_of_running_handlers(env):
 
 
 class CountingProtocol(LATEST):
-    """The latest protocol, counting heartbeats and the stop-signal checks (and how many tasks each covered)."""
+    """The latest protocol, counting heartbeats, the stop-signal checks (and how many tasks each
+    covered) and the reads of attempt numbers (and how many tasks each covered)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.heartbeats = 0
         self.checks: list[int] = []
+        self.attempt_reads: list[int] = []
+
+    def claimed_attempts(self, conn, *, message_ids, **rest):
+        self.attempt_reads.append(len(message_ids))
+        return super().claimed_attempts(conn, message_ids=message_ids, **rest)
 
     def heartbeat(self, conn, worker_id, **route):
         self.heartbeats += 1
@@ -225,3 +231,46 @@ def test_handlers_that_take_no_context_get_only_their_input(env):
     run_id = env.start_run("noContextFlow", {"word": "quiet"})
     [run] = env.wait_runs_finished([run_id])
     assert (run["status"], run["output"]) == ("completed", {"loud": "QUIET"})
+
+
+def test_attempt_numbers_are_read_once_per_claim_and_only_when_asked(env):
+    protocol = CountingProtocol()
+    seen = Seen()
+    flow = (Flow("lazyAttemptFlow")
+            .map("ask", lambda item, ctx: seen.add(step="ask", attempt=ctx.attempt) or item)
+            .map("never_ask", lambda item, ctx: item, array="ask"))
+    env.start_worker(flow, protocol=protocol, max_concurrent=6, batch_size=6)
+    [run] = env.wait_runs_finished([env.start_run("lazyAttemptFlow", list(range(6)))])
+    assert run["status"] == "completed"
+    assert [i["attempt"] for i in seen.of("ask")] == [1] * 6
+    # the six "ask" tasks came in claims that read their attempts once each; "never_ask" read none
+    assert sum(protocol.attempt_reads) == 6 and len(protocol.attempt_reads) <= 6
+
+
+def test_a_newer_claim_in_the_same_worker_stops_the_older_attempt_and_keeps_its_result(env, caplog):
+    seen = Seen()
+    first = threading.Event()
+
+    def slow(value, ctx):
+        if ctx.attempt == 1:
+            first.set()
+            stopped = ctx.stop.wait(DEADLINE)
+            seen.add(step=ctx.step_slug, attempt=1, stopped=stopped, reason=ctx.stop.reason)
+            return "stale"
+        wait_until(lambda: seen.of("work"), "the old handler's stop signal")
+        seen.add(step=ctx.step_slug, attempt=ctx.attempt, stopped=False, reason=None)
+        return "fresh"
+
+    worker = env.start_worker(Flow("reclaimFlow", timeout=1).step("work", slow), max_concurrent=2)
+    run_id = env.start_run("reclaimFlow", {})
+    assert first.wait(DEADLINE)
+    env.conn.execute("UPDATE pgflow.step_tasks SET started_at = started_at - interval '40 seconds', "
+                     "queued_at = queued_at - interval '40 seconds' WHERE run_id = %s", (run_id,))
+    assert env.val("SELECT pgflow.requeue_stalled_tasks()") == 1  # the same worker, with a free slot, claims it
+    [run] = env.wait_runs_finished([run_id])
+    assert run["output"] == {"work": "fresh"}
+    [stale] = [i for i in seen.of("work") if i["attempt"] == 1]
+    assert stale["stopped"] and stale["reason"] == "a newer claim of the task runs in this worker"
+    wait_until(lambda: any("not reported, a newer claim of the task runs in this worker" in r.getMessage()
+                           for r in caplog.records), "the old attempt to be dropped")
+    assert worker.stats.snapshot()["completed"] == 1

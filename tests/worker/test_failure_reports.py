@@ -206,7 +206,6 @@ def test_fail_tasks_applies_mixed_directives_element_by_element(env):
     ids = protocol.read(conn, queue_name=queue, vt=30, qty=3, max_poll_seconds=1, poll_interval_ms=20)
     claimed = sorted(protocol.claim(conn, flow_slug="mixedSteerFlow", step_slug=None, queue_name=queue,
                                     message_ids=ids, worker_id=worker_id).claimed, key=lambda t: t.task_index)
-    assert [t.attempt for t in claimed] == [1, 1, 1]
     protocol.fail_many(conn, [(claimed[0], _failure(RetryLater(30))), (claimed[1], _failure(FailNow("no"))),
                                   (claimed[2], _failure(RuntimeError("plain")))])
 
