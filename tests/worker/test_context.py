@@ -184,29 +184,40 @@ def test_a_run_that_fails_while_handlers_run_sets_their_stop_signals_with_one_ch
     assert {t["status"] for t in env.tasks(run_id, "patient")} == {"cancelled"}
 
 
-def test_a_task_stalled_recovery_gave_to_another_worker_stops_its_old_handler_and_keeps_its_result(env, caplog):
-    seen = Seen()
-    first = threading.Event()
+class Overtaken:
+    """A handler whose first attempt waits for its stop signal (then returns "stale"), and whose
+    next attempt waits until the first has learnt it lost the task (then returns "fresh")."""
 
-    def slow(value, ctx):
+    def __init__(self) -> None:
+        self.seen = Seen()
+        self.first = threading.Event()
+
+    def __call__(self, value, ctx):
         if ctx.attempt == 1:
-            first.set()
+            self.first.set()
             stopped = ctx.stop.wait(DEADLINE)
-            seen.add(step=ctx.step_slug, attempt=ctx.attempt, stopped=stopped, reason=ctx.stop.reason)
+            self.seen.add(step=ctx.step_slug, attempt=1, stopped=stopped, reason=ctx.stop.reason)
             return "stale"
-        # hold the task until the old handler has learnt that it lost it
-        wait_until(lambda: seen.of("work"), "the old handler's stop signal")
-        seen.add(step=ctx.step_slug, attempt=ctx.attempt, stopped=False, reason=None)
+        wait_until(lambda: self.seen.of("work"), "the old handler's stop signal")
+        self.seen.add(step=ctx.step_slug, attempt=ctx.attempt, stopped=False, reason=None)
         return "fresh"
 
-    flow = Flow("takenOverFlow", timeout=1).step("work", slow)
+    def stall(self, env, run_id: str) -> None:
+        """Once the first attempt runs, make its claim older than timeout + 30 s and let stalled-task
+        recovery requeue the task."""
+        assert self.first.wait(DEADLINE)
+        env.conn.execute("UPDATE pgflow.step_tasks SET started_at = started_at - interval '40 seconds', "
+                         "queued_at = queued_at - interval '40 seconds' WHERE run_id = %s", (run_id,))
+        assert env.val("SELECT pgflow.requeue_stalled_tasks()") == 1
+
+
+def test_a_task_stalled_recovery_gave_to_another_worker_stops_its_old_handler_and_keeps_its_result(env, caplog):
+    handler = Overtaken()
+    seen = handler.seen
+    flow = Flow("takenOverFlow", timeout=1).step("work", handler)
     old = env.start_worker(flow, function_name="old-worker", max_concurrent=1)  # busy: cannot claim it again
     run_id = env.start_run("takenOverFlow", {})
-    assert first.wait(DEADLINE)
-    # the claim is older than timeout + 30 s: stalled-task recovery requeues it, another worker runs it
-    env.conn.execute("UPDATE pgflow.step_tasks SET started_at = started_at - interval '40 seconds', "
-                     "queued_at = queued_at - interval '40 seconds' WHERE run_id = %s", (run_id,))
-    assert env.val("SELECT pgflow.requeue_stalled_tasks()") == 1
+    handler.stall(env, run_id)
     env.start_worker(flow, function_name="new-worker")
     [run] = env.wait_runs_finished([run_id])
     wait_until(lambda: len(seen.of("work")) == 2, "the old handler to learn its task was taken over")
@@ -248,25 +259,11 @@ def test_attempt_numbers_are_read_once_per_claim_and_only_when_asked(env):
 
 
 def test_a_newer_claim_in_the_same_worker_stops_the_older_attempt_and_keeps_its_result(env, caplog):
-    seen = Seen()
-    first = threading.Event()
-
-    def slow(value, ctx):
-        if ctx.attempt == 1:
-            first.set()
-            stopped = ctx.stop.wait(DEADLINE)
-            seen.add(step=ctx.step_slug, attempt=1, stopped=stopped, reason=ctx.stop.reason)
-            return "stale"
-        wait_until(lambda: seen.of("work"), "the old handler's stop signal")
-        seen.add(step=ctx.step_slug, attempt=ctx.attempt, stopped=False, reason=None)
-        return "fresh"
-
-    worker = env.start_worker(Flow("reclaimFlow", timeout=1).step("work", slow), max_concurrent=2)
+    handler = Overtaken()
+    seen = handler.seen
+    worker = env.start_worker(Flow("reclaimFlow", timeout=1).step("work", handler), max_concurrent=2)
     run_id = env.start_run("reclaimFlow", {})
-    assert first.wait(DEADLINE)
-    env.conn.execute("UPDATE pgflow.step_tasks SET started_at = started_at - interval '40 seconds', "
-                     "queued_at = queued_at - interval '40 seconds' WHERE run_id = %s", (run_id,))
-    assert env.val("SELECT pgflow.requeue_stalled_tasks()") == 1  # the same worker, with a free slot, claims it
+    handler.stall(env, run_id)  # the same worker, with a free slot, claims it again
     [run] = env.wait_runs_finished([run_id])
     assert run["output"] == {"work": "fresh"}
     [stale] = [i for i in seen.of("work") if i["attempt"] == 1]
