@@ -25,7 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 STOP_DRAINING = "the worker is stopping"
@@ -139,8 +139,6 @@ class TaskContext:
         queue_name: the queue the message came from.
         worker_id: the worker running it.
         max_attempts: the step's effective ``max_attempts`` (the step's, else the flow's).
-        deadline: when the step's effective timeout ends, counted from the claim (aware, UTC);
-            after it the task's message becomes visible again and another worker may take it.
         stop: set when the work is no longer wanted (see :class:`StopSignal`).
 
     Handlers receive it from the worker; tests of a handler can build one with the keyword
@@ -149,7 +147,7 @@ class TaskContext:
     """
 
     __slots__ = ("flow_slug", "run_id", "step_slug", "task_index", "message_id", "queue_name", "worker_id",
-                 "_attempt", "_load_attempt", "max_attempts", "deadline", "stop", "_deadline_clock", "_flow_input",
+                 "_attempt", "_load_attempt", "max_attempts", "_deadline", "stop", "_deadline_clock", "_flow_input",
                  "_load", "_load_async")
 
     def __init__(
@@ -182,11 +180,11 @@ class TaskContext:
         self._attempt = attempt
         self._load_attempt = load_attempt
         self.max_attempts = max_attempts
-        self.deadline = deadline or datetime.now(timezone.utc)
+        self._deadline = deadline
         self.stop = stop or StopSignal()
         # the same moment on the monotonic clock: a wall-clock step must not move it
         self._deadline_clock = deadline_clock if deadline_clock is not None else (
-            time.monotonic() + (self.deadline - datetime.now(timezone.utc)).total_seconds())
+            time.monotonic() + ((deadline or datetime.now(timezone.utc)) - datetime.now(timezone.utc)).total_seconds())
         self._flow_input = flow_input
         self._load = load_flow_input
         self._load_async = load_flow_input_async
@@ -209,6 +207,14 @@ class TaskContext:
         """True when a failure of this attempt exhausts the task (``attempt >= max_attempts``): the
         place to apply a domain's final outcome in the attempt's own transaction."""
         return self.attempt >= self.max_attempts
+
+    @property
+    def deadline(self) -> datetime:
+        """When the step's effective timeout ends, counted from the claim (aware, UTC); after it the
+        task's message becomes visible again and another worker may take it."""
+        if self._deadline is None:
+            self._deadline = datetime.now(timezone.utc) + timedelta(seconds=self.seconds_left())
+        return self._deadline
 
     def seconds_left(self) -> float:
         """Seconds until :attr:`deadline` (negative once it has passed)."""

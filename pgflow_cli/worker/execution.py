@@ -36,9 +36,10 @@ class DaemonThreads(Executor):
     def __init__(self, most: int, name: str) -> None:
         self.most = max(1, most)
         self.name = name
-        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None] \
+            = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for work, under _lock
         self._threads: list[threading.Thread] = []
         self._numbers = itertools.count(1)
         self._shutdown = False
@@ -53,8 +54,10 @@ class DaemonThreads(Executor):
         with self._lock:
             if self._shutdown:
                 raise RuntimeError(f"{self.name}: cannot take work after shutdown")
-            self._work.put((future, lambda: fn(*args, **kwargs)))
-            if not self._idle.acquire(blocking=False) and len(self._threads) < self.most:
+            self._work.put((future, fn, args, kwargs))
+            if self._idle:
+                self._idle -= 1
+            elif len(self._threads) < self.most:
                 thread = threading.Thread(target=self._serve, name=f"{self.name}-{next(self._numbers)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
@@ -65,14 +68,16 @@ class DaemonThreads(Executor):
             item = self._work.get()
             if item is None:
                 return
-            future, call = item
+            future, fn, args, kwargs = item
+            del item
             if future.set_running_or_notify_cancel():
                 try:
-                    future.set_result(call())
+                    future.set_result(fn(*args, **kwargs))
                 except BaseException as exc:  # handed to whoever waits for the future
                     future.set_exception(exc)
-            del item, future, call
-            self._idle.release()
+            del future, fn, args, kwargs
+            with self._lock:
+                self._idle += 1
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Take no more work; with ``cancel_futures``, drop what has not started; with ``wait``,

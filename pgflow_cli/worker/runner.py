@@ -73,7 +73,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -245,6 +244,8 @@ class Worker:
         self._waiting = 0
         self._running: dict[int, float] = {}
         self._active: dict[int, tuple[ClaimedTask, TaskContext]] = {}
+        self._by_task: dict[tuple[str, str, int], int] = {}
+        """The token of the running attempt of each task (run, step, index)."""
         self._taken_over: set[int] = set()
         """Tokens of running attempts another claim of their task has replaced: never reported."""
         self._slot_seconds: float | None = None
@@ -580,10 +581,11 @@ class Worker:
         with self._cv:
             # a running attempt of the same task in this worker is an older claim of it (its claim
             # timed out and stalled-task recovery gave the task back): its result must not count
-            for other, (running, older) in self._active.items():
-                if (running.run_id, running.step_slug, running.task_index) == key:
-                    self._taken_over.add(other)
-                    older.stop.set("a newer claim of the task runs in this worker")
+            other = self._by_task.get(key)
+            if other is not None and other in self._active:
+                self._taken_over.add(other)
+                self._active[other][1].stop.set("a newer claim of the task runs in this worker")
+            self._by_task[key] = token
             self._active[token] = (task, context)
         if self._stop.is_set():  # claimed before the drain began: the handler learns it at once
             context.stop.set(STOP_DRAINING)
@@ -593,7 +595,11 @@ class Worker:
         """Give the slot back and update the moving average of how long a slot stays taken."""
         with self._cv:
             seconds = time.monotonic() - self._running.pop(token)
-            self._active.pop(token, None)
+            ended = self._active.pop(token, None)
+            if ended is not None:
+                key = (ended[0].run_id, ended[0].step_slug, ended[0].task_index)
+                if self._by_task.get(key) == token:
+                    del self._by_task[key]
             average = self._slot_seconds
             self._slot_seconds = seconds if average is None else (average + SLOT_AVERAGE_WEIGHT * (seconds - average))
             self._cv.notify_all()
@@ -613,7 +619,6 @@ class Worker:
             attempt=task.attempt,
             load_attempt=(lambda: batch.attempt(task.message_id)) if batch is not None else None,
             max_attempts=settings.max_attempts,
-            deadline=datetime.now(timezone.utc) + timedelta(seconds=claimed_at + settings.timeout - time.monotonic()),
             deadline_clock=claimed_at + settings.timeout,
             load_flow_input=lambda: self._inputs.get(run_id),
             load_flow_input_async=(lambda: asyncio.wrap_future(side.submit(self._inputs.get, run_id)))
@@ -636,7 +641,9 @@ class Worker:
         """Run one claimed task's ``def`` handler in this thread and report (or queue its report).
         Never raises: every attempt ends reported, or is logged and left ``started`` for stalled-task
         recovery."""
-        self._slots.acquire()
+        shared = self._loop is not None  # without async handlers the thread pool alone bounds the slots
+        if shared:
+            self._slots.acquire()
         try:
             token, context = self._begin(task, claimed_at, batch)
             try:
@@ -647,7 +654,8 @@ class Worker:
             finally:
                 self._end(token)
         finally:
-            self._slots.release()
+            if shared:
+                self._slots.release()
 
     async def _execute_async(self, task: ClaimedTask, claimed_at: float, batch: _ClaimBatch | None) -> None:
         """:meth:`_execute` for an ``async def`` handler, on the worker's event loop; the report is
