@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -110,6 +114,36 @@ class Context:
 
     def close(self) -> None:
         self._admin.close()
+
+
+STATEMENTS_SETTINGS = {
+    "shared_preload_libraries": "'pg_stat_statements'",
+    "pg_stat_statements.track": "'top'",
+    "pg_stat_statements.max": "5000",
+}
+"""A server that counts statements: top-level ones only (a function call counts once, with its body)."""
+
+
+@contextlib.contextmanager
+def statements_server(ctx: Context, label: str) -> Iterator[Context]:
+    """A private server of its own with pg_stat_statements loaded (the shared bench server does not
+    load it), as a :class:`Context` with the same repeat and scale; stopped and deleted afterwards.
+    Each database made on it needs ``CREATE EXTENSION pg_stat_statements``."""
+    base = Path(tempfile.mkdtemp(prefix="pgflow-bench-pgss-", dir="/tmp"))
+    os.chmod(base, 0o755)  # the server may run as the 'postgres' user
+    server = LocalServer(base / "pg", settings=STATEMENTS_SETTINGS)
+    own: Context | None = None
+    try:
+        ctx.log(f"{label}: starting a server with pg_stat_statements")
+        server.start()
+        server.wait_ready()
+        own = Context(server, repeat=ctx.repeat, scale=ctx.scale)
+        yield own
+    finally:
+        if own is not None:
+            own.close()
+        server.destroy()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -385,6 +385,25 @@ def connect(
         raise _connect_error(target, exc, conninfo, connect_timeout) from None
 
 
+async def connect_async(
+    target: Target,
+    *,
+    application_name: str = DEFAULT_APPLICATION_NAME,
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT,
+    autocommit: bool = True,
+) -> psycopg.AsyncConnection:
+    """:func:`connect` for asyncio: the same connection string, timeout, error mapping and redaction.
+
+    Raises:
+        UsageError, ConnectionFailed: as :func:`connect`.
+    """
+    conninfo = connection_string(target, application_name=application_name, connect_timeout=connect_timeout)
+    try:
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=autocommit)
+    except psycopg.OperationalError as exc:
+        raise _connect_error(target, exc, conninfo, connect_timeout) from None
+
+
 _INTEGER_OPTIONS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
                     "tcp_user_timeout")
 _ENUM_OPTIONS = {

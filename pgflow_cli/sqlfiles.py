@@ -2,28 +2,17 @@
 
 SQL lives in ``sql/`` at the repository root and ships inside the wheel as
 ``pgflow_cli/sql``. Python never builds SQL by pasting values into text; it only
-reads these files. Two small, static directives keep one copy of each rule:
+reads these files. Migrations (``sql/migrations``) are literal: read with :func:`read_file`,
+executed as written. Other files may use two small, static directives:
 
-``--@include <relative path> [lines=A-B] [NAME=VALUE ...] [as-create]``
-    on a line of its own: replaced by the text of that file (recursively, cycles
-    rejected). The migrations include the one file of each function
-    (``functions/<area>/<name>.sql``), and the migrations and the audit include
-    ``fragments/*.sql`` so the slug and queue-name rules exist exactly once. Options:
-
-    * ``lines=A-B``: only lines A to B of the file (1-based, inclusive, as written);
-      how a released older version of a function reuses the unchanged lines of the
-      current file (``sql/baseline``, ``sql/released``);
-    * ``NAME=VALUE``: every ``{{NAME}}`` in the included text becomes ``VALUE`` (a shared
-      part that differs only by a name, e.g. the function whose parameters it reads);
-    * ``as-create``: ``CREATE OR REPLACE FUNCTION|TRIGGER|VIEW`` is written ``CREATE ...``,
-      the spelling of the released migrations 0001-0003, whose text stays byte for byte
-      what they executed when they were released.
-
-    The indentation of the directive line is not kept: the included text brings its own.
-
-``--@note <text>``
-    a line of its own that is dropped when the file is expanded: a comment for the reader
-    of a file whose executed text must not change (a shared part, a released version).
+``--@include <relative path> [NAME=VALUE ...]``
+    on a line of its own: replaced by the whole text of that file (recursively, cycles
+    rejected): the ``parts/`` a function file shares with another, and the fragments the
+    queries and the audit share (``fragments/*.sql``, ``audit/*.sql``), so the slug and
+    queue-name rules exist exactly once. ``NAME=VALUE``: every ``{{NAME}}`` in the included
+    text becomes ``VALUE`` (a shared part that differs only by a name, e.g. the function whose
+    parameters it reads). The indentation of the directive line is not kept: the included
+    text brings its own.
 
 ``--@name <identifier>`` / ``--@end``
     split a file into named statements (the audit file is one psql script holding
@@ -34,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -43,11 +31,8 @@ from pathlib import Path
 INCLUDE = re.compile(
     r"^[ \t]*--@include[ \t]+(?P<path>[A-Za-z0-9_./-]+)(?P<options>(?:[ \t]+[^ \t\n]+)*)[ \t]*$", re.MULTILINE
 )
-_LINES = re.compile(r"^(?P<first>[1-9][0-9]*)-(?P<last>[1-9][0-9]*)$")
 _SETTING = re.compile(r"^(?P<name>[a-z_][a-z0-9_]*)=(?P<value>[A-Za-z0-9_.]+)$")
 _PLACEHOLDER = re.compile(r"\{\{(?P<name>[a-z_][a-z0-9_]*)\}\}")
-NOTE = re.compile(r"^[ \t]*--@note\b[^\n]*(?:\n|$)", re.MULTILINE)
-_OR_REPLACE = re.compile(r"^CREATE OR REPLACE (?=FUNCTION |TRIGGER |VIEW )", re.MULTILINE)
 _NAME = re.compile(r"^--@name[ \t]+(?P<name>[a-z_][a-z0-9_]*)[ \t]*$")
 _END = re.compile(r"^--@end[ \t]*$")
 
@@ -68,32 +53,13 @@ def load(relative: str) -> str:
     """Return the text of ``sql/<relative>`` with every ``--@include`` expanded.
 
     Args:
-        relative: path below ``sql/``, e.g. ``"migrations/0001_baseline_schema.sql"``.
+        relative: path below ``sql/``, e.g. ``"queries/status.sql"``.
 
     Raises:
         FileNotFoundError: the file or an included file does not exist.
-        ValueError: an include cycle or a path escaping ``sql/``.
+        ValueError: an include cycle, a path escaping ``sql/``, or a placeholder without a value.
     """
-    return _expand(relative, (), read_file)
-
-
-Reader = Callable[[str], str]
-"""Returns the written text of a file below ``sql/`` (the tree by default; a git revision in sqlfreeze)."""
-
-
-def expand(text: str, *, origin: str = "(text)", read: Reader | None = None) -> str:
-    """Expand the directives of ``text`` as if it were a file named ``origin`` (not cached).
-
-    Args:
-        text: SQL text, e.g. one ``--@include`` line.
-        origin: the name used in messages and for include-cycle detection.
-        read: where included files are read from (default: the tree, :func:`read_file`).
-    """
-    return _expand_text(origin, text, (origin,), read or read_file)
-
-
-def _expand(relative: str, stack: tuple[str, ...], read: Reader) -> str:
-    return _expand_text(relative, read(relative), stack + (relative,), read)
+    return _expand(relative, ())
 
 
 def read_file(relative: str) -> str:
@@ -110,50 +76,30 @@ def read_file(relative: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _expand_text(relative: str, text: str, stack: tuple[str, ...], read: Reader) -> str:
-    """Expand the directives of ``text`` (the text of ``relative``; ``stack``: the include chain)."""
+def _expand(relative: str, stack: tuple[str, ...]) -> str:
+    """The text of ``relative`` with its includes expanded (``stack``: the include chain above it)."""
+    stack = stack + (relative,)
 
     def replace(match: re.Match[str]) -> str:
         target = match.group("path")
         if target in stack:
             raise ValueError(f"include cycle: {' -> '.join(stack + (target,))}")
-        options = match.group("options").split()
-        lines: tuple[int, int] | None = None
         settings: dict[str, str] = {}
-        as_create = False
-        for option in options:
-            if option == "as-create":
-                as_create = True
-            elif option.startswith("lines="):
-                span = _LINES.match(option[len("lines="):])
-                if not span or int(span["first"]) > int(span["last"]):
-                    raise ValueError(f"{relative}: bad line range {option!r}")
-                lines = (int(span["first"]), int(span["last"]))
-            elif _SETTING.match(option):
-                setting = _SETTING.match(option)
-                assert setting is not None
-                settings[setting["name"]] = setting["value"]
-            else:
-                raise ValueError(f"{relative}: unknown --@include option {option!r}")
-        if lines is None:
-            included = _expand(target, stack, read).rstrip("\n")
-        else:
-            written = read(target).split("\n")
-            if lines[1] > len(written):
-                raise ValueError(f"{relative}: {target} has no line {lines[1]}")
-            included = _expand_text(target, "\n".join(written[lines[0] - 1:lines[1]]), stack + (target,), read)
-        if settings or _PLACEHOLDER.search(included):
-            def fill(placeholder: re.Match[str]) -> str:
-                if placeholder["name"] not in settings:
-                    raise ValueError(f"{relative}: {target} needs {placeholder['name']}=... on its --@include line")
-                return settings[placeholder["name"]]
+        for option in match.group("options").split():
+            setting = _SETTING.match(option)
+            if setting is None:
+                raise ValueError(f"{relative}: unknown --@include option {option!r} (only NAME=VALUE)")
+            settings[setting["name"]] = setting["value"]
+        included = _expand(target, stack).rstrip("\n")
 
-            included = _PLACEHOLDER.sub(fill, included)
-        if as_create:
-            included = _OR_REPLACE.sub("CREATE ", included)
-        return included
+        def fill(placeholder: re.Match[str]) -> str:
+            if placeholder["name"] not in settings:
+                raise ValueError(f"{relative}: {target} needs {placeholder['name']}=... on its --@include line")
+            return settings[placeholder["name"]]
 
-    return INCLUDE.sub(replace, NOTE.sub("", text))
+        return _PLACEHOLDER.sub(fill, included)
+
+    return INCLUDE.sub(replace, read_file(relative))
 
 
 def checksum(text: str) -> str:

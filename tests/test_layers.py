@@ -24,16 +24,21 @@ ALLOWED: dict[str, set[str]] = {
     # the entry point (python -m pgflow_cli) is the only importer of the command line
     "__main__": {"cli"},
     # commands: parse, open the connection, call an operation, render, map errors (db's mapping)
-    "cli": {"operations", "sandbox", "render", "db"},
-    "operations": {"db", "installer", "sqlfiles", "naming", "upstream", "worker"},
+    "cli": {"operations", "sandbox", "render", "db", "jsoncheck"},
+    "operations": {"db", "installer", "sqlfiles", "naming", "upstream", "worker", "client", "jsoncheck"},
     # the local sandbox, its private server (also the tests'), sample data and demo workers
     # (operations of `pgflow sandbox`): pgflow_cli/sandbox/
     "sandbox": {"db", "installer", "sqlfiles", "worker"},
     # recognising and adopting upstream-installed databases (used by operations)
     "upstream": {"db", "installer", "sqlfiles"},
     "worker": {"db", "sqlfiles", "naming"},
+    # the run client (start, read, await runs); flow objects only as types
+    "client": {"db", "sqlfiles", "worker", "jsoncheck"},
+    # JSON values checked as jsonb reads them (the client, the commands' JSON options)
+    "jsoncheck": set(),
+    # running flows to completion from application tests, on a throwaway database (pgflow_cli/testing/)
+    "testing": {"client", "db", "installer", "sandbox", "worker"},
     "installer": {"db", "sqlfiles"},
-    "sqlfreeze": {"installer", "sqlfiles"},  # developer tool, imported by nobody
     "db": set(),
     "sqlfiles": set(),
     "naming": set(),
@@ -42,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 """Layer -> the other layers it may import (besides SHARED)."""
 
-INSTALLER_ORDER = ["files", "ledger", "pgmq_bootstrap", "runner"]
+INSTALLER_ORDER = ["files", "catalog", "old_levels", "ledger", "pgmq_bootstrap", "runner"]
 """``pgflow_cli.installer`` modules, each importing only the ones before it (the facade imports all)."""
 
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}

@@ -39,28 +39,18 @@ Samples interleave (bare, pgflow, pgflow one call per task, ...), ``ctx.repeat``
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import uuid
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.core import Context, Result
-from pgflow_cli.sandbox import LocalServer
+from bench.core import Context, Result, statements_server
 from pgflow_cli.worker import Flow
 from pgflow_cli.worker.protocol import LATEST
 
 FLOW = "benchServerTime"
 STAGES = 3
 BATCH = 10
-SETTINGS = {
-    "shared_preload_libraries": "'pg_stat_statements'",
-    "pg_stat_statements.track": "'top'",
-    "pg_stat_statements.max": "5000",
-}
 TOTAL = ("SELECT COALESCE(sum(total_exec_time), 0), COALESCE(sum(calls), 0) FROM pg_stat_statements "
          "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
          "AND query NOT LIKE '%%pg_stat_statements%%'")
@@ -179,10 +169,6 @@ def bare_sample(ctx: Context, runs: int) -> tuple[float, float]:
 
 def run(ctx: Context) -> list[Result]:
     runs = ctx.size(300)
-    base = Path(tempfile.mkdtemp(prefix="pgflow-bench-pgss-", dir="/tmp"))
-    os.chmod(base, 0o755)  # the server may run as the 'postgres' user
-    server = LocalServer(base / "pg", settings=SETTINGS)
-    own: Context | None = None
     bare: list[float] = []
     batched: list[float] = []
     single: list[float] = []
@@ -190,11 +176,7 @@ def run(ctx: Context) -> list[Result]:
     batched_cpu: list[float] = []
     details: dict[str, Any] = {}
     single_details: dict[str, Any] = {}
-    try:
-        ctx.log("server_time: starting a server with pg_stat_statements")
-        server.start()
-        server.wait_ready()
-        own = Context(server, repeat=ctx.repeat, scale=ctx.scale)
+    with statements_server(ctx, "server_time") as own:
         for i in range(ctx.repeat):
             value, cpu = bare_sample(own, runs)
             bare.append(value)
@@ -207,11 +189,6 @@ def run(ctx: Context) -> list[Result]:
             ctx.log(f"server_time {i + 1}/{ctx.repeat}: bare cycle {bare[-1]:.0f} us/msg, pgflow {batched[-1]:.0f} "
                     f"us/task (batched reports: {details['batched']}), one call per task {single[-1]:.0f} us/task; "
                     f"backend CPU: bare {bare_cpu[-1]:.0f}, pgflow {batched_cpu[-1]:.0f} us")
-    finally:
-        if own is not None:
-            own.close()
-        server.destroy()
-        shutil.rmtree(base, ignore_errors=True)
     baseline = "bare PGMQ send + read + archive, per message"
     common = {"lower_is_better": True, "read_batch": BATCH, "track": "top"}
     return [

@@ -54,7 +54,7 @@ COMMANDS = (
     LazyCommand("task", "pgflow_cli.cli.task",
                 "Manual tasks: the tasks of queue-less steps (Flow.step(..., manual=True)) that trusted code completes "
                 "or fails instead of a worker (pgflow.complete_manual_task / pgflow.fail_manual_task)."),
-    LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them (read-only)."),
+    LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them; start a run and await its end."),
 )
 """Every command of ``pgflow``, in the order ``pgflow --help`` lists them: name, the module whose
 ``register(app)`` attaches it (imported only when the command is used, :mod:`pgflow_cli.cli.lazy`), and

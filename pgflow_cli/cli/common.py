@@ -148,7 +148,7 @@ def option_groups(command: Callable[..., R]) -> Callable[..., R]:
 
 _COMMAND = re.compile(
     r"(?P<cmd>\bpgflow (?:audit|coverage|drop-flow|status|worker"
-    r"|(?:migrate|fence|task|runs) (?:status|plan|apply|abort|disable|restore|list|show|complete|fail)))"
+    r"|(?:migrate|fence|task|runs) (?:status|plan|apply|abort|disable|restore|list|show|complete|fail|start|wait)))"
     r"(?![\w-])(?! --(?:dsn|sandbox)\b)"
 )
 

@@ -31,7 +31,7 @@ the flow is fenced and drained, or --force. Asks you to type the slug; without a
 Read docs/drop-flow.md before you run it.
 
 Exit 0 deleted (or --dry-run); 1 refused: still active (fence and drain, or --force); 2 usage;
-3 cannot connect, no migration 0008, or not allowed; 4 a lock stayed busy; 6 unknown flow (slugs are
+3 cannot connect, no migration 0003, or not allowed; 4 a lock stayed busy; 6 unknown flow (slugs are
 exact: "MyFlow" is not "myflow") or queue problems; 130 confirmation declined. Nothing is deleted
 unless the exit code is 0 and it was not a dry run."""
 

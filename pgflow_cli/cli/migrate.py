@@ -15,8 +15,11 @@ from pgflow_cli.operations import migrate as migrate_op
 from pgflow_cli.operations import upstream
 
 DOCUMENT_VERSION = 2
-"""Version of the migrate-status/-plan/-apply JSON documents: 2 made ``database`` an object
+"""Version of the migrate-plan/-apply JSON documents: 2 made ``database`` an object
 (docs/schemas/migrate-*.schema.json)."""
+STATUS_DOCUMENT_VERSION = 3
+"""Version of the migrate-status document: 3 compares every function file with the catalog
+(``files``: path, state, detail) instead of listing the per-file ledger's checksums."""
 
 app = typer.Typer(
     help="Apply pgflow's SQL migrations in order, each in one transaction recorded with its checksum in "
@@ -65,8 +68,8 @@ def _print_upstream(page: render.Page, found: upstream.UpstreamPlan) -> None:
         page.line(f"  note: {note}", "dim")
 
 
-def _document(kind: str, target: Any, body: dict[str, Any]) -> dict[str, Any]:
-    return common.versioned({"kind": f"pgflow-cli/{kind}", "version": DOCUMENT_VERSION, **body}, target)
+def _document(kind: str, target: Any, body: dict[str, Any], version: int = DOCUMENT_VERSION) -> dict[str, Any]:
+    return common.versioned({"kind": f"pgflow-cli/{kind}", "version": version, **body}, target)
 
 
 STATUS_COLUMNS = ["version", "name", "state", "applied_at", "applied_by", "tool_version", "duration_ms", "summary"]
@@ -78,12 +81,14 @@ def status(
     where: TargetOptions = ANY_TARGET,
     output_format: common.FormatOption = OutputFormat.table,
 ) -> None:
-    """Show applied, pending, in-progress, changed (checksum mismatch) and unknown migrations, function-file
-    drift, invalid indexes, and which pgflow release installed a schema pgflow-cli did not (or adopted). Read-only.
+    """Show applied, pending, in-progress, changed (checksum mismatch), unknown and superseded migrations,
+    functions that differ from their files, invalid indexes, and which pgflow release installed a schema
+    pgflow-cli did not (or adopted). Read-only.
 
-    Exit 0 up to date or only pending; 1 a migration in progress (resume or abort it), function files whose
-    installed text differs, or an invalid index; 6 when this tool cannot migrate the database (changed files,
-    a newer database, a pgflow schema that matches no published release).
+    Exit 0 up to date or only pending (a ledger of an earlier build that apply converts included); 1 a migration
+    in progress (resume or abort it), an installed function that differs from its file, or an invalid index;
+    6 when this tool cannot migrate the database (changed files, a newer database, an earlier build's
+    migrations stopped part way, a pgflow schema that matches no published release).
     """
     common.STATE.output_format = output_format
     conn, target = where.open()
@@ -95,7 +100,7 @@ def status(
         render.write_json(_document("migrate-status", target, {
             "pgmq_version": plan.state.pgmq_version,
             "migrations": [{k: v for k, v in row.items() if k != "label"} for row in rows], **report.to_dict(),
-        }))
+        }, STATUS_DOCUMENT_VERSION))
     elif output_format == OutputFormat.csv:
         render.write_csv(STATUS_COLUMNS, rows)
     else:
@@ -111,8 +116,8 @@ def status(
         raise typer.Exit(int(report.exit_code))
 
 
-STATE_STYLES = {"applied": "green", "current": "green", "pending": "yellow", "in_progress": "bold yellow",
-                "changed": "bold red", "unknown": "bold red", "missing": "bold red", "drifted": "bold red"}
+STATE_STYLES = {"applied": "green", "pending": "yellow", "in_progress": "bold yellow", "changed": "bold red",
+                "unknown": "bold red", "superseded": "dim"}
 
 STATUS_TABLE = [
     render.Column("label", "migration"),
@@ -128,7 +133,7 @@ STATUS_TABLE = [
 FILES_TABLE = [
     render.Column("file", "function file", wrap=True),
     render.Column("state", "state"),
-    render.Column("recorded", "recorded by", drop=1),
+    render.Column("detail", "what differs", drop=1, wrap=True),
 ]
 
 
@@ -138,14 +143,12 @@ def _print_status(page: render.Page, rows: list[dict[str, Any]], where: str, rep
              for row in rows]
     page.table(STATUS_TABLE, shown, title=f"migrations in {where}",
                style=lambda key, row: STATE_STYLES.get(row["state"]) if key == "state" else None)
-    if report.plan.files:
-        drift = {f.path for f in report.plan.file_drift}
-        files = [{"file": f"sql/{f.path}", "state": f.state, "drift": f.path in drift,
-                  "recorded": f"{f.recorded_version:04d}" if f.recorded_version else ""} for f in report.plan.files]
+    if report.plan.file_drift:
+        files = [{"file": f"sql/{f.path}", "state": f.state, "detail": "; ".join(f.detail)}
+                 for f in report.plan.file_drift]
         page.blank()
-        page.table(FILES_TABLE, files, title="function files",
-                   style=lambda key, row: None if key != "state" else
-                   "green" if row["state"] == "current" else "bold red" if row["drift"] else "yellow")
+        page.table(FILES_TABLE, files, title="function files that differ from the database",
+                   style=lambda key, row: "bold red" if key == "state" else None)
     page.blank()
     page.line(f"PGMQ: {report.plan.state.pgmq_version or 'not installed'}")
     style = {"up_to_date": "green", "pending": "yellow"}.get(report.verdict, "bold red")

@@ -1,9 +1,12 @@
-"""``pgflow runs list`` / ``pgflow runs show``: runs, steps, tasks, attempts, errors (read-only; docs/commands/runs.md)."""
+"""``pgflow runs list|show|start|wait``: runs, steps, tasks, attempts, errors; start a run and await it
+(docs/commands/runs.md)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -11,13 +14,14 @@ import typer
 from pgflow_cli import render
 from pgflow_cli.cli import common
 from pgflow_cli.cli.common import OutputFormat
-from pgflow_cli.errors import UsageError
+from pgflow_cli.errors import ExitCode, UsageError
 from pgflow_cli.operations import runs as runs_op
 from pgflow_cli.operations.status import RUN_STATES
 
 app = typer.Typer(
-    help="Runs and what happened in them (read-only). Run inputs and message bodies are never shown; "
-    "outputs only with `runs show --show-output`.",
+    help="Runs and what happened in them; start a run and await its end. Run inputs and message bodies "
+    "are never shown; outputs only with --show-output. Wherever a RUN_ID is taken, a unique prefix of it "
+    "(at least 4 hex digits) is enough.",
     no_args_is_help=True,
 )
 
@@ -25,6 +29,11 @@ app = typer.Typer(
 def register(root: typer.Typer) -> None:
     """Attach the ``runs`` group to the root command."""
     root.add_typer(app, name="runs")
+
+
+RunIdArgument = Annotated[str, typer.Argument(
+    metavar="RUN_ID", show_default=False,
+    help="The run's id, or a unique prefix of it (at least 4 hex digits, as `runs list` shows them).")]
 
 
 @app.command("list")
@@ -39,7 +48,8 @@ def list_(
                                        help="Runs per page, newest first.")] = 20,
     before: Annotated[str | None, typer.Option("--before", metavar="RUN_ID", show_default=False,
                                                   help="The next page: runs started before this run (the id "
-                                                  "the previous page's `next:` line gives).")] = None,
+                                                  "the previous page's `next:` line gives, or a unique prefix).")]
+    = None,
     output_format: common.FormatOption = OutputFormat.table,
     where: common.TargetOptions = common.ANY_TARGET,
 ) -> None:
@@ -90,7 +100,7 @@ def show_page(page: runs_op.RunPage, out: render.Page) -> None:
 @app.command("show")
 @common.option_groups
 def show(
-    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The run's id (a UUID).", show_default=False)],
+    run_id: RunIdArgument,
     show_output: Annotated[bool, typer.Option("--show-output",
                                               help="Also show the outputs of the run, its steps and tasks.")] = False,
     max_tasks: Annotated[int, typer.Option("--max-tasks", min=1, metavar="N",
@@ -100,11 +110,11 @@ def show(
 ) -> None:
     """Show one run: its steps, tasks, attempts and errors (outputs only with --show-output).
 
-    Exit 0: shown. Exit 2: RUN_ID is not a UUID. Exit 3: cannot connect or no pgflow schema. Exit 6: no such run.
+    Exit 0: shown. Exit 2: RUN_ID is neither a run id nor a unique prefix of one. Exit 3: cannot connect or no
+    pgflow schema. Exit 6: no such run.
     """
     _no_csv(output_format)
-    _no_csv(output_format)
-    runs_op.parse_run_id(run_id)  # a bad id is a usage error before any connection
+    runs_op.parse_run_ref(run_id)  # a bad id is a usage error before any connection
     with where.connected() as (conn, target):
         detail = runs_op.show_run(conn, run_id, show_output=show_output, max_tasks=max_tasks)
         if output_format == OutputFormat.json:
@@ -162,6 +172,165 @@ def show_detail(detail: runs_op.RunDetail, out: render.Page) -> None:
         for t in detail.tasks], title="tasks")
     if detail.tasks_total > len(detail.tasks):
         out.line(f"{detail.tasks_total - len(detail.tasks)} more task(s) not shown (--max-tasks)", "dim")
+
+
+START_HELP = """Start a run of FLOW with a JSON input; with --wait, await its end.
+
+The input is JSON text, @FILE (the text of a file) or @- (standard input). It is checked the way
+PostgreSQL's jsonb reads it before anything is sent: a NUL character (\\u0000), a lone surrogate, a
+number outside numeric or nesting deeper than 512 levels is refused with the path of the bad value. A
+flow with a root map step takes a JSON array.
+
+While waiting, a line on stderr says where the run stands, at least every 5 seconds. The run goes on in
+the database whatever happens to this command (Ctrl-C, --timeout); `pgflow runs wait RUN_ID` awaits it
+again.
+
+\b
+Examples:
+  pgflow runs start greetUser --input '{"first": "Ada", "last": "Lovelace"}'
+  pgflow runs start greetUser --input @input.json --wait --timeout 60
+  pgflow runs start greetUser --input @- --wait --show-output --format json < input.json
+
+Exit 0: started (with --wait: completed). Exit 1: the run failed (--wait). Exit 2: bad options, an input
+that is not JSON or that PostgreSQL or the flow cannot take. Exit 3: cannot connect. Exit 5: --timeout
+passed before the run ended (it goes on). Exit 6: no such flow."""
+
+WAIT_HELP = """Await the end of a run; print how it ended (its failed steps and their errors).
+
+RUN_ID is a run id or a unique prefix of one. A line on stderr says where the run stands at least every
+5 seconds; an ended run is reported at once. The run goes on whatever happens to this command.
+
+\b
+Examples:
+  pgflow runs wait 6f1c2a9e
+  pgflow runs wait 6f1c2a9e --timeout 300 --show-output --format json
+
+Exit 0: the run completed. Exit 1: it failed. Exit 2: RUN_ID is neither a run id nor a unique prefix (an
+ambiguous prefix lists its matches). Exit 3: cannot connect (or the connection was lost for 30 s). Exit 5:
+--timeout passed first. Exit 6: no such run."""
+
+@dataclass(frozen=True)
+class WaitOptions:
+    """``--timeout`` and ``--show-output``: how ``runs start --wait`` and ``runs wait`` await a run."""
+
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", min=0, metavar="SECONDS", show_default=False,
+        help="Stop waiting after this many seconds (exit 5); the run goes on. Default: until it ends.")] = None
+    show_output: Annotated[bool, typer.Option(
+        "--show-output", help="Also show the output of a completed run (it may hold your application's data).")] \
+        = False
+
+
+ANY_WAIT = WaitOptions()
+
+
+@app.command("start", help=START_HELP)
+@common.option_groups
+def start(
+    flow: Annotated[str, typer.Argument(metavar="FLOW", help="The flow's slug (exact).", show_default=False)],
+    run_input: Annotated[str, typer.Option(
+        "--input", "-i", metavar="JSON|@FILE",
+        help="The run input: JSON text, @FILE to read it from a file, @- from standard input.")] = "{}",
+    wait: Annotated[bool, typer.Option("--wait", help="Await the run's end and report it (exit 0 completed, "
+                                       "1 failed, 5 --timeout passed).")] = False,
+    waiting: WaitOptions = ANY_WAIT,
+    output_format: common.FormatOption = OutputFormat.table,
+    where: common.TargetOptions = common.ANY_TARGET,
+) -> None:
+    _no_csv(output_format)
+    if not wait and waiting != ANY_WAIT:
+        raise UsageError(f"{'--timeout' if waiting.timeout is not None else '--show-output'} needs --wait",
+                         hint="add --wait, or await the run later with `pgflow runs wait RUN_ID`")
+    value = runs_op.read_input(run_input, sys.stdin.read)
+    with where.connected() as (conn, target):
+        report = runs_op.start_run(conn, flow, value)
+    if wait:
+        render.stderr_console().print(render.text(
+            f"started run {report.run['run_id']} of flow {flow}; waiting (Ctrl-C stops waiting, not the run)"))
+        report = _await(report, where, target, waiting)
+    _emit(report, output_format, target)
+
+
+@app.command("wait", help=WAIT_HELP)
+@common.option_groups
+def wait_(
+    run_id: RunIdArgument,
+    waiting: WaitOptions = ANY_WAIT,
+    output_format: common.FormatOption = OutputFormat.table,
+    where: common.TargetOptions = common.ANY_TARGET,
+) -> None:
+    _no_csv(output_format)
+    runs_op.parse_run_ref(run_id)
+    with where.connected() as (conn, target):
+        report = runs_op.RunReport(runs_op.WAIT_KIND, runs_op.read_run(conn, run_id))
+    _emit(_await(report, where, target, waiting), output_format, target)
+
+
+def _await(report: runs_op.RunReport, where: common.TargetOptions, target: Any, waiting: WaitOptions
+           ) -> runs_op.RunReport:
+    progress_console = render.stderr_console()
+
+    def progress(state: Any, waited: float) -> None:
+        progress_console.print(render.text(
+            f"waiting for run {report.run['run_id']}: {state.describe()} (waited {render.span(waited)})", "dim"))
+
+    with common.mapped_errors(target):
+        return runs_op.await_run(target, report, timeout=waiting.timeout, show_output=waiting.show_output,
+                                 on_progress=progress,
+                                 connect_timeout=where.connect_timeout)
+
+
+FAILURE_COLUMNS = (
+    render.Column("step", "step", wrap=True),
+    render.Column("task", "task", justify="right"),
+    render.Column("attempts", "attempts", drop=1, justify="right"),
+    render.Column("error", "error", wrap=True),
+)
+"""A failed run's failed tasks (a step that failed without a failed task: its own error)."""
+
+
+def _emit(report: runs_op.RunReport, output_format: OutputFormat, target: Any) -> None:
+    if output_format == OutputFormat.json:
+        render.write_json(common.versioned(report.to_document(), target))
+    else:
+        show_report(report, render.Page(output_format.value))
+    if report.outcome == "failed":
+        raise typer.Exit(int(ExitCode.FINDINGS))
+    if report.outcome == "deadline":
+        raise typer.Exit(int(ExitCode.DEADLINE))
+
+
+def show_report(report: runs_op.RunReport, out: render.Page) -> None:
+    """Render what ``runs start`` / ``runs wait`` report in ``out``'s format.
+
+    Args:
+        report: the run and how the wait ended (:func:`pgflow_cli.operations.runs.await_run`).
+        out: the page to write (``table``, ``plain`` or ``markdown``).
+    """
+    run = report.run
+    head = f"run {run['run_id']} of flow {run['flow_slug']}"
+    if not report.waited:
+        out.line(f"started {head}: {run['status']}, {run['remaining_steps']} step(s) remaining", "bold")
+        out.line(common.with_target(f"next: pgflow runs wait {run['run_id']}"), "dim")
+        return
+    waited = f"{report.waited_seconds or 0:.1f} s"
+    if report.outcome == "deadline":
+        out.line(f"{head}: still {run['status']} after waiting {waited} (--timeout); "
+                 f"{run['remaining_steps']} step(s) remaining", "bold")
+        out.line(common.with_target(f"next: pgflow runs wait {run['run_id']}"), "dim")
+        return
+    out.line(f"{head}: {report.outcome} (waited {waited})", "bold")
+    if report.outcome == "completed":
+        if report.show_output:
+            out.line(f"output: {_json_text(report.output)}")
+        return
+    rows = [{"step": f["step_slug"], "task": t["task_index"], "attempts": t["attempts_count"],
+             "error": t["error_message"] or f["error_message"] or "-"}
+            for f in report.failures for t in f["tasks"]]
+    rows += [{"step": f["step_slug"], "task": "-", "attempts": "-", "error": f["error_message"] or "-"}
+             for f in report.failures if not f["tasks"]]
+    out.table(FAILURE_COLUMNS, rows, title="failed steps")
+    out.line(common.with_target(f"next: pgflow runs show {run['run_id']}"), "dim")
 
 
 def _no_csv(output_format: OutputFormat) -> None:

@@ -12,11 +12,12 @@ from typing import Annotated, Any
 import psycopg
 import typer
 
-from pgflow_cli import render
+from pgflow_cli import jsoncheck, render
 from pgflow_cli.cli import common
 from pgflow_cli.cli.common import ANY_TARGET, OutputFormat, TargetOptions
 from pgflow_cli.errors import UsageError
 from pgflow_cli.operations import manual_tasks as op
+from pgflow_cli.operations import runs as runs_op
 
 HELP = """Manual tasks: the tasks of queue-less steps (Flow.step(..., manual=True)) that trusted code
 completes or fails instead of a worker (pgflow.complete_manual_task / pgflow.fail_manual_task).
@@ -38,7 +39,8 @@ CSV_COLUMNS = ["run_id", "flow_slug", "step_slug", "task_index", "status", "step
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(?P<n>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[smhd]?)\s*$")
 
-RunArg = Annotated[str, typer.Argument(help="Run id (UUID).", metavar="RUN_ID", show_default=False)]
+RunArg = Annotated[str, typer.Argument(help="Run id, or a unique prefix of it (at least 4 hex digits).",
+                                       metavar="RUN_ID", show_default=False)]
 StepArg = Annotated[str, typer.Argument(help="Step slug.", metavar="STEP", show_default=False)]
 IndexOption = Annotated[
     int, typer.Option("--index", "-i", min=0, help="Task index: 0 for a single step, the item index of a map step.")
@@ -137,7 +139,7 @@ def show_task(
 ) -> None:
     """One manual task by run id, step and index, whatever its state."""
     common.STATE.output_format = output_format
-    tasks = _run(where, lambda conn: [op.show(conn, task.run_id, task.step, task.index)])
+    tasks = _run(where, lambda conn: [op.show(conn, runs_op.resolve_run_id(conn, task.run_id), task.step, task.index)])
     _emit(tasks, output_format, "manual task")
 
 
@@ -148,6 +150,7 @@ def _output_value(output: str | None, output_file: Path | None) -> Any:
         text = output if output is not None else output_file.read_text(encoding="utf-8")  # type: ignore[union-attr]
     except OSError as exc:
         raise UsageError(f"cannot read {output_file}: {exc.strerror}") from None
+    jsoncheck.parse_text(text, what="--output" if output is not None else str(output_file))
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -168,7 +171,8 @@ def complete_task(
     """Complete a waiting manual task with a JSON output; the workflow moves on in the same transaction."""
     common.STATE.output_format = output_format
     value = _output_value(output, output_file)
-    tasks = _run(where, lambda conn: [op.complete(conn, task.run_id, task.step, task.index, value)])
+    tasks = _run(where, lambda conn: [op.complete(conn, runs_op.resolve_run_id(conn, task.run_id), task.step,
+                                                  task.index, value)])
     _emit(tasks, output_format, "completed manual task")
 
 
@@ -183,5 +187,6 @@ def fail_task(
 ) -> None:
     """Fail a waiting manual task (no retry); the step's when_exhausted decides what follows."""
     common.STATE.output_format = output_format
-    tasks = _run(where, lambda conn: [op.fail(conn, task.run_id, task.step, task.index, error)])
+    tasks = _run(where, lambda conn: [op.fail(conn, runs_op.resolve_run_id(conn, task.run_id), task.step, task.index,
+                                              error)])
     _emit(tasks, output_format, "failed manual task")

@@ -5,22 +5,16 @@
 
 Rules:
 
-* migrations are ``sql/migrations/NNNN_name.sql``, applied in ``NNNN`` order, each in
-  one transaction together with its ledger row (all or nothing);
-* the ledger stores the SHA-256 of the migration's text (after ``--@include`` expansion;
-  ``--@apply`` lines count by name and pinned checksum, see below); a recorded checksum
-  that differs from the file means the files changed after they were applied, and nothing
-  more is applied (:class:`~pgflow_cli.errors.StateConflict`);
-* from 0004 on a migration holds only what runs once (tables, columns, constraints,
-  backfills) plus ``--@apply functions/<area>/<name>.sql sha256=<hex>`` lines: the function
-  files it (re)applies, in its transaction, at the line's place. The pin is the SHA-256 of
-  the file's text when the migration was written; the newest migration applying a file pins
-  its current text. In one run each file runs in full in the last pending migration that
-  applies it; an earlier pending migration that applies it keeps only what the file creates
-  (:func:`~pgflow_cli.installer.files.create_only`), so its own grants and triggers find the
-  function. The ledger records the checksum of every file run in full
-  (``pgflow.schema_migration_files``). A target below a later change of a file it would
-  apply is refused: that level's text of the file is not shipped (docs/architecture.md);
+* migrations are literal files ``sql/migrations/NNNN_name.sql``, applied in ``NNNN`` order, each
+  in one transaction together with its ledger row (all or nothing), or phase by phase when it is
+  large (``--@phase``);
+* the ledger stores the SHA-256 of the migration's text; a recorded checksum that differs from
+  the file means the files changed after they were applied, and nothing more is applied
+  (:class:`~pgflow_cli.errors.StateConflict`). Released migrations never change; at most one
+  unreleased migration exists (``scripts/regenerate_migration.py`` writes its function section);
+* a ledger of an earlier build holding its migrations 0003-0016 is converted into
+  ``0003_queue_stage`` in one transaction, after a catalog comparison (:mod:`~pgflow_cli.installer.old_levels`);
+  a partial set of them is refused;
 * a ledger row the tool does not know means the database is newer than the tool:
   nothing is applied (exit 6);
 * a session advisory lock keeps two migrators from interleaving;
@@ -29,9 +23,11 @@ Rules:
 
 The package, one concern a module (callers use this facade: ``from pgflow_cli import installer``):
 
-* :mod:`~pgflow_cli.installer.files`: migration files and their directives (phases, ``--@apply``);
+* :mod:`~pgflow_cli.installer.files`: migration files and their directives (phases, locks, sections);
+* :mod:`~pgflow_cli.installer.catalog`: catalog facts of the schema and of the functions, compared;
+* :mod:`~pgflow_cli.installer.old_levels`: frozen knowledge of an earlier build's migrations 0003-0016;
 * :mod:`~pgflow_cli.installer.ledger`: the ledger, the database probe and the plan;
-* :mod:`~pgflow_cli.installer.runner`: applying, aborting, locks, retries, progress events;
+* :mod:`~pgflow_cli.installer.runner`: applying, converting, aborting, locks, retries, progress events;
 * :mod:`~pgflow_cli.installer.pgmq_bootstrap`: the pinned PGMQ SQL for databases without PGMQ.
 """
 
@@ -42,19 +38,16 @@ from pgflow_cli.installer.files import (
     MAX_BATCH_PAGES,
     QUERIES,
     RELEASED_CHECKSUMS,
-    FileApply,
     Migration,
     Phase,
     PhasedMigration,
     TableLock,
     available_migrations,
-    parse_applies,
     parse_phases,
     versions,
 )
 from pgflow_cli.installer.ledger import (
     DatabaseState,
-    FileStatus,
     LedgerRow,
     MigrationStatus,
     Plan,
@@ -69,7 +62,6 @@ from pgflow_cli.installer.runner import (
     abort,
     apply,
     check_writable,
-    file_runs,
     install,
     locked_transaction,
     migrator_lock,
@@ -78,9 +70,9 @@ from pgflow_cli.installer.runner import (
 
 __all__ = [
     "BASELINE_VERSION", "MAX_BATCH_PAGES", "PGMQ_SQL_SHA256", "PGMQ_SQL_VERSION", "QUERIES", "RELEASED_CHECKSUMS",
-    "Applied", "DatabaseState", "FileApply", "FileStatus", "LedgerRow", "Migration", "MigrationStatus", "Phase",
+    "Applied", "DatabaseState", "LedgerRow", "Migration", "MigrationStatus", "Phase",
     "PhasedMigration", "Plan", "ProgressFn", "TableLock", "abort", "apply", "available_migrations",
-    "bundled_pgmq_sql", "check_writable", "ensure_pgmq", "file_runs", "install", "ledger", "locked_transaction",
-    "make_plan", "migrator_lock", "parse_applies", "parse_phases", "read_state", "take_locks",
+    "bundled_pgmq_sql", "check_writable", "ensure_pgmq", "install", "ledger", "locked_transaction",
+    "make_plan", "migrator_lock", "parse_phases", "read_state", "take_locks",
     "versions",
 ]

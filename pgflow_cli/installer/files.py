@@ -1,9 +1,12 @@
 """Migration files and their directives: what ``sql/migrations`` holds and how it is read.
 
-A migration is ``sql/migrations/NNNN_name.sql``. Its text is read through
-:mod:`pgflow_cli.sqlfiles` (``--@include`` expanded) and may carry installer directives:
-``--@phase``, ``--@online-threshold``, ``--@preflight audit``, ``--@worker-protocol`` and, from
-0004 on, ``--@apply`` (docs/architecture.md "Migrations and what they contain").
+A migration is ``sql/migrations/NNNN_name.sql``, a literal file: its text is executed as written
+(no include is expanded) and its SHA-256 is what the ledger records. Its only directives are
+installer comments: ``--@phase``, ``--@lock``, ``--@lock-at``, ``--@online-threshold``,
+``--@preflight audit`` and ``--@worker-protocol`` (:data:`DIRECTIVES`). Released migrations
+(:data:`RELEASED_CHECKSUMS`) never change; at most one unreleased migration exists, whose
+generated sections (:data:`SECTION`) ``scripts/regenerate_migration.py`` rewrites from
+``sql/functions`` (docs/architecture.md "SQL layout").
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import psycopg
 
@@ -23,22 +26,10 @@ QUERIES = "queries/installer.sql"
 RELEASED_CHECKSUMS: dict[str, str] = {
     "migrations/0001_baseline_schema.sql": "24d9b44fbddf8dc55eb2de6cafd03b72a8603f2368a191d7fbf8a6711b2b68a6",
     "migrations/0002_baseline_runtime.sql": "ef9f0294a4248c0e8de1e8ebe1223ea570e239624e8979e7b7c02a915cceef2c",
-    "migrations/0003_queue_identity.sql": "b75715a944ab9407ba68f3b906c1fa5dc6a23943ac3455ba90f311f449c3730c",
 }
-"""SHA-256 of the executed text of every released migration (path below ``sql/`` -> hex digest).
+"""SHA-256 of the text of every released migration (path below ``sql/`` -> hex digest).
 
-A release adds its migrations here; from then on their text (for migrations that ``--@apply``
-function files: their own text, the files by name) may never change."""
-
-PREVIOUS_CHECKSUMS: dict[str, tuple[str, ...]] = {
-    # the one-transaction text of 0009 (main up to its phased rewrite, issue 14): identical end state
-    "migrations/0009_manual_tasks.sql": ("e318a42e45730e104f6c217d6e31ada17ce95d62724afe3f7ea6fff2b7462dde",),
-}
-"""Earlier shipped texts of a migration whose text was rewritten without changing what it leaves
-behind (path below ``sql/`` -> SHA-256 hex of each earlier text, computed like
-:attr:`Migration.checksum`). A ledger row holding one of them counts as that migration applied:
-nothing new is recorded for it, and any other checksum is still a mismatch (exit 6).
-docs/architecture.md "Rewriting a shipped migration" says when an entry may be added."""
+A release adds its migration here; from then on its file never changes, byte for byte."""
 
 BASELINE_VERSION = 2
 """Last migration of the released baseline (schema + runtime): the state an upgrade starts from."""
@@ -48,8 +39,6 @@ _PHASE = re.compile(r"^--@phase[ \t]+(?P<name>[a-z_]+)(?:[ \t]+(?P<mode>tx|batch
 MAX_BATCH_PAGES = 16384
 """Upper bound of one backfill range, heap pages (128 MiB)."""
 
-_APPLY = re.compile(r"^--@apply\b(?P<rest>.*)$", re.MULTILINE)
-_APPLY_LINE = re.compile(r"^[ \t]+(?P<path>functions/[a-z0-9_/]+\.sql)[ \t]+sha256=(?P<sha>[0-9a-f]{64})[ \t]*$")
 _WORKER_PROTOCOL = re.compile(r"^--@worker-protocol[ \t]+(\d+)[ \t]*$", re.MULTILINE)
 _PREFLIGHT = re.compile(r"^--@preflight[ \t]+audit[ \t]*$", re.MULTILINE)
 _LOCK = re.compile(r"^--@lock\b(?!-at\b)(?P<rest>.*)$", re.MULTILINE)
@@ -185,8 +174,8 @@ class Phase:
         name: ``prepare``, ``backfill``, ``index``, ``main``, ``abort``...
         mode: ``tx`` (one transaction), ``batch`` (one statement taking ``%(first_page)s`` and
             ``%(pages)s`` and returning ``(rows_updated, relation_pages)``, run over the table's
-            heap in page ranges, each range its own transaction) or ``notx`` (one statement
-            outside any transaction, e.g. ``CREATE INDEX CONCURRENTLY``; an optimisation only:
+            heap in page ranges, each range its own transaction) or ``notx`` (statements run one by
+            one outside any transaction, e.g. ``CREATE INDEX CONCURRENTLY``; an optimisation only:
             the final phase must reach the same state on its own).
         sql: the phase's text.
     """
@@ -194,6 +183,13 @@ class Phase:
     name: str
     mode: str
     sql: str
+
+    @property
+    def statements(self) -> list[str]:
+        """The phase's statements, each on its own (what a ``notx`` phase runs one by one): the text
+        split at every ``;`` that ends a line. A ``notx`` phase holds plain DDL (no quoted ``;``)."""
+        parts = re.split(r";[ \t]*(?:\n|$)", self.sql)
+        return [_without_leading_comments(part) for part in parts if _code(part)]
 
 
 @dataclass(frozen=True)
@@ -248,6 +244,19 @@ class PhasedMigration:
         return f"{kind} ({self.threshold_table} {size}; phased above {self.threshold_rows:,})"
 
 
+def _without_leading_comments(text: str) -> str:
+    """``text`` from its first line of SQL on (so ``pg_stat_activity`` shows the statement itself)."""
+    lines = text.strip().splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+        lines.pop(0)
+    return "\n".join(lines)
+
+
+def _code(text: str) -> bool:
+    """True when ``text`` holds more than comments and blank lines."""
+    return any(line.strip() and not line.strip().startswith("--") for line in text.splitlines())
+
+
 def parse_phases(text: str) -> PhasedMigration | None:
     """Split migration text at ``--@phase`` markers; ``None`` when it has none."""
     markers = list(_PHASE.finditer(text))
@@ -279,9 +288,6 @@ class Migration:
         version: the 4-digit number, the apply order.
         name: the descriptive part of the file name.
         path: path below ``sql/``.
-        sql: text as executed (includes expanded).
-        checksum: SHA-256 hex of ``sql``.
-        phased: its phases, or ``None`` for a plain one-transaction migration.
     """
 
     version: int
@@ -290,8 +296,13 @@ class Migration:
 
     @property
     def text(self) -> str:
-        """The migration's own text: includes expanded, ``--@apply`` lines as written (by name)."""
-        return sqlfiles.load(self.path)
+        """The file's text, executed as written."""
+        return _read(self.path)
+
+    @property
+    def sql(self) -> str:
+        """The text as executed (the same as :attr:`text`: a migration is literal)."""
+        return self.text
 
     @property
     def checksum(self) -> str:
@@ -299,37 +310,9 @@ class Migration:
         return sqlfiles.checksum(self.text)
 
     @property
-    def accepted_checksums(self) -> tuple[str, ...]:
-        """Every checksum a ledger row of this migration may hold: :attr:`checksum` and the
-        earlier texts of :data:`PREVIOUS_CHECKSUMS`."""
-        return (self.checksum, *PREVIOUS_CHECKSUMS.get(self.path, ()))
-
-    @property
-    def applies(self) -> tuple[FileApply, ...]:
-        """The function files this migration (re)applies, in order (``--@apply`` lines)."""
-        return parse_applies(self.text, self.label)
-
-    @property
-    def sql(self) -> str:
-        """The text as executed when this migration runs on its own (every ``--@apply`` expanded)."""
-        return self.executed()
-
-    def executed(self, skip: frozenset[str] = frozenset()) -> str:
-        """The text to execute: each ``--@apply`` line replaced by its file; for the files in
-        ``skip`` (a later migration of the same run applies them in full) by
-        :func:`create_only`, which keeps of the file only what it creates (the line stays, a comment)."""
-        if not self.applies:
-            return self.text
-
-        def expand(match: re.Match[str]) -> str:
-            path = _APPLY_LINE.match(match.group("rest"))
-            assert path is not None  # parse_applies checked every line
-            if path["path"] in skip:
-                return (f"{match.group(0)} -- runs in full in a later migration of this run; here only if it "
-                        f"creates something\n{create_only(path['path'])};")
-            return sqlfiles.load(path["path"]).rstrip("\n")
-
-        return _APPLY.sub(expand, self.text)
+    def released(self) -> bool:
+        """True when :data:`RELEASED_CHECKSUMS` lists it (its text never changes again)."""
+        return self.path in RELEASED_CHECKSUMS
 
     @property
     def label(self) -> str:
@@ -340,20 +323,10 @@ class Migration:
         return parse_phases(self.sql)
 
     @property
-    def lock_file(self) -> str:
-        """Where the ``--@lock`` lines of a released migration that predates them live
-        (``migrations/NNNN/locks.sql``; not part of the migration's text or checksum)."""
-        return f"migrations/{self.version:04d}/locks.sql"
-
-    @property
     def lock_plan(self) -> dict[str | None, tuple[TableLock, ...]]:
         """The table locks the runner takes first in each transaction of this migration, by phase
-        (see :func:`parse_locks`): the migration's own ``--@lock`` lines, or, for a released
-        migration written before them, the lines of :attr:`lock_file`."""
-        own = parse_locks(self.text, self.label)
-        if own or not (sqlfiles.sql_root() / self.lock_file).is_file():
-            return own
-        return parse_locks(sqlfiles.load(self.lock_file), self.lock_file)
+        (its ``--@lock`` lines, see :func:`parse_locks`)."""
+        return parse_locks(self.text, self.label)
 
     def locks_for(self, phases: Sequence[str | None]) -> tuple[TableLock, ...]:
         """The locks one transaction running ``phases`` takes up front (merged, in lock order),
@@ -369,9 +342,9 @@ class Migration:
                 merge_locks([lock for lock in plan if lock.at is not None]))
 
     def split_at_late_locks(self, phase: Phase) -> tuple[str, str | None]:
-        """``phase``'s executed text cut just before the line its late locks are taken at:
-        (head, tail), or (whole text, ``None``) when the phase has no late locks. Head and tail
-        run in the same transaction, one after the other: the same statements as the whole text.
+        """``phase``'s text cut just before the line its late locks are taken at: (head, tail), or
+        (whole text, ``None``) when the phase has no late locks. Head and tail run in the same
+        transaction, one after the other: the same statements as the whole text.
 
         Raises:
             RuntimeError: the statement is not found exactly once at a line start of the phase
@@ -398,84 +371,61 @@ class Migration:
         (``--@preflight audit``); the migration rechecks them itself under its locks."""
         return bool(_PREFLIGHT.search(self.sql))
 
-    def phases_for_single_transaction(self, skip: frozenset[str] = frozenset()) -> list[Phase]:
+    def phases_for_single_transaction(self) -> list[Phase]:
         """What runs when the whole migration is one transaction (``notx`` phases skipped)."""
-        text = self.executed(skip)
-        phased = parse_phases(text)
+        phased = parse_phases(self.text)
         if phased is None:
-            return [Phase("main", "tx", text)]
+            return [Phase("main", "tx", self.text)]
         return [p for p in phased.apply_phases if p.mode != "notx"]
 
+    def section(self, name: str) -> str:
+        """The text between the ``-- >>> name`` and ``-- <<< name`` lines (the first such pair).
 
-@dataclass(frozen=True)
-class FileApply:
-    """One ``--@apply`` line of a migration.
-
-    Attributes:
-        path: the function file below ``sql/`` (``functions/<area>/<name>.sql``).
-        pinned: SHA-256 hex of the file's text when the migration was written.
-    """
-
-    path: str
-    pinned: str
-
-    @property
-    def checksum(self) -> str:
-        """SHA-256 hex of the file's text now (includes expanded)."""
-        return sqlfiles.checksum(sqlfiles.load(self.path))
+        Raises:
+            RuntimeError: the migration has no such section (a packaging error).
+        """
+        for found, body in sections(self.text):
+            if found == name:
+                return body
+        raise RuntimeError(f"{self.label} has no section {name!r} (lines '-- >>> {name}' ... '-- <<< {name}')")
 
 
-def parse_applies(text: str, label: str) -> tuple[FileApply, ...]:
-    """The ``--@apply`` lines of a migration's text.
+DIRECTIVES = ("--@phase", "--@lock", "--@lock-at", "--@online-threshold", "--@preflight", "--@worker-protocol")
+"""The only directives a migration holds (each on a line of its own); everything else is SQL."""
 
-    Raises:
-        RuntimeError: a malformed line or a missing file (a packaging error: the message
-            gives the line to write).
-    """
-    found = []
-    for match in _APPLY.finditer(text):
-        line = _APPLY_LINE.match(match.group("rest"))
-        if line is None:
-            raise RuntimeError(f"{label}: malformed line {match.group(0)!r}: write "
-                               "'--@apply functions/<area>/<name>.sql sha256=<SHA-256 of the file>'")
-        if not (sqlfiles.sql_root() / line["path"]).is_file():
-            raise RuntimeError(f"{label}: --@apply names a missing file sql/{line['path']}")
-        found.append(FileApply(line["path"], line["sha"]))
-    paths = [f.path for f in found]
-    if len(paths) != len(set(paths)):
-        raise RuntimeError(f"{label}: a function file is applied twice")
-    return tuple(found)
+SECTION = re.compile(r"^-- >>> (?P<name>[a-z]+)\b[^\n]*\n(?P<body>.*?)^-- <<< (?P=name)[ \t]*$",
+                     re.MULTILINE | re.DOTALL)
+"""A marked section of a migration: ``-- >>> NAME`` (the rest of the line says what writes it),
+its text, ``-- <<< NAME``. ``scripts/regenerate_migration.py`` rewrites the generated ones (recheck,
+types, functions); the installer runs the ``functions`` and ``grants`` sections of the unreleased
+migration on their own when it converts a ledger of an earlier build (:mod:`~pgflow_cli.installer.old_levels`)."""
 
 
-CREATE_ONLY_QUOTE = "$pgflow_file$"
-"""The dollar quote :func:`create_only` wraps a file's text in (no function file may contain it)."""
+def sections(text: str) -> list[tuple[str, str]]:
+    """``(name, body)`` of every marked section of ``text``, in order (a name may repeat)."""
+    return [(match["name"], match["body"]) for match in SECTION.finditer(text)]
 
 
-def create_only(path: str) -> str:
-    """The statement an earlier migration of a run executes for a function file that a later
-    migration of the same run applies in full (docs/architecture.md "Function files in a run").
+def replace_sections(text: str, bodies: dict[str, str]) -> str:
+    """``text`` with the body of every section named in ``bodies`` replaced (all of a repeated
+    name); the marker lines stay as they are. A body gets exactly one trailing newline."""
 
-    It runs the file's current text with ``check_function_bodies`` off (the text may name
-    columns or functions that only the later migration brings) in a subtransaction, and keeps
-    what it did only if it created a function or trigger that did not exist; otherwise it undoes
-    it, so an existing function keeps its installed text until the later migration replaces it.
-    The migration's own SQL after the line (grants, a trigger) finds every function the file
-    creates, with the signature the file has now.
+    def replace(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in bodies:
+            return match.group(0)
+        whole = match.group(0)
+        head = whole[:whole.index("\n") + 1]
+        body = bodies[name].strip("\n")
+        return f"{head}{body}\n-- <<< {name}" if body else f"{head}-- <<< {name}"
 
-    Args:
-        path: the function file below ``sql/`` (``functions/<area>/<name>.sql``).
+    return SECTION.sub(replace, text)
 
-    Returns:
-        One ``DO`` statement (no trailing semicolon).
 
-    Raises:
-        RuntimeError: the file's text contains :data:`CREATE_ONLY_QUOTE` (a packaging error).
-    """
-    text = sqlfiles.load(path).rstrip("\n")
-    if CREATE_ONLY_QUOTE in text:
-        raise RuntimeError(f"sql/{path} contains {CREATE_ONLY_QUOTE}, which the installer quotes it with")
-    template = sqlfiles.statement(QUERIES, "apply_create_only")
-    return template.replace("{{path}}", path).replace("{{text}}", f"{CREATE_ONLY_QUOTE}\n{text}\n{CREATE_ONLY_QUOTE}")
+@cache
+def _read(path: str) -> str:
+    """A migration's text, read once per process (the files of an installed tool do not change)."""
+    return sqlfiles.read_file(path)
 
 
 @lru_cache(maxsize=1)

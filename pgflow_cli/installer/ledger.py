@@ -1,7 +1,8 @@
 """The ledger (``pgflow.schema_migrations``) and the plan: shipped migrations against a database.
 
-Read-only: :func:`make_plan` compares the files with what a database recorded; nothing here
-writes (the runner records rows inside each migration's transaction).
+Read-only: :func:`make_plan` compares the files with what a database recorded (and, at the newest
+level, the installed functions with the function files); nothing here writes (the runner records
+rows inside each migration's transaction).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from psycopg.rows import dict_row
 
 from pgflow_cli import sqlfiles
 from pgflow_cli.errors import StateConflict
+from pgflow_cli.installer import old_levels
+from pgflow_cli.installer.catalog import FunctionDrift, function_drift, function_files, optional_function_files
 from pgflow_cli.installer.files import QUERIES, Migration, available_migrations
 
 
@@ -24,7 +27,6 @@ class DatabaseState:
 
     has_pgflow_schema: bool
     has_ledger: bool
-    has_file_ledger: bool
     has_flows_table: bool
     has_pgmq_schema: bool
     has_pgmq_meta: bool
@@ -95,8 +97,8 @@ class MigrationStatus:
 
     ``state`` is one of ``applied``, ``pending``, ``in_progress`` (a phased migration that
     committed some phases; applying resumes it), ``changed`` (file differs from the recorded
-    checksum, and that is none of its earlier texts, ``PREVIOUS_CHECKSUMS``) or ``unknown``
-    (recorded, but this tool has no such file).
+    checksum), ``unknown`` (recorded, but this tool has no such file) or ``superseded`` (a row of an
+    earlier build's migrations 0003-0016, which ``0003_queue_stage`` replaces: :attr:`Plan.old`).
     """
 
     version: int
@@ -106,42 +108,40 @@ class MigrationStatus:
     recorded: LedgerRow | None = None
 
 
-@dataclass(frozen=True)
-class FileStatus:
-    """A function file that migrations apply (``--@apply``), compared with what the database ran.
-
-    ``state``: ``current`` (the database ran this text), ``pending`` (a pending migration
-    applies it), ``differs`` (the database ran another text and no pending migration applies
-    this one: installed functions differ from the files) or ``missing`` (never run here and no
-    pending migration applies it).
-    """
-
-    path: str
-    state: str
-    file_checksum: str
-    recorded_checksum: str | None
-    recorded_version: int | None
-
-
 @dataclass
 class Plan:
     """Comparison of shipped migrations with a database's ledger."""
 
     state: DatabaseState
     statuses: list[MigrationStatus] = field(default_factory=list)
-    files: list[FileStatus] = field(default_factory=list)
+    files: list[FunctionDrift] = field(default_factory=list)
+    """Every function file compared with the catalog; only at the newest level (nothing pending or in
+    progress, no conflict), empty otherwise."""
     invalid_indexes: list[str] = field(default_factory=list)
     """``pgflow.<index>`` names of INVALID indexes (an interrupted ``CREATE INDEX CONCURRENTLY``)."""
+    old: old_levels.OldLedger | None = None
+    """The rows of an earlier build's migrations 0003-0016, when the ledger has them."""
 
     @property
-    def file_drift(self) -> list[FileStatus]:
-        """Applied function files whose installed text differs from the file, with no migration pending to fix it."""
-        return [f for f in self.files if f.state in ("differs", "missing")]
+    def file_drift(self) -> list[FunctionDrift]:
+        """Function files whose installed functions differ from the file (at the newest level)."""
+        return [f for f in self.files if f.state != "current"]
+
+    @property
+    def conversion(self) -> old_levels.OldLedger | None:
+        """The old-level rows ``apply`` converts into the first pending migration (they are all there,
+        applied, with known checksums), or ``None``."""
+        return self.old if self.old is not None and self.old.convertible else None
+
+    def converts(self, migration: Migration) -> bool:
+        """True when applying ``migration`` here is the conversion of old-level rows, not its text."""
+        return self.conversion is not None and migration.version == old_levels.FIRST
 
     @property
     def pending(self) -> list[Migration]:
         by_version = {m.version: m for m in available_migrations()}
-        return [by_version[s.version] for s in self.statuses if s.state in ("pending", "in_progress")]
+        return [by_version[s.version] for s in self.statuses
+                if s.state in ("pending", "in_progress") and s.version in by_version]
 
     @property
     def in_progress(self) -> list[MigrationStatus]:
@@ -180,6 +180,17 @@ class Plan:
                 hint="`pgflow migrate apply` adopts it first (`pgflow migrate plan` names the release it recognised); "
                 "see docs/upgrade.md \"Databases installed by pgflow itself\"",
             )
+        if self.old is not None and not self.old.convertible:
+            return StateConflict(
+                f"the ledger records migrations {old_levels.FIRST:04d}-{self.old.newest:04d} of an earlier pgflow-cli "
+                f"build; this build replaces {old_levels.FIRST:04d}-{old_levels.LAST:04d} by one migration and converts "
+                "only a ledger where all of them are applied with the texts that build shipped",
+                hint=f"finish the upgrade with the build that wrote them: install pgflow-cli from commit "
+                f"{old_levels.OLD_BUILD} (`pip install .` in a checkout of that commit), run its `pgflow migrate apply` "
+                "(a phased run it left in progress resumes; `pgflow migrate abort N` undoes one instead), then run "
+                "this tool's `pgflow migrate apply` again; nothing was changed",
+                detail=self.old.problems(),
+            )
         if self.unknown:
             return StateConflict(
                 "the database is newer than this tool: it records migrations this version does not ship",
@@ -208,15 +219,22 @@ def ledger(conn: psycopg.Connection) -> list[LedgerRow]:
 
 
 def make_plan(conn: psycopg.Connection) -> Plan:
-    """Compare the shipped migrations with the database's ledger (read-only)."""
+    """Compare the shipped migrations with the database's ledger (read-only); at the newest level,
+    also the installed functions with the function files (:attr:`Plan.files`)."""
     state = read_state(conn)
     recorded = {row.version: row for row in (ledger(conn) if state.has_ledger and not state.foreign_ledger else [])}
     plan = Plan(state)
+    plan.old = old_levels.classify([
+        old_levels.OldRow(row.version, row.name, row.checksum, row.state)
+        for row in recorded.values() if old_levels.FIRST <= row.version <= old_levels.LAST])
+    if plan.old is not None:
+        for old in plan.old.rows:
+            plan.statuses.append(MigrationStatus(old.version, old.name, "superseded", None, recorded.pop(old.version)))
     for migration in available_migrations():
         row = recorded.pop(migration.version, None)
         if row is None:
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "pending", migration.checksum))
-        elif row.checksum not in migration.accepted_checksums:
+        elif row.checksum != migration.checksum:
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "changed", migration.checksum, row))
         elif row.state == "in_progress":
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "in_progress", migration.checksum, row))
@@ -224,38 +242,9 @@ def make_plan(conn: psycopg.Connection) -> Plan:
             plan.statuses.append(MigrationStatus(migration.version, migration.name, "applied", migration.checksum, row))
     for row in recorded.values():
         plan.statuses.append(MigrationStatus(row.version, row.name, "unknown", None, row))
-    plan.statuses.sort(key=lambda s: s.version)
-    plan.files = _file_statuses(conn, state, plan)
+    plan.statuses.sort(key=lambda s: (s.state == "superseded", s.version))
     if state.has_pgflow_schema:
         plan.invalid_indexes = [r[0] for r in conn.execute(sqlfiles.statement(QUERIES, "invalid_indexes")).fetchall()]
+    if state.has_ledger and not plan.pending and plan.refuse_reasons() is None:
+        plan.files = function_drift(conn, function_files(), optional_function_files())
     return plan
-
-
-def _file_statuses(conn: psycopg.Connection, state: DatabaseState, plan: Plan) -> list[FileStatus]:
-    """Compare every ``--@apply`` file with the newest text the database recorded for it."""
-    applied_anywhere = {a.path for m in available_migrations() for a in m.applies}
-    if not applied_anywhere or not state.has_ledger or state.foreign_ledger:
-        return []
-    ran: dict[str, tuple[int, str]] = {}
-    if state.has_file_ledger:
-        with conn.cursor(row_factory=dict_row) as cur:
-            for row in cur.execute(sqlfiles.statement(QUERIES, "ledger_files")).fetchall():
-                ran[row["path"]] = (row["version"], row["checksum"])
-    pending = {a.path for m in plan.pending for a in m.applies}
-    applied_versions = {s.version for s in plan.statuses if s.state == "applied"}
-    files = []
-    for path in sorted(applied_anywhere):
-        current = sqlfiles.checksum(sqlfiles.load(path))
-        version, recorded = ran.get(path, (None, None))
-        if path in pending:
-            status = "pending"
-        elif recorded == current:
-            status = "current"
-        elif recorded is None:
-            # released 0001-0003 install the file's text without a per-file record
-            appliers = [m.version for m in available_migrations() if any(a.path == path for a in m.applies)]
-            status = "missing" if any(v in applied_versions for v in appliers) else "current"
-        else:
-            status = "differs"
-        files.append(FileStatus(path, status, current, recorded, version))
-    return files

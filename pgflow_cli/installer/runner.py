@@ -23,6 +23,8 @@ from psycopg.rows import dict_row
 from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.db import first_line, retry_on_lock, transaction
 from pgflow_cli.errors import ConnectionFailed, Refused, SchemaMissing, StateConflict
+from pgflow_cli.installer import old_levels
+from pgflow_cli.installer.catalog import SCHEMA_KINDS, compare, read_schema_facts
 from pgflow_cli.installer.files import (
     LOCK_CONFLICTS,
     LOCK_MODES,
@@ -32,58 +34,11 @@ from pgflow_cli.installer.files import (
     Phase,
     TableLock,
     available_migrations,
-    parse_phases,
+    merge_locks,
     pg_locks_mode,
 )
 from pgflow_cli.installer.ledger import LedgerRow, make_plan
 from pgflow_cli.installer.pgmq_bootstrap import ensure_pgmq
-
-
-def file_runs(migrations: Sequence[Migration], todo: Sequence[Migration]) -> dict[int, frozenset[str]]:
-    """Which ``--@apply`` files each migration of ``todo`` leaves to a later one: each file runs in
-    full in the last migration of ``todo`` that applies it; an earlier one that applies it runs
-    only what the file creates there (:meth:`Migration.executed`, :func:`~pgflow_cli.installer.files.create_only`).
-
-    Args:
-        migrations: every shipped migration (to tell whether a later one changes a file again).
-        todo: the migrations this run applies, in order.
-
-    Returns:
-        version -> paths that migration leaves to a later migration of the run (it runs them
-        create-only; the ledger records them for the later one).
-
-    Raises:
-        StateConflict: the run stops below a later change of a file it applies, so the file's
-            text for that level is not shipped (exit 6); or a file differs from the text its
-            newest migration pins (a packaging error).
-    """
-    last: dict[str, Migration] = {}
-    for migration in todo:
-        for applied in migration.applies:
-            last[applied.path] = migration
-    newest: dict[str, Migration] = {}
-    for migration in migrations:
-        for applied in migration.applies:
-            newest[applied.path] = migration
-    for path, migration in last.items():
-        pinned = next(a.pinned for a in migration.applies if a.path == path)
-        current = sqlfiles.checksum(sqlfiles.load(path))
-        if pinned == current:
-            continue
-        if newest[path].version == migration.version:
-            raise StateConflict(
-                f"sql/{path} differs from the text migration {migration.label} pins",
-                hint="this pgflow-cli build is inconsistent; reinstall it (developers: add the file to a new "
-                "migration, docs/architecture.md \"How to change a function\")",
-            )
-        raise StateConflict(
-            f"cannot stop at migration {todo[-1].label}: sql/{path} was changed again by "
-            f"{newest[path].label}, and this tool ships only its newest text",
-            hint=f"apply up to {newest[path].label} or later, or use the pgflow-cli release that shipped "
-            f"{todo[-1].label} as its newest migration",
-        )
-    return {m.version: frozenset(a.path for a in m.applies if last[a.path].version != m.version) for m in todo}
-
 
 ProgressFn = Callable[[str, dict[str, Any]], None]
 
@@ -363,14 +318,17 @@ def apply(
             )
         in_progress = {s.version: s.recorded for s in plan.statuses if s.state == "in_progress"}
         todo = [m for m in plan.pending if target is None or m.version <= target]
-        skips = file_runs(available_migrations(), todo)
         if dry_run:
             todo = todo[:1]
         results = []
         for migration in todo:
+            if plan.converts(migration):
+                results.append(_Runner(conn, migration, lock_timeout, attempts, emit, before_commit, batch_pages,
+                                       batch_seconds).run_conversion(dry_run))
+                continue
             runner = _Runner(conn, migration, lock_timeout, attempts, emit, _with_current_recheck(before_commit),
-                             batch_pages, batch_seconds, skips[migration.version])
-            phased = parse_phases(migration.executed(skips[migration.version]))
+                             batch_pages, batch_seconds)
+            phased = migration.phased
             resume = in_progress.get(migration.version)
             use_online = bool(phased and phased.has_online_phases and not dry_run and (
                 resume is not None or online == "always" or (online == "auto" and phased.large(conn))))
@@ -427,10 +385,9 @@ class _Runner:
 
     def __init__(self, conn: psycopg.Connection, migration: Migration, lock_timeout: float, attempts: int,
                  emit: ProgressFn, before_commit: Callable[[psycopg.Connection, Migration], None] | None,
-                 batch_pages: int, batch_seconds: float, skip: frozenset[str] = frozenset()) -> None:
+                 batch_pages: int, batch_seconds: float) -> None:
         self.conn = conn
         self.migration = migration
-        self.skip = skip
         self.lock_timeout = lock_timeout
         self.attempts = attempts
         self.emit = emit
@@ -472,12 +429,6 @@ class _Runner:
             "state": state,
             "phases_done": phases_done,
         })
-        ran = [a for a in self.migration.applies if a.path not in self.skip] if state == "applied" else []
-        if ran:
-            self.conn.execute(sqlfiles.statement(QUERIES, "ledger_files_bootstrap"))
-            for applied in ran:
-                self.conn.execute(sqlfiles.statement(QUERIES, "ledger_file_record"), {
-                    "version": self.migration.version, "path": applied.path, "checksum": applied.checksum})
 
     def _backfill(self, phase: Phase, *, own_transactions: bool) -> None:
         """Run a ``batch`` phase over the whole heap, one range of pages per statement.
@@ -553,22 +504,32 @@ class _Runner:
     # one transaction ------------------------------------------------------------------
     def run_single(self, dry_run: bool) -> Applied:
         """Every phase in one transaction with the ledger row: all or nothing."""
+        phases = self.migration.phases_for_single_transaction()
+
+        def work() -> None:
+            for phase in phases:
+                if phase.mode == "batch":
+                    self._backfill(phase, own_transactions=False)
+                else:
+                    self.conn.execute(phase.sql)  # trusted, shipped SQL
+
+        return self._in_one_transaction(self.migration.locks_for([None, *(p.name for p in phases)]), work, dry_run)
+
+    def _in_one_transaction(self, locks: Sequence[TableLock], work: Callable[[], None], dry_run: bool,
+                            **event: Any) -> Applied:
+        """``work`` in one transaction under ``locks`` with the ledger row, retried on lock timeouts and
+        deadlocks; rolled back instead of committed when ``dry_run``. ``event``: more fields of the
+        ``start`` and ``done`` events."""
         label = self.migration.label
         started = time.monotonic()
 
         def attempt() -> None:
             self.notices.clear()
-            self.emit("start", {"migration": label, "attempt": self.tries, "online": False})
+            self.emit("start", {"migration": label, "attempt": self.tries, "online": False, **event})
             t0 = time.monotonic()
-            phases = self.migration.phases_for_single_transaction(self.skip)
-            locks = self.migration.locks_for([None, *(p.name for p in phases)])
             try:
                 with locked_transaction(self.conn, locks, lock_timeout=self.lock_timeout):
-                    for phase in phases:
-                        if phase.mode == "batch":
-                            self._backfill(phase, own_transactions=False)
-                        else:
-                            self.conn.execute(phase.sql)  # trusted, shipped SQL
+                    work()
                     self._record(state="applied", phases_done=[], duration_ms=int((time.monotonic() - t0) * 1000))
                     if self.before_commit:
                         self.before_commit(self.conn, self.migration)
@@ -580,14 +541,60 @@ class _Runner:
         self._retrying(attempt)
         duration = int((time.monotonic() - started) * 1000)
         self.emit("done", {"migration": label, "duration_ms": duration, "attempts": self.tries, "dry_run": dry_run,
-                           "online": False})
+                           "online": False, **event})
         return Applied(self.migration, duration, self.tries, False, list(self.notices))
+
+    # conversion of an earlier build's ledger ------------------------------------------------
+    def run_conversion(self, dry_run: bool) -> Applied:
+        """Record the old-level rows of the ledger (an earlier build's 0003-0016, all applied) as this
+        migration, in one transaction under the table locks its function section needs.
+
+        First the relational schema is compared with :data:`~pgflow_cli.installer.old_levels.LEVEL_16_SCHEMA`
+        (what this migration builds); then the migration's ``functions`` and ``grants`` sections run
+        (``CREATE OR REPLACE`` keeps every existing grant), the functions of level 16 that the
+        section did not create again are dropped, the per-file ledger of that build goes, and rows
+        0003-0016 become this migration's one row. Nothing is scanned.
+
+        Raises:
+            StateConflict: the schema differs from level 16's (exit 6), with every difference in the
+                detail; the transaction rolled back, nothing changed.
+        """
+        functions, grants = self.migration.section("functions"), self.migration.section("grants")
+
+        def work() -> None:
+            differences = compare(old_levels.LEVEL_16_SCHEMA, read_schema_facts(self.conn), SCHEMA_KINDS)
+            if differences:
+                raise StateConflict(
+                    f"the ledger records migrations {old_levels.FIRST:04d}-{old_levels.LAST:04d} of pgflow-cli "
+                    f"{old_levels.OLD_BUILD}, but the schema differs from what they leave "
+                    f"({len(differences)} difference(s)); nothing was changed",
+                    hint="someone changed the pgflow tables by hand: undo those changes (the detail lists "
+                    "them) and apply again, or rebuild the database",
+                    detail=[d.describe() for d in differences])
+            before = self._function_rows()
+            self.conn.execute(functions)  # trusted, shipped SQL
+            after = self._function_rows()  # before the grants, which rewrite every function's row
+            self.conn.execute(grants)
+            for signature in old_levels.LEVEL_16_FUNCTIONS:
+                if signature in before and after.get(signature) == before[signature]:
+                    # level 16 has it, the stage does not create it any more
+                    self.conn.execute(sql.SQL(sqlfiles.statement(QUERIES, "drop_function")).format(
+                        function=sql.SQL(signature)))
+            self.conn.execute(sqlfiles.statement(QUERIES, "drop_file_ledger"))
+            self.conn.execute(sqlfiles.statement(QUERIES, "ledger_replace_old_levels"),
+                              {"first": old_levels.FIRST, "last": old_levels.LAST})
+
+        return self._in_one_transaction(conversion_locks(functions), work, dry_run, conversion=True)
+
+    def _function_rows(self) -> dict[str, str]:
+        """pgflow's functions -> where their catalog row is stored (it moves when a statement replaces it)."""
+        return dict(self.conn.execute(sqlfiles.statement(QUERIES, "function_rows")).fetchall())
 
     # phase by phase ---------------------------------------------------------------------
     def run_online(self, resume: LedgerRow | None) -> Applied:
         """Each phase in its own transaction(s); the ledger tracks progress so a rerun resumes."""
         label = self.migration.label
-        phased = parse_phases(self.migration.executed(self.skip))
+        phased = self.migration.phased
         assert phased is not None
         done = list(resume.phases_done) if resume else []
         started = time.monotonic()
@@ -644,8 +651,8 @@ class _Runner:
         return Applied(self.migration, duration, self.tries, True, list(self.notices))
 
     def _notx(self, phase: Phase) -> None:
-        """Run a statement outside a transaction (``CREATE INDEX CONCURRENTLY``), under a session
-        ``lock_timeout``. A concurrent build that failed (a lock timeout while it waits for older
+        """Run a phase's statements outside a transaction, one by one (``CREATE INDEX CONCURRENTLY``),
+        under a session ``lock_timeout``. A concurrent build that failed (a lock timeout while it waits for older
         transactions, a cancel, a duplicate) leaves an INVALID index that ``IF NOT EXISTS`` would
         then skip: every index the statement builds is dropped (concurrently) first when it is
         invalid, and checked valid afterwards, so the phase is recorded only with a valid index.
@@ -662,7 +669,8 @@ class _Runner:
                     schema, name = index.split(".")
                     self.conn.execute(sql.SQL(sqlfiles.statement(QUERIES, "drop_index_concurrently")).format(
                         index=sql.Identifier(schema, name)))
-            self.conn.execute(phase.sql)  # trusted, shipped SQL
+            for statement in phase.statements:  # one by one: several in one call would be one transaction
+                self.conn.execute(statement)  # trusted, shipped SQL
         finally:
             self.conn.execute(timeout, {"value": "0"})
         for index in concurrent_indexes(phase.sql):
@@ -670,6 +678,17 @@ class _Runner:
                 raise StateConflict(
                     f"phase {phase.name} of {self.migration.label} finished but index {index} is not valid",
                     hint="rerun `pgflow migrate apply`: it drops the invalid index and builds it again")
+
+
+_TRIGGER_TABLE = re.compile(r"^CREATE (?:OR REPLACE )?TRIGGER\s+\w+\s+(?:BEFORE|AFTER|INSTEAD\s+OF)\b.*?\bON\s+"
+                            r"(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)", re.MULTILINE | re.DOTALL)
+
+
+def conversion_locks(functions: str) -> tuple[TableLock, ...]:
+    """The table locks a conversion takes first: ``SHARE ROW EXCLUSIVE`` (what ``CREATE TRIGGER``
+    takes) on every table the ``functions`` section creates a trigger on; replacing a function
+    locks no table."""
+    return merge_locks([TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _TRIGGER_TABLE.finditer(functions)])
 
 
 _CONCURRENT_INDEX = re.compile(
@@ -693,14 +712,19 @@ def abort(conn: psycopg.Connection, version: int, *, lock_timeout: float = 5.0,
     """Undo a phased migration that is in progress (its ``abort`` phase), in one transaction.
 
     Raises:
-        StateConflict: the migration is not in progress, or has no abort phase (exit 6).
+        StateConflict: the migration is not in progress, or has no abort phase, or the ledger is one
+            this tool cannot work on (an earlier build's migrations stopped part way: that build
+            aborts them) (exit 6).
     """
     emit = progress or (lambda event, data: None)
     check_writable(conn)
     _take_migrator_lock(conn, 30.0, emit)
     try:
         plan = make_plan(conn)
-        status = next((s for s in plan.statuses if s.version == version), None)
+        conflict = plan.refuse_reasons()
+        if conflict is not None:
+            raise conflict
+        status = next((s for s in plan.statuses if s.version == version and s.state != "superseded"), None)
         if status is None or status.state != "in_progress":
             raise StateConflict(f"migration {version:04d} is not in progress; nothing to abort",
                                 hint="`pgflow migrate status` shows every migration's state")

@@ -159,14 +159,14 @@ class DropResult:
 
 
 def require_installed(conn: psycopg.Connection) -> None:
-    """Raise :class:`SchemaMissing` (exit 3) when the database lacks ``pgflow.drop_flow`` (migration 0008)."""
+    """Raise :class:`SchemaMissing` (exit 3) when the database lacks ``pgflow.drop_flow`` (migration 0003)."""
     try:
         row = conn.execute(sqlfiles.statement(QUERIES, "installed")).fetchone()
     except psycopg.errors.InvalidSchemaName:
         row = None
     if not row or not row[0]:
         raise SchemaMissing(
-            "this database has no whole-flow deletion (pgflow.drop_flow, migration 0008)",
+            "this database has no whole-flow deletion (pgflow.drop_flow, migration 0003)",
             hint="upgrade it first: pgflow migrate plan, then pgflow migrate apply",
         )
 
@@ -175,7 +175,7 @@ def plan(conn: psycopg.Connection, flow_slug: str) -> DropPlan:
     """Read the plan of deleting ``flow_slug`` (exact slug) in one read-only statement.
 
     Raises:
-        SchemaMissing: no migration 0008 (exit 3).
+        SchemaMissing: no migration 0003 (exit 3).
         psycopg.Error: PF006 for an unknown flow (the CLI maps it to exit 6).
     """
     require_installed(conn)

@@ -351,11 +351,11 @@ def _fetch(conn: psycopg.Connection, name: str, params: dict[str, Any] | None = 
 
 
 def require_installed(conn: psycopg.Connection) -> None:
-    """Raise :class:`SchemaMissing` (exit 3) unless the database has the fence (migration 0007+)."""
+    """Raise :class:`SchemaMissing` (exit 3) unless the database has the fence (migration 0003)."""
     rows = _fetch(conn, "installed")
     if not rows or not rows[0]["installed"]:
         raise SchemaMissing(
-            "this database has no rollout-fence record (pgflow.fences, migration 0007)",
+            "this database has no rollout-fence record (pgflow.fences, migration 0003)",
             hint="upgrade the schema with `pgflow migrate apply`; while you upgrade from an older schema, fence with "
             "the SQL of docs/upgrade.md step 2",
         )

@@ -120,13 +120,14 @@ class StatusReport:
             out.append(f"index {index} is INVALID (left by an interrupted concurrent build); `pgflow migrate apply` "
                        "drops and rebuilds it")
         for f in plan.file_drift:
-            what = "was never recorded as run" if f.state == "missing" else \
-                f"was run with another text (recorded {(f.recorded_checksum or '')[:12]}..., file {f.file_checksum[:12]}...)"
-            out.append(f"function file sql/{f.path} {what}: the installed function differs from this tool's file "
-                       "and no pending migration applies it")
+            what = "is not installed" if f.state == "missing" else "is installed with another definition"
+            out.append(f"function file sql/{f.path} {what} ({'; '.join(f.detail)}): the database differs from this "
+                       "tool's file and no migration is pending")
         pending = [s for s in plan.statuses if s.state == "pending"]
         if self.verdict == "conflict":
             out.append("NOT up to date: this tool cannot migrate this database (see the error below)")
+        elif plan.conversion is not None:
+            out.append(conversion_sentence(plan) + "; next: pgflow migrate plan")
         elif pending and self.found is not None and self.found.adoption_pending:
             out.append(f"{len(pending)} pending, the baseline through adoption; next: pgflow migrate plan")
         elif pending:
@@ -149,14 +150,20 @@ class StatusReport:
             "changed": [s.version for s in plan.changed],
             "unknown": [s.version for s in plan.unknown],
             "invalid_indexes": list(plan.invalid_indexes),
-            "files": [{"path": f.path, "state": f.state, "file_checksum": f.file_checksum,
-                       "recorded_checksum": f.recorded_checksum, "recorded_version": f.recorded_version}
-                      for f in plan.files],
+            "files": [f.to_dict() for f in plan.files],
             "file_drift": [f.path for f in plan.file_drift],
             "installed": self.found.recognition.summary() if self.found else None,
             "upstream": self.found.to_dict() if self.found else None,
             "conflict": self.conflict.to_dict() if self.conflict else None,
         }
+
+
+def conversion_sentence(plan: installer.Plan) -> str:
+    """What ``apply`` does with an earlier build's ledger rows 0003-0016 (:attr:`installer.Plan.conversion`)."""
+    first = plan.pending[0]
+    return (f"the ledger records migrations 0003-0016 of pgflow-cli {installer.old_levels.OLD_BUILD}: `pgflow migrate "
+            f"apply` records them as {first.label} in one transaction, after a catalog comparison proves the schema "
+            "is theirs (functions and grants of the stage replaced, no table scanned or altered)")
 
 
 def blocking_conflict(plan: installer.Plan, found: upstream.UpstreamPlan) -> PgflowError | None:
@@ -404,7 +411,7 @@ def apply(
             upstream schema (recorded with the adoption).
         fill_history: ``--fill-history``: after the migrations, store the step outputs of runs that
             finished before an online adoption (the history backfill; online, resumable). Off by
-            default: ``get_run_with_states`` computes them (migration 0011).
+            default: ``get_run_with_states`` computes them (migration 0003).
 
     Returns:
         A :class:`MigrateResult` with one phase per migration (and one for the adoption).
@@ -462,7 +469,8 @@ def apply(
             "start, which cannot work on a partly applied one",
             hint=f"resume it with `pgflow migrate apply`, or undo it with `pgflow migrate abort {in_progress[0].version}`",
         )
-    checked = preflight(conn, pending)
+    steps = [m for m in pending if not plan.converts(m)]  # a conversion changes no table and no protocol
+    checked = preflight(conn, steps)
     if checked is not None:
         result.phases.append(checked)
         emit("preflight", checked.detail)
@@ -471,7 +479,7 @@ def apply(
         protocols = [m.worker_protocol for m in pending if m.worker_protocol]
         workers = {**upstream.live_workers(conn), "enabled_functions": 0, "protocol": max(protocols or [1])}
     else:
-        workers = live_workers(conn, pending)
+        workers = live_workers(conn, steps)
     if workers is not None:
         result.protocol_change = workers
         if workers["alive"] or workers["enabled_functions"]:
@@ -553,7 +561,7 @@ def status_rows(plan: installer.Plan) -> list[dict[str, Any]]:
 
     Returns:
         Dicts with ``version`` (int), ``name``, ``label`` (``NNNN_name``), ``state`` (``applied``,
-        ``pending``, ``in_progress``, ``changed``, ``unknown``), ``summary``, ``applied_at``
+        ``pending``, ``in_progress``, ``changed``, ``unknown``, ``superseded``), ``summary``, ``applied_at``
         (datetime, UTC, or None), ``applied_by``, ``tool_version``, ``duration_ms`` (int ms),
         ``duration_seconds`` (float s), ``checksum`` (hex).
     """
@@ -572,7 +580,9 @@ def status_rows(plan: installer.Plan) -> list[dict[str, Any]]:
             "name": s.name,
             "label": f"{s.version:04d}_{s.name}",
             "state": s.state,
-            "summary": summary(by_version[s.version]) if s.version in by_version else "",
+            "summary": (f"pgflow-cli {installer.old_levels.OLD_BUILD}'s migration, replaced by one migration "
+                        f"({by_version[installer.old_levels.FIRST].label})") if s.state == "superseded"
+            else summary(by_version[s.version]) if s.version in by_version else "",
             "applied_at": applied_at,
             "applied_by": recorded.applied_by if recorded else None,
             "tool_version": recorded.tool_version if recorded else None,
@@ -650,14 +660,14 @@ def make_plan(conn: psycopg.Connection, *, assume_release: str | None = None) ->
     refused: PgflowError | None = None
     if not conflict:
         try:
-            preflight(conn, todo)
+            preflight(conn, [m for m in todo if not the_plan.converts(m)])
         except Refused as exc:
             refused = exc
-    states = {s.version: s.state for s in the_plan.statuses}
+    states = {s.version: s.state for s in the_plan.statuses if s.state != "superseded"}
     pending = [{"version": m.version, "name": m.name, "summary": summary(m), "checksum": m.checksum,
-                "state": states.get(m.version, "pending"),
-                "path": m.phased.path(conn) if m.phased else "one transaction",
-                "preflight_audit": m.preflight_audit, "worker_protocol": m.worker_protocol}
+                "state": states.get(m.version, "pending"), "path": _path(conn, the_plan, m),
+                "preflight_audit": m.preflight_audit and not the_plan.converts(m),
+                "worker_protocol": None if the_plan.converts(m) else m.worker_protocol}
                for m in todo]
     report = PlanReport(the_plan, found, conflict, refused, pending, the_plan.state.has_pgmq_meta)
     work = bool(pending or found.steps)
@@ -681,6 +691,14 @@ def make_plan(conn: psycopg.Connection, *, assume_release: str | None = None) ->
     elif work:
         report.next = ["pgflow migrate apply --dry-run", "pgflow migrate apply"]
     return report
+
+
+def _path(conn: psycopg.Connection, plan: installer.Plan, migration: installer.Migration) -> str:
+    """How ``apply`` runs ``migration`` here, in words (``migrate plan``)."""
+    if plan.converts(migration):
+        return (f"conversion of 0003-0016 of pgflow-cli {installer.old_levels.OLD_BUILD} (one transaction: a catalog "
+                "comparison, then the stage's functions and grants; no table scanned or altered)")
+    return migration.phased.path(conn) if migration.phased else "one transaction"
 
 
 def abort(conn: psycopg.Connection, version: int) -> str:
@@ -764,14 +782,14 @@ def sql_script(conn: psycopg.Connection, *, target_version: int | None = None, a
     if not plan.state.has_pgmq_meta:
         notes.append("PGMQ is not installed: psql stops at the first migration until it is (CREATE EXTENSION pgmq), "
                      "or use `pgflow migrate apply --install-pgmq`")
-    skips = installer.file_runs(installer.available_migrations(), todo)
+    if plan.converts(todo[0]):
+        return _conversion_script(plan, todo[0], notes)
     out = [f"-- pgflow-cli {__version__}: `pgflow migrate apply` on its one-transaction path, as a psql script.",
            "-- Run it with: psql -v ON_ERROR_STOP=1 -f this-file.sql (each migration is one transaction).",
            "\\set ON_ERROR_STOP on", ""]
     with ClientCursor(conn) as cur:
         for migration in todo:
-            skip = skips.get(migration.version, frozenset())
-            phases = migration.phases_for_single_transaction(skip)
+            phases = migration.phases_for_single_transaction()
             if migration.phased and migration.phased.large(conn) and online == "auto":
                 notes.append(f"{migration.label}: `apply` would take the phased path here (large table); this script "
                              "is the one-transaction path, which holds its locks for the whole migration")
@@ -801,15 +819,31 @@ def sql_script(conn: psycopg.Connection, *, target_version: int | None = None, a
             out.append(_statement(cur.mogrify(sqlfiles.statement(installer.QUERIES, "ledger_record"), {
                 "version": migration.version, "name": migration.name, "checksum": migration.checksum,
                 "tool_version": __version__, "duration_ms": 0, "state": "applied", "phases_done": []})))
-            ran = [a for a in migration.applies if a.path not in skip]
-            if ran:
-                out.append(_statement(sqlfiles.statement(installer.QUERIES, "ledger_files_bootstrap")))
-                for applied in ran:
-                    out.append(_statement(cur.mogrify(sqlfiles.statement(installer.QUERIES, "ledger_file_record"), {
-                        "version": migration.version, "path": applied.path, "checksum": applied.checksum})))
             out.append("COMMIT;")
             out.append("")
     return Script("\n".join(out), notes)
+
+
+def _conversion_script(plan: installer.Plan, migration: installer.Migration, notes: list[str]) -> Script:
+    """The conversion of an earlier build's ledger as text to review, commented out: it cannot run as
+    a script, because it starts with a comparison of the catalog with the frozen schema of level 16
+    that the tool makes (a script would change the ledger of a database it never checked)."""
+    notes.append(conversion_sentence(plan) + ". It cannot be printed as a script psql runs as is: it first "
+                 "compares the catalog with the schema those migrations leave, which only the tool does (a script "
+                 "would rewrite the ledger of a database nobody checked); the text below is commented out, for "
+                 "review only. Convert with `pgflow migrate apply`; `--sql` prints the migrations after it")
+    review = "\n".join([
+        f"-- {migration.label}: the conversion of migrations 0003-0016 of pgflow-cli {installer.old_levels.OLD_BUILD}",
+        "-- 1. the catalog comparison (in the tool), 2. the stage's functions:",
+        migration.section("functions"),
+        "-- 3. its grants:",
+        migration.section("grants"),
+        "-- 4. the functions of level 16 it did not create again are dropped; the per-file ledger goes:",
+        sqlfiles.statement(installer.QUERIES, "drop_file_ledger") + ";",
+        "-- 5. ledger rows 0003-0016 become one row of " + migration.label,
+    ])
+    commented = "\n".join(f"-- {line}" if line else "--" for line in review.splitlines())
+    return Script(f"-- FOR REVIEW ONLY (not runnable as is): convert with `pgflow migrate apply`\n{commented}\n", notes)
 
 
 def _statement(text: str) -> str:

@@ -1,21 +1,26 @@
-"""``pgflow runs list`` and ``pgflow runs show``: runs, their steps, tasks, attempts and errors.
+"""``pgflow runs``: list and show runs (read-only), start and await them (through the run client).
 
-Read-only (SELECT on the pgflow tables, ``sql/queries/runs.sql``), on every schema level from the
-protocol-1 baseline on. Run inputs and PGMQ message bodies are never read; step and task outputs
-only when asked for (``--show-output``). docs/commands/runs.md.
+``list`` and ``show`` only read (SELECT on the pgflow tables, ``sql/queries/runs.sql``), on every schema
+level from the protocol-1 baseline on. ``start`` and ``wait`` go through :mod:`pgflow_cli.client`. Run
+inputs and PGMQ message bodies are never read back; step and task outputs only when asked for
+(``--show-output``). Every command that takes a run id takes a unique prefix of one
+(:func:`resolve_run_id`, the one resolver). docs/commands/runs.md.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from pgflow_cli import sqlfiles
+from pgflow_cli import client, db, sqlfiles
 from pgflow_cli.db import scalar, transaction
 from pgflow_cli.errors import StateConflict, UsageError
 from pgflow_cli.operations.status import RUN_STATES, utc_iso
@@ -24,6 +29,8 @@ QUERIES = "queries/runs.sql"
 
 LIST_KIND = "pgflow-cli/runs-list"
 SHOW_KIND = "pgflow-cli/runs-show"
+START_KIND = "pgflow-cli/runs-start"
+WAIT_KIND = "pgflow-cli/runs-wait"
 DOCUMENT_VERSION = 1
 
 MAX_LIMIT = 1000
@@ -37,6 +44,71 @@ def parse_run_id(text: str, what: str = "RUN_ID") -> str:
     except ValueError:
         raise UsageError(f"{what} {text!r} is not a run id (a UUID such as 6f1c2a9e-8d3b-4c5e-9f10-2a3b4c5d6e7f)",
                          hint="`pgflow runs list` shows the run ids") from None
+
+
+MIN_PREFIX = 4
+"""Fewest hex digits of a run id prefix (as git's shortest abbreviation)."""
+MAX_MATCHES = 10
+"""Matches an ambiguous prefix's error lists."""
+
+_DASHES = (8, 13, 18, 23)
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+def parse_run_ref(text: str, what: str = "RUN_ID") -> str:
+    """A run id, or a prefix of one, as lower-case hex digits (a full id as its canonical text);
+    checked before any connection.
+
+    A prefix has at least :data:`MIN_PREFIX` hex digits, written without dashes or with them where
+    a run id has them (``6f1c2a9e-8d3b``).
+
+    Raises:
+        UsageError: neither a run id nor a prefix of one (exit 2).
+    """
+    raw = text.strip().lower()
+    with_dashes = all(raw[i] == "-" for i in _DASHES if i < len(raw))
+    digits = raw.replace("-", "") if "-" in raw and with_dashes else raw
+    if len(digits) == 32 and _HEX.fullmatch(digits):
+        return str(uuid.UUID(digits))
+    if not (MIN_PREFIX <= len(digits) < 32 and _HEX.fullmatch(digits)):
+        raise UsageError(f"{what} {text!r} is neither a run id nor a prefix of one (at least {MIN_PREFIX} of its "
+                         "hex digits, e.g. 6f1c2a9e)", hint="`pgflow runs list` shows the run ids")
+    return digits
+
+
+def resolve_run_id(conn: psycopg.Connection, text: str, what: str = "RUN_ID") -> str:
+    """The run id ``text`` names: a whole run id as it is (whether or not such a run exists; the
+    command says so), or the one run whose id starts with the prefix ``text`` (git-style).
+
+    Every command that takes a run id resolves it here, so a prefix works the same everywhere.
+
+    Args:
+        conn: a connection (a read of ``pgflow.runs`` by primary key range).
+        text: a run id or a prefix of one (:func:`parse_run_ref`).
+        what: how messages name the argument (``RUN_ID``, ``--before``).
+
+    Raises:
+        UsageError: not a run id or prefix, or a prefix several runs share (exit 2; the matches,
+            up to :data:`MAX_MATCHES`, are listed).
+        StateConflict: no run id starts with the prefix (exit 6).
+    """
+    ref = parse_run_ref(text, what)
+    if len(ref) == 36:
+        return ref
+    bounds = {"low": str(uuid.UUID(ref.ljust(32, "0"))), "high": str(uuid.UUID(ref.ljust(32, "f"))),
+              "limit": MAX_MATCHES + 1}
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(sqlfiles.statement(QUERIES, "runs_with_prefix"), bounds).fetchall()
+    if not rows:
+        raise StateConflict(f"no run id starts with {text.strip()!r}", hint="`pgflow runs list` shows the run ids")
+    if len(rows) > 1:
+        shown = rows[:MAX_MATCHES]
+        more = ["..."] if len(rows) > MAX_MATCHES else []
+        raise UsageError(f"{what} {text.strip()!r} is ambiguous: {len(shown)}{'+' if more else ''} runs start with it",
+                         hint="give more of the id",
+                         detail=[f"{row['run_id']}  {row['flow_slug']}  {row['status']}  started {utc_iso(row['started_at'])}"
+                                 for row in shown] + more)
+    return str(rows[0]["run_id"])
 
 
 def _timestamps(row: dict[str, Any]) -> dict[str, Any]:
@@ -110,9 +182,11 @@ def list_runs(
         raise UsageError(f"unknown run status {status!r}", hint="choose from: " + ", ".join(RUN_STATES))
     if not 1 <= limit <= MAX_LIMIT:
         raise UsageError(f"--limit must be between 1 and {MAX_LIMIT}, got {limit}")
-    before_id = parse_run_id(before, "--before") if before is not None else None
-    params = {"flow": flow, "status": status, "limit": limit, "before": before_id}
+    if before is not None:
+        parse_run_ref(before, "--before")
     with transaction(conn, read_only=True, isolation="repeatable read"):
+        before_id = resolve_run_id(conn, before, "--before") if before is not None else None
+        params = {"flow": flow, "status": status, "limit": limit, "before": before_id}
         if flow is not None and not scalar(conn.execute(sqlfiles.statement(QUERIES, "flow_exists"), params)):
             raise StateConflict(f"no flow named {flow!r}", hint="flow slugs are exact and case-sensitive")
         if before_id is not None and not scalar(conn.execute(sqlfiles.statement(QUERIES, "run_exists"),
@@ -161,19 +235,20 @@ def show_run(conn: psycopg.Connection, run_id: str, *, show_output: bool = False
 
     Args:
         conn: an autocommit connection.
-        run_id: the run's UUID (text; checked here).
+        run_id: the run's id or a unique prefix of it (:func:`resolve_run_id`).
         show_output: also read the run's, steps' and tasks' outputs.
         max_tasks: at most this many tasks (by step order, then index).
 
     Raises:
-        UsageError: ``run_id`` is not a UUID, or ``max_tasks`` < 1 (exit 2).
+        UsageError: ``run_id`` is neither a run id nor a unique prefix, or ``max_tasks`` < 1 (exit 2).
         StateConflict: no such run (exit 6).
     """
-    canonical = parse_run_id(run_id)
+    parse_run_ref(run_id)
     if max_tasks < 1:
         raise UsageError(f"--max-tasks must be at least 1, got {max_tasks}")
-    params = {"run_id": canonical, "show_output": show_output, "max_tasks": max_tasks}
     with transaction(conn, read_only=True, isolation="repeatable read"), conn.cursor(row_factory=dict_row) as cur:
+        canonical = resolve_run_id(conn, run_id)
+        params = {"run_id": canonical, "show_output": show_output, "max_tasks": max_tasks}
         run = cur.execute(sqlfiles.statement(QUERIES, "run"), params).fetchone()
         if run is None:
             raise StateConflict(f"no run {canonical}", hint="`pgflow runs list` shows the run ids")
@@ -188,3 +263,154 @@ def show_run(conn: psycopg.Connection, run_id: str, *, show_output: bool = False
         for item in (run, *steps, *tasks):
             item.pop("output", None)
     return RunDetail({**run, "run_id": str(run["run_id"])}, steps, tasks, total, show_output)
+
+
+# ------------------------------------------------------------------------------------------------
+# runs start / runs wait
+# ------------------------------------------------------------------------------------------------
+PROGRESS_EVERY = 5.0
+"""Seconds between progress lines while a command waits (on stderr)."""
+
+WAIT_POLICY = client.PollPolicy(first_interval=0.05, factor=1.5, max_interval=1.0, reconnect_timeout=30.0)
+"""How the command line looks at the run it awaits: the client's default backoff with at most 1 s
+between looks (one person, one run: a quicker answer is worth one statement a second)."""
+
+
+@dataclass
+class RunReport:
+    """What ``runs start`` and ``runs wait`` report: the run as last read and, when awaited, how the
+    wait ended.
+
+    Attributes:
+        kind: :data:`START_KIND` or :data:`WAIT_KIND`.
+        run: ``run_id``, ``flow_slug``, ``status``, ``remaining_steps``, ``started_at``, ``ended_at``.
+        waited: whether the command awaited the run (``runs start`` without ``--wait``: no).
+        outcome: ``completed``, ``failed``, ``deadline`` (the timeout came first), or None (not awaited).
+        timeout_seconds: the ``--timeout`` given (None: none).
+        waited_seconds: how long the command waited.
+        output: a completed run's output, only when ``show_output``.
+        failures: a failed run's failed steps, each with its error and failed tasks.
+        show_output: whether the output was asked for.
+    """
+
+    kind: str
+    run: dict[str, Any]
+    waited: bool = False
+    outcome: str | None = None
+    timeout_seconds: float | None = None
+    waited_seconds: float | None = None
+    output: Any = None
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    show_output: bool = False
+
+    def to_document(self) -> dict[str, Any]:
+        """The versioned JSON document (docs/schemas/runs-start.schema.json, runs-wait.schema.json)."""
+        wait = None
+        if self.waited:
+            wait = {"outcome": self.outcome, "timeout_seconds": self.timeout_seconds,
+                    "waited_seconds": round(self.waited_seconds or 0.0, 3), "failures": self.failures}
+            if self.show_output:
+                wait["output"] = self.output
+        return {"kind": self.kind, "version": DOCUMENT_VERSION, "show_output": self.show_output,
+                "run": _timestamps(self.run), "wait": wait}
+
+
+def read_run(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
+    """A run's row as :class:`RunReport` keeps it (no input, no output).
+
+    Args:
+        conn: an autocommit connection.
+        run_id: a run id or a unique prefix of one (:func:`resolve_run_id`).
+
+    Raises:
+        UsageError: not a run id, or an ambiguous prefix (exit 2).
+        StateConflict: no such run (exit 6).
+    """
+    with conn.cursor(row_factory=dict_row) as cur:
+        canonical = resolve_run_id(conn, run_id)
+        row = cur.execute(sqlfiles.statement(QUERIES, "run"), {"run_id": canonical, "show_output": False}).fetchone()
+    if row is None:
+        raise StateConflict(f"no run {canonical}", hint="`pgflow runs list` shows the run ids")
+    return {"run_id": str(row["run_id"]), "flow_slug": row["flow_slug"], "status": row["status"],
+            "remaining_steps": row["remaining_steps"], "started_at": row["started_at"],
+            "ended_at": row["completed_at"] or row["failed_at"]}
+
+
+def read_input(value: str, stdin: Callable[[], str]) -> client.RawJson:
+    """The run input of ``--input``: JSON text, ``@FILE`` (a file's text) or ``@-`` (standard input),
+    checked as PostgreSQL will read it (:mod:`pgflow_cli.jsoncheck`) before anything is sent.
+
+    Raises:
+        UsageError, JsonValueError: unreadable file, not JSON, or a value jsonb refuses, with its path (exit 2).
+    """
+    from pgflow_cli import jsoncheck
+
+    what = "--input"
+    text = value
+    if value.startswith("@"):
+        name = value[1:]
+        what = "standard input" if name == "-" else name
+        try:
+            text = stdin() if name == "-" else open(name, encoding="utf-8").read()  # noqa: SIM115
+        except OSError as exc:
+            raise UsageError(f"--input {value}: cannot read {name}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"--input {value}: {name} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    jsoncheck.parse_text(text, what=what)
+    return client.RawJson(text)
+
+
+def start_run(conn: psycopg.Connection, flow_slug: str, run_input: client.RawJson) -> RunReport:
+    """Start one run (``pgflow.start_flow``, one statement on an autocommit connection).
+
+    Raises:
+        FlowNotFound: no such flow (exit 6); InvalidInput: the flow cannot take the input (exit 2).
+    """
+    run = client.start_run(conn, flow_slug, run_input)
+    return RunReport(START_KIND, {"run_id": run.run_id, "flow_slug": run.flow_slug, "status": run.status,
+                                  "remaining_steps": run.remaining_steps, "started_at": run.started_at,
+                                  "ended_at": None})
+
+
+def await_run(target: db.Target, report: RunReport, *, timeout: float | None, show_output: bool,
+              on_progress: Callable[[client.RunProgress, float], None], connect_timeout: int = 10) -> RunReport:
+    """Await the run of ``report`` (a client of its own) and fill in how the wait ended.
+
+    Args:
+        target: the database.
+        report: from :func:`start_run` or a :data:`WAIT_KIND` report of :func:`read_run`.
+        timeout: seconds to wait at most (None: until it ends).
+        show_output: keep a completed run's output in the report.
+        on_progress: called every :data:`PROGRESS_EVERY` seconds with where the run stood and the
+            seconds waited so far.
+        connect_timeout: seconds libpq waits for the server.
+
+    Returns:
+        ``report`` with ``outcome`` ``completed``, ``failed`` or ``deadline``.
+
+    Raises:
+        RunNotFound (exit 6), ConnectionFailed (exit 3: lost and not restored within 30 s).
+    """
+    began = time.monotonic()
+    report.waited, report.timeout_seconds, report.show_output = True, timeout, show_output
+    run_id = report.run["run_id"]
+    with client.Client(target, connect_timeout=connect_timeout, poll=WAIT_POLICY,
+                       application_name="pgflow-cli runs wait") as waiter:
+        try:
+            outcome = waiter.outcome(run_id, timeout=timeout, progress_every=PROGRESS_EVERY,
+                                     on_progress=lambda progress: on_progress(progress, time.monotonic() - began))
+        except client.WaitTimeout as late:
+            report.outcome = "deadline"
+            if late.progress is not None and late.progress.status is not None:
+                report.run.update(status=late.progress.status, remaining_steps=late.progress.remaining_steps)
+            report.waited_seconds = time.monotonic() - began
+            return report
+    report.waited_seconds = time.monotonic() - began
+    report.outcome = outcome.status
+    report.run.update(status=outcome.status, ended_at=outcome.ended_at, remaining_steps=outcome.remaining_steps)
+    report.output = outcome.output if show_output else None
+    report.failures = [{"step_slug": f.step_slug, "error_message": f.error_message,
+                        "tasks": [{"task_index": t.task_index, "error_message": t.error_message,
+                                   "attempts_count": t.attempts_count} for t in f.tasks]}
+                       for f in outcome.failures]
+    return report

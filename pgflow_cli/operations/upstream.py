@@ -45,7 +45,7 @@ class UpstreamPlan:
         completion: online completion steps left by an adoption that was interrupted after its commit
             (the history backfill is not one of them: see ``history``).
         history: the history backfill still to run (``{"step": "backfill", "next_page": n}``), or
-            ``None``. Optional since migration 0011: ``get_run_with_states`` computes those outputs,
+            ``None``. Optional since migration 0003: ``get_run_with_states`` computes those outputs,
             and ``pgflow migrate apply`` stores them only with ``--fill-history``.
     """
 
@@ -120,7 +120,7 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
         plan.notes.append(
             "step outputs were not stored by this release: the adoption backfills every completed step as 0.13.0 "
             "did, the runs in flight inside its transaction" + (
-                "; for the finished runs get_run_with_states computes them from their tasks (migration 0011): "
+                "; for the finished runs get_run_with_states computes them from their tasks (migration 0003): "
                 "step_states.output stays null for them until `pgflow migrate apply --fill-history` stores them "
                 "online, after the migrations" if large else ""))
     if "worker_functions" in releases.shape(releases.group_of(found.releases[-1]))["table"]:
@@ -152,7 +152,7 @@ def inspect(conn: psycopg.Connection, *, assume_release: str | None = None) -> U
 
 HISTORY_NOTE = ("optional, not run by default: the history backfill has not stored the step outputs of runs that "
                 "finished before the adoption ({where}); get_run_with_states computes them from their tasks "
-                "(migration 0011), but step_states.output (your queries, `pgflow runs show --output`, a drop-flow "
+                "(migration 0003), but step_states.output (your queries, `pgflow runs show --output`, a drop-flow "
                 "export's step states) is null for them until `pgflow migrate apply --fill-history` stores them "
                 "(online, in batches, resumable)")
 

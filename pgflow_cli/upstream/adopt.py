@@ -18,7 +18,7 @@ whole transaction back and it is retried; a killed client leaves the database as
 On a large database (:data:`ONLINE_THRESHOLD_BYTES`) the transaction backfills only the step
 outputs the runtime reads (runs in flight); the index, the constraint validations and, last,
 the **history backfill** (the stored outputs of finished runs; ``get_run_with_states``
-computes them from their tasks since migration 0011) run after the commit in short
+computes them from their tasks since migration 0003) run after the commit in short
 transactions, recorded in ``pgflow.schema_adoption.pending`` so a rerun resumes. ``pgflow
 migrate apply`` runs the history backfill only with ``--fill-history``, after the migrations
 (:func:`complete` with ``history``).

@@ -21,6 +21,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgflow_cli import sqlfiles
+from pgflow_cli.installer.catalog import Difference
+from pgflow_cli.installer.catalog import compare as compare_shapes
 from pgflow_cli.upstream import releases
 from pgflow_cli.upstream.releases import GROUPS, KINDS
 
@@ -34,37 +36,6 @@ UNRECOGNISED = "unrecognised"
 
 _CALL = re.compile(r"pgflow\.([a-z_][a-z0-9_]*)\s*\(", re.IGNORECASE)
 _HISTORY_NAME = re.compile(r"(?:^|_)(?P<ts>\d{14})_pgflow_")
-
-
-@dataclass(frozen=True)
-class Difference:
-    """One way a schema differs from a release's shape.
-
-    Attributes:
-        change: ``missing`` (the release has it, the database does not), ``extra`` (the other
-            way round) or ``changed`` (both have it, with different details).
-        kind: ``table``, ``column``, ``attribute``, ``constraint``, ``index`` or ``function``.
-        name: the object's key, e.g. ``steps.when_unmet`` or ``add_step(flow_slug text, ...)``.
-        expected: the release's detail (type/default, contype, result type), ``None`` when extra.
-        found: the database's detail, ``None`` when missing.
-    """
-
-    change: str
-    kind: str
-    name: str
-    expected: str | None = None
-    found: str | None = None
-
-    def describe(self) -> str:
-        """One line for reports: ``missing column steps.when_unmet (text not null default ...)``."""
-        if self.change == "changed":
-            return f"changed {self.kind} {self.name}: release has {self.expected!r}, database has {self.found!r}"
-        detail = self.expected if self.change == "missing" else self.found
-        return f"{self.change} {self.kind} {self.name}" + (f" ({detail})" if detail else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"change": self.change, "kind": self.kind, "name": self.name, "expected": self.expected,
-                "found": self.found}
 
 
 @dataclass(frozen=True)
@@ -247,17 +218,7 @@ def read_facts(conn: psycopg.Connection) -> CatalogFacts:
 
 def compare(expected: Mapping[str, Mapping[str, str]], found: Mapping[str, Mapping[str, str]]) -> list[Difference]:
     """Every difference between a release shape and the database's objects, in a stable order."""
-    out: list[Difference] = []
-    for kind in KINDS:
-        want, have = expected.get(kind, {}), found.get(kind, {})
-        for key in sorted(set(want) - set(have)):
-            out.append(Difference("missing", kind, key, want[key] or None, None))
-        for key in sorted(set(have) - set(want)):
-            out.append(Difference("extra", kind, key, None, have[key] or None))
-        for key in sorted(set(want) & set(have)):
-            if want[key] != have[key]:
-                out.append(Difference("changed", kind, key, want[key], have[key]))
-    return out
+    return compare_shapes(expected, found, KINDS, source="release has")
 
 
 def body_differences(group_index: int, bodies: Mapping[str, str]) -> list[str]:

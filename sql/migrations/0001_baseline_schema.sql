@@ -14,9 +14,30 @@ REVOKE ALL ON SCHEMA pgflow FROM PUBLIC;
 
 COMMENT ON SCHEMA pgflow IS 'pgflow workflow engine (installed by pgflow-cli; see pgflow.schema_migrations)';
 
---@include baseline/definitions/is_valid_slug.sql as-create
+-- Released slug rule. Replaced (not weakened) by the queue-identity migration.
+CREATE FUNCTION pgflow.is_valid_slug(slug text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+SET search_path = ''
+AS $$
+  SELECT slug IS NOT NULL
+     AND slug <> ''
+     AND length(slug) <= 128
+     AND (slug COLLATE "C") ~ '^[A-Za-z_][A-Za-z0-9_]*$'
+     AND slug <> 'run'
+$$;
 
---@include baseline/workers/protocol_version.sql as-create
+-- The worker/database protocol this schema speaks. A worker states the version it speaks at
+-- startup; any mismatch is refused before registration or polling (DESIGN.md "protocol version").
+--   1 = released baseline: startup compile ensure_flow_compiled(flow_slug, shape),
+--       claim start_tasks(flow_slug, msg_ids, worker_id); the queue is the flow slug.
+CREATE FUNCTION pgflow.protocol_version()
+RETURNS integer
+LANGUAGE sql
+IMMUTABLE
+SET search_path = ''
+AS $$ SELECT 1 $$;
 
 ------------------------------------------------------------------------------------------------
 -- Definitions
@@ -214,7 +235,16 @@ CREATE INDEX idx_step_tasks_started ON pgflow.step_tasks (started_at) WHERE stat
 CREATE INDEX idx_step_tasks_queued_msg ON pgflow.step_tasks (message_id) WHERE status = 'queued';
 CREATE INDEX idx_step_tasks_last_worker ON pgflow.step_tasks (last_worker_id) WHERE status = 'started';
 
---@include functions/claim/step_task_record.sql
+-- What a claim hands to a worker (upstream-compatible field order).
+CREATE TYPE pgflow.step_task_record AS (
+  flow_slug   text,
+  run_id      uuid,
+  step_slug   text,
+  input       jsonb,
+  msg_id      bigint,
+  task_index  integer,
+  flow_input  jsonb
+);
 
 -- Nothing in pgflow is reachable by PUBLIC; operators grant to their own roles
 -- (docs/permissions.md).

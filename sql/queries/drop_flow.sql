@@ -2,7 +2,7 @@
 -- plan are SQL functions (sql/functions/drop_flow/); these only call them, export, and verify.
 
 --@name installed
--- Whether this database has whole-flow deletion (migration 0008).
+-- Whether this database has whole-flow deletion (migration 0003).
 SELECT pg_catalog.to_regprocedure('pgflow.drop_flow(text, boolean)') IS NOT NULL
    AND pg_catalog.to_regprocedure('pgflow.drop_flow_plan(text)') IS NOT NULL AS installed;
 
@@ -37,7 +37,7 @@ WHERE r.flow_slug = %(flow_slug)s ORDER BY r.started_at, r.run_id;
 -- One step state row per line, in (run_id, step_slug) order. The steps of a run with a completed step
 -- whose output was never stored (it finished before an adoption of pgflow 0.8-0.12, and the history
 -- backfill has not stored the outputs yet) are the "steps" of pgflow.get_run_with_states (migration
--- 0011), which computes such an output from the tasks: the computation keeps its one home there,
+-- 0003), which computes such an output from the tasks: the computation keeps its one home there,
 -- and is asked only for those runs (one call per run). Every other line is the row itself.
 WITH computed AS (
   SELECT DISTINCT ss.run_id FROM pgflow.step_states AS ss

@@ -4,7 +4,7 @@
 -- it has not stopped and its last heartbeat is younger than the window).
 
 --@name installed
--- Whether this database has the fence record (migration 0007 or later).
+-- Whether this database has the fence record (migration 0003).
 SELECT to_regclass('pgflow.fences') IS NOT NULL
        AND to_regprocedure('pgflow.fence_disable(text[], text)') IS NOT NULL
        AND to_regprocedure('pgflow.fence_restore(text[])') IS NOT NULL AS installed;

@@ -20,35 +20,11 @@ COMMENT ON TABLE pgflow.schema_migrations IS
   'migrations applied by pgflow-cli: one row per sql/migrations file, with its SHA-256 checksum';
 REVOKE ALL ON pgflow.schema_migrations FROM PUBLIC;
 
---@name ledger_files_bootstrap
--- Created with the first migration that applies function files (--@apply), in its transaction.
-CREATE TABLE IF NOT EXISTS pgflow.schema_migration_files (
-  version   integer NOT NULL REFERENCES pgflow.schema_migrations (version) ON DELETE CASCADE,
-  path      text    NOT NULL,
-  checksum  text    NOT NULL,
-  PRIMARY KEY (version, path)
-);
-COMMENT ON TABLE pgflow.schema_migration_files IS
-  'function files (sql/functions/...) each migration ran, with the SHA-256 of the text it ran';
-REVOKE ALL ON pgflow.schema_migration_files FROM PUBLIC;
-
---@name ledger_file_record
-INSERT INTO pgflow.schema_migration_files (version, path, checksum)
-VALUES (%(version)s, %(path)s, %(checksum)s)
-ON CONFLICT (version, path) DO UPDATE SET checksum = EXCLUDED.checksum;
-
---@name ledger_files
--- The newest recorded text of every function file (empty before the first --@apply migration).
-SELECT DISTINCT ON (f.path) f.path, f.version, f.checksum
-FROM pgflow.schema_migration_files AS f
-ORDER BY f.path, f.version DESC;
-
 --@name database_state
 -- What is installed: the pgflow schema, its ledger, PGMQ. Catalog reads only.
 SELECT
   to_regnamespace('pgflow') IS NOT NULL                       AS has_pgflow_schema,
   to_regclass('pgflow.schema_migrations') IS NOT NULL         AS has_ledger,
-  to_regclass('pgflow.schema_migration_files') IS NOT NULL    AS has_file_ledger,
   to_regclass('pgflow.flows') IS NOT NULL                     AS has_flows_table,
   to_regnamespace('pgmq') IS NOT NULL                         AS has_pgmq_schema,
   to_regclass('pgmq.meta') IS NOT NULL                        AS has_pgmq_meta,
@@ -197,26 +173,95 @@ SELECT set_config('lock_timeout', %(value)s, false);
 -- `migrate apply --sql` scripts wait for any running migrator, and it for them.
 SELECT pg_advisory_xact_lock(1885824631, 0)
 
---@name apply_create_only
--- An --@apply line of an earlier migration of a run, for a file a later migration of the run
--- applies in full (installer.files.create_only): the file's text runs without body checks in a
--- subtransaction, kept only if it created a function or trigger that did not exist before it.
-DO $pgflow_create_only$
-DECLARE
-  v_procs oid[] := ARRAY(SELECT p.oid FROM pg_catalog.pg_proc AS p);
-  v_triggers oid[] := ARRAY(SELECT t.oid FROM pg_catalog.pg_trigger AS t);
-  v_checks text := pg_catalog.current_setting('check_function_bodies');
-BEGIN
-  BEGIN
-    PERFORM pg_catalog.set_config('check_function_bodies', 'off', true);
-    EXECUTE {{text}};
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p WHERE p.oid <> ALL (v_procs))
-       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t WHERE t.oid <> ALL (v_triggers)) THEN
-      RAISE EXCEPTION USING ERRCODE = 'PFI01', MESSAGE = 'sql/{{path}} creates nothing here';
-    END IF;
-    PERFORM pg_catalog.set_config('check_function_bodies', v_checks, true);
-  EXCEPTION WHEN SQLSTATE 'PFI01' THEN
-    NULL;  -- it would only replace what exists: undone, the existing text stays until the later migration
-  END;
-END
-$pgflow_create_only$;
+--@name schema_facts
+-- The relational schema of pgflow, one row per object: kind, name, detail. Catalog reads only.
+-- What a ledger of an earlier build is compared with before it is converted (installer.old_levels):
+--   table       relname                  its comment
+--   column      table.column             type [not null] [default ...] [identity ...] [-- comment] (by name:
+--                                        a table's column order depends on how it was built, adoption included)
+--   attribute   type.attribute           position: type (composite types: the order is the type)
+--   constraint  table.constraint         definition [NOT VALID] [-- comment]
+--   index       index name               definition [INVALID]
+--   trigger     table.trigger            definition [disabled]
+-- The ledger's own tables (schema_migrations, schema_migration_files) and the adoption record are
+-- left out: they are the installer's, not the runtime's.
+WITH ns AS (
+  SELECT n.oid FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'pgflow'
+), rel AS (
+  SELECT c.oid, c.relname, c.relkind
+  FROM pg_catalog.pg_class AS c
+  WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relkind IN ('r', 'p', 'c')
+    AND c.relname NOT IN ('schema_migrations', 'schema_migration_files', 'schema_adoption')
+)
+SELECT 'table' AS kind, r.relname::text AS name, coalesce(pg_catalog.obj_description(r.oid, 'pg_class'), '') AS detail
+FROM rel AS r
+WHERE r.relkind IN ('r', 'p')
+UNION ALL
+SELECT CASE r.relkind WHEN 'c' THEN 'attribute' ELSE 'column' END,
+       r.relname || '.' || a.attname,
+       CASE r.relkind WHEN 'c' THEN pg_catalog.row_number() OVER (PARTITION BY r.oid ORDER BY a.attnum) || ': ' ELSE '' END
+         || pg_catalog.format_type(a.atttypid, a.atttypmod)
+         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+         || coalesce(' default ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
+         || CASE a.attidentity WHEN 'a' THEN ' generated always as identity'
+                               WHEN 'd' THEN ' generated by default as identity' ELSE '' END
+         || coalesce(' -- ' || pg_catalog.col_description(r.oid, a.attnum), '')
+FROM rel AS r
+JOIN pg_catalog.pg_attribute AS a ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_catalog.pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+UNION ALL
+SELECT 'constraint', r.relname || '.' || k.conname,
+       pg_catalog.pg_get_constraintdef(k.oid) || CASE WHEN k.convalidated THEN '' ELSE ' NOT VALID' END
+         || coalesce(' -- ' || pg_catalog.obj_description(k.oid, 'pg_constraint'), '')
+FROM pg_catalog.pg_constraint AS k
+JOIN rel AS r ON r.oid = k.conrelid
+UNION ALL
+SELECT 'index', i.relname::text,
+       pg_catalog.pg_get_indexdef(x.indexrelid) || CASE WHEN x.indisvalid THEN '' ELSE ' INVALID' END
+FROM pg_catalog.pg_index AS x
+JOIN pg_catalog.pg_class AS i ON i.oid = x.indexrelid
+JOIN rel AS r ON r.oid = x.indrelid
+UNION ALL
+SELECT 'trigger', r.relname || '.' || t.tgname,
+       pg_catalog.pg_get_triggerdef(t.oid) || CASE t.tgenabled WHEN 'D' THEN ' disabled' ELSE '' END
+FROM pg_catalog.pg_trigger AS t
+JOIN rel AS r ON r.oid = t.tgrelid
+WHERE NOT t.tgisinternal
+ORDER BY 1, 2;
+
+--@name function_definitions
+-- Every function of pgflow as the catalog holds it, for the comparison with the function files
+-- (installer.catalog.function_drift): its body and the options a CREATE FUNCTION states.
+SELECT p.proname::text AS name,
+       pg_catalog.pg_get_function_identity_arguments(p.oid) AS arguments,
+       p.prosrc AS body,
+       l.lanname::text AS language,
+       p.provolatile::text AS volatility,
+       p.prosecdef AS security_definer,
+       p.proisstrict AS strict,
+       coalesce(p.proconfig, '{}') AS config
+FROM pg_catalog.pg_proc AS p
+JOIN pg_catalog.pg_language AS l ON l.oid = p.prolang
+WHERE p.pronamespace = pg_catalog.to_regnamespace('pgflow')
+ORDER BY 1, 2;
+
+--@name drop_file_ledger
+-- The per-file ledger of an earlier build (its --@apply migrations recorded each function file).
+DROP TABLE IF EXISTS pgflow.schema_migration_files;
+
+--@name ledger_replace_old_levels
+-- The rows of an earlier build's migrations 0003-0016 become the one row of the migration that
+-- replaces them (installer.old_levels: the conversion).
+DELETE FROM pgflow.schema_migrations WHERE version BETWEEN %(first)s AND %(last)s;
+
+--@name drop_function
+-- A function of an earlier build that the current migration no longer creates; the runner fills in
+-- its signature as the catalog writes it (installer.old_levels.LEVEL_16_FUNCTIONS).
+DROP FUNCTION {function};
+
+--@name function_rows
+-- Where each function of pgflow is stored: a CREATE OR REPLACE writes a new row version, so a
+-- function whose row did not move was not created by the text that ran in between.
+SELECT p.oid::regprocedure::text AS signature, p.ctid::text AS row_version
+FROM pg_catalog.pg_proc AS p
+WHERE p.pronamespace = pg_catalog.to_regnamespace('pgflow');

@@ -24,6 +24,15 @@ SELECT EXISTS (SELECT 1 FROM pgflow.flows WHERE flow_slug = %(flow)s::text);
 --@name run_exists
 SELECT EXISTS (SELECT 1 FROM pgflow.runs WHERE run_id = %(run_id)s::uuid);
 
+--@name runs_with_prefix
+-- Run ids that start with a prefix (`runs show 3f2a`): the uuid range from the prefix padded with
+-- 0s to it padded with fs, so the primary key answers however many runs there are.
+SELECT r.run_id, r.flow_slug, r.status, r.started_at
+FROM pgflow.runs AS r
+WHERE r.run_id BETWEEN %(low)s::uuid AND %(high)s::uuid
+ORDER BY r.run_id
+LIMIT %(limit)s::integer;
+
 --@name run
 SELECT r.run_id, r.flow_slug, r.status, r.started_at, r.completed_at, r.failed_at, r.remaining_steps,
        CASE WHEN %(show_output)s::boolean THEN r.output END AS output
@@ -38,7 +47,7 @@ SELECT ss.step_slug, s.step_index, s.step_type, ss.status, ss.initial_tasks, ss.
        coalesce(s.opt_max_attempts, f.opt_max_attempts) AS max_attempts,
        coalesce(s.opt_timeout, f.opt_timeout) AS timeout_seconds,
        -- a completed step with no stored output (a run finished before an adoption of pgflow 0.8-0.12,
-       -- history not filled): the output get_run_with_states computes from its tasks (migration 0011)
+       -- history not filled): the output get_run_with_states computes from its tasks (migration 0003)
        CASE WHEN NOT %(show_output)s::boolean THEN NULL
             WHEN ss.output IS NULL AND ss.status = 'completed'
             THEN (SELECT e.value -> 'output'

@@ -18,7 +18,7 @@ ORDER BY f.flow_slug COLLATE "C";
 --@name capabilities
 -- stalled_recovery: pgflow.requeue_stalled_tasks() exists (not on an upstream-installed schema, whose
 -- tasks come back when their message's visibility timeout runs out: nothing is "stalled" there);
--- manual_tasks: step_tasks.execution_mode exists (migration 0009), which picks the stalled rule;
+-- manual_tasks: step_tasks.execution_mode exists (migration 0003), which picks the stalled rule;
 -- worker_routes: workers.flow_slug exists (this tool's schema), which the worker liveness rule reads.
 SELECT pg_catalog.to_regprocedure('pgflow.requeue_stalled_tasks()') IS NOT NULL AS stalled_recovery,
        EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
@@ -54,19 +54,40 @@ ORDER BY t.flow_slug, t.queued_at, t.run_id, t.step_slug, t.task_index;
 
 --@name stalled
 -- Stalled tasks: exactly the candidates the next pgflow.requeue_stalled_tasks() call takes (its
--- rule is read from the function's own file, not restated here), plus the tasks an earlier call
--- gave up on (permanently_stalled_at set: still started, message archived, nobody will finish them).
+-- rule, written as the function's file writes it: tests/status/test_status.py compares the two),
+-- plus the tasks an earlier call gave up on (permanently_stalled_at set: still started, message
+-- archived, nobody will finish them).
 WITH candidates AS (
---@include functions/maintenance/requeue_stalled_tasks.sql lines=25-36
+    SELECT t.run_id, t.step_slug, t.task_index
+    FROM pgflow.step_tasks AS t
+    JOIN pgflow.runs AS r ON r.run_id = t.run_id
+    JOIN pgflow.step_states AS ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
+    JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
+    JOIN pgflow.flows AS f ON f.flow_slug = t.flow_slug
+    WHERE t.status = 'started'
+      AND t.execution_mode = 'queue'  -- a manual task has no worker and no message to recover
+      AND t.permanently_stalled_at IS NULL
+      AND r.status = 'started'
+      AND ss.status = 'started'
+      AND t.started_at < pg_catalog.now() - pg_catalog.make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout) + 30)
 )
 --@include fragments/stalled_by_flow.sql
 
 --@name stalled_before_manual_tasks
--- The same before migration 0009 (no step_tasks.execution_mode): the rule without its manual-task
--- line, which is how requeue_stalled_tasks read on those levels (sql/released/0002).
+-- The same on the baseline (no step_tasks.execution_mode): the rule without its manual-task line,
+-- which is how the baseline's requeue_stalled_tasks reads.
 WITH candidates AS (
---@include functions/maintenance/requeue_stalled_tasks.sql lines=25-31
---@include functions/maintenance/requeue_stalled_tasks.sql lines=33-36
+    SELECT t.run_id, t.step_slug, t.task_index
+    FROM pgflow.step_tasks AS t
+    JOIN pgflow.runs AS r ON r.run_id = t.run_id
+    JOIN pgflow.step_states AS ss ON ss.run_id = t.run_id AND ss.step_slug = t.step_slug
+    JOIN pgflow.steps AS s ON s.flow_slug = t.flow_slug AND s.step_slug = t.step_slug
+    JOIN pgflow.flows AS f ON f.flow_slug = t.flow_slug
+    WHERE t.status = 'started'
+      AND t.permanently_stalled_at IS NULL
+      AND r.status = 'started'
+      AND ss.status = 'started'
+      AND t.started_at < pg_catalog.now() - pg_catalog.make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout) + 30)
 )
 --@include fragments/stalled_by_flow.sql
 
@@ -121,12 +142,21 @@ ORDER BY fq.flow_slug COLLATE "C" NULLS LAST, q.queue_name COLLATE "C";
 
 --@name workers
 -- Worker rows that have not stopped, per flow, by the liveness rule of `pgflow coverage` (its
--- fragment's workers_x, read from the file): live (heartbeat within %(heartbeat_window)s seconds,
+-- fragment's workers_x, written as sql/fragments/coverage_sources.sql writes it:
+-- tests/status/test_status.py compares the two): live (heartbeat within %(heartbeat_window)s seconds,
 -- not deprecated), deprecated (told to stop, still heartbeating: draining), stale (no heartbeat
 -- in the window without stopping: killed). A row registered without a flow counts for every flow
 -- whose queue it polls.
 WITH workers_x AS (
---@include fragments/coverage_sources.sql lines=22-30
+  SELECT w.worker_id, w.queue_name, w.function_name, w.flow_slug, w.step_slug, w.started_at,
+         w.last_heartbeat_at, w.deprecated_at, w.stopped_at,
+         pg_catalog.to_jsonb(w) ->> 'worker_version' AS worker_version,
+         w.stopped_at IS NULL AND w.deprecated_at IS NULL AND w.last_heartbeat_at >= h.since AS live,
+         w.stopped_at IS NULL AND w.deprecated_at IS NOT NULL AND w.last_heartbeat_at >= h.since AS draining,
+         w.stopped_at IS NULL AND w.last_heartbeat_at < h.since AS stale
+  FROM pgflow.workers AS w
+  CROSS JOIN (SELECT pg_catalog.clock_timestamp()
+                     - pg_catalog.make_interval(secs => %(heartbeat_window)s::double precision) AS since) AS h
 ), flows_x AS (
 --@include audit/flows.sql
 ), steps_x AS (

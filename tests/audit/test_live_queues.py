@@ -7,7 +7,7 @@ import psycopg
 import pytest
 
 from pgflow_cli import installer
-from pgflow_cli.errors import ExitCode, Refused
+from pgflow_cli.errors import ExitCode
 from tests.audit.helpers import audit, cli_json, define_flow
 from tests.support import server
 from tests.support.cli import run_cli
@@ -134,14 +134,15 @@ def test_the_turkish_database_upgrades_once_the_flow_is_drained_and_its_queue_cr
 
 
 def test_the_upgrade_rechecks_the_current_rules_under_its_locks(turkish_db):
-    """0003's own recheck is frozen with the rules it was released with; the installer runs the
-    current audit's blocking rules in its final transaction, so even a caller that skips the
-    preflight (the library, the sandbox) never commits tasks routed to a queue without a table."""
+    """0003's recheck is the current audit's blocking rules (regenerated from sql/audit/findings.sql
+    while 0003 is unreleased), run under its locks: even a caller that skips the preflight (the
+    library, the sandbox) never commits tasks routed to a queue without a table."""
     conn = turkish_db.connect()
     _flow_with_a_queued_task(conn, "Import")
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(psycopg.Error) as refused:
         installer.apply(conn)
-    assert "flow_queue_table_elsewhere import" in "\n".join(refused.value.detail)
+    assert refused.value.sqlstate == "PF005"
+    assert "flow_queue_table_elsewhere import" in refused.value.diag.message_detail
     assert max(s.version for s in installer.make_plan(conn).statuses if s.state == "applied") == 2
     assert conn.execute("SELECT to_regclass('pgflow.step_tasks') IS NOT NULL AND NOT EXISTS ("
                         "SELECT 1 FROM pg_attribute WHERE attrelid = 'pgflow.step_tasks'::regclass "

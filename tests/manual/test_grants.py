@@ -63,13 +63,13 @@ def test_nobody_but_the_owner_may_call_them_and_they_run_with_the_callers_rights
 
 
 def test_the_migration_revokes_them_from_client_roles_that_exist(db, client_roles):
-    from pgflow_cli import sqlfiles
+    from pgflow_cli import installer
 
     admin = db.connect()
     for signature in ENTRY_POINTS:
         admin.execute(f"GRANT EXECUTE ON FUNCTION {signature} TO anon, authenticated")
-    text = sqlfiles.load("migrations/0009_manual_tasks.sql")
-    admin.execute(text[text.index("DO $revoke$"):])  # the migration's last statement
+    stage = next(m for m in installer.available_migrations() if m.version == 3)
+    admin.execute(stage.section("grants"))  # the migration's grant block
     for signature in ENTRY_POINTS:
         for grantee in client_roles:
             assert admin.execute("SELECT has_function_privilege(%s, %s, 'EXECUTE')", (grantee, signature)).fetchone()[0] is False
@@ -121,11 +121,9 @@ def test_the_doc_lists_exactly_these_grants():
 
 def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db, client_role_names):
     """A role granted every pgflow function before the upgrade (docs/permissions.md worker recipe)
-    can still call everything the worker paths reach afterwards: 0009 grants the internal
-    functions complete_task/fail_task/start_ready_steps/compilation now call, and, in a run from
-    below 0005, the step-queue provisioning functions 0005 left to 0009 (each file runs once, in
-    the last pending migration). Only the manual entry points and their lock stay out of reach.
-    Before the fix the upgrade itself failed (0005 granting a function not created yet).
+    can still call everything the worker paths reach afterwards: the stage's grant block hands it
+    the internal functions complete_task/fail_task/start_ready_steps/compilation now call and the
+    step-queue provisioning. Only the manual entry points and their lock stay out of reach.
     ``client_role_names`` holds the server-wide lock of the tests that create and drop ``anon``
     and ``authenticated``: the upgrade's grant blocks name every role, and one dropped by another
     test between the catalog read and the GRANT/REVOKE would fail it."""
@@ -141,7 +139,7 @@ def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db, client_ro
         "JOIN pg_namespace AS n ON n.oid = p.pronamespace "
         "WHERE n.nspname = 'pgflow' AND p.prorettype <> 'trigger'::regtype AND NOT has_function_privilege(%s, p.oid, 'EXECUTE')",
         (role,)).fetchone()[0]
-    # operator-only functions of the fence (0007) and whole-flow deletion (0008) are never handed to
+    # operator-only functions of the fence and whole-flow deletion are never handed to
     # worker roles either (docs/permissions.md); the manual entry points are what this test is about
     operator_only = ("pgflow.fence_", "pgflow._fence", "pgflow.drop_flow", "pgflow._drop_flow",
                      "pgflow._require_flow", "pgflow._lock_flow_for_deletion", "pgflow._delete_flow_rows")

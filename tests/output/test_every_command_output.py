@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from pgflow_cli.worker import Flow, protocol
 from tests.output.helpers import seed
 from tests.support.cli import run_cli
 
@@ -20,8 +21,11 @@ COMMANDS = {
     "status": ["status"],
     "runs list": ["runs", "list"],
     "runs show": ["runs", "show", "{run_id}"],
+    "runs start": ["runs", "start", "review"],
+    "runs wait": ["runs", "wait", "{ended_run_id}"],
 }
-"""Every report command; ``{run_id}`` is the seeded run of flow ``review``."""
+"""Every report command; ``{run_id}`` is the seeded run of flow ``review``, ``{ended_run_id}`` a run of
+flow ``instant`` (it completes as it starts: its one step's condition is not met)."""
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +36,19 @@ def seeded(harness):
 
     database = fixed_database(harness, harness.template("latest", lambda c: _install(c, None)), "output_widths")
     seed(database)
+    instant = Flow("instant").step("gate", lambda value, ctx: value, if_={"go": True})
+    with database.connect() as conn:
+        protocol.ProtocolV2().compile(conn, instant.slug, instant.shape(), None)
+        conn.execute("SELECT pgflow.start_flow('instant', '{}')")
     yield database
     harness.drop(database)
 
 
 def _args(seeded, name):
     with seeded.connect() as conn:
-        run_id = str(conn.execute("SELECT run_id FROM pgflow.runs WHERE flow_slug = 'review'").fetchone()[0])
-    return [arg.replace("{run_id}", run_id) for arg in COMMANDS[name]]
+        run_id, ended = (str(conn.execute("SELECT run_id FROM pgflow.runs WHERE flow_slug = %s ORDER BY started_at",
+                                          (flow,)).fetchone()[0]) for flow in ("review", "instant"))
+    return [arg.replace("{run_id}", run_id).replace("{ended_run_id}", ended) for arg in COMMANDS[name]]
 
 
 @pytest.mark.parametrize("width", [60, 80, 200])

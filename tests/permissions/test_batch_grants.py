@@ -1,11 +1,16 @@
-"""Grants of migration 0010: the batch entry points and their cores go exactly to the roles that could
-run the call they extend (complete_task, fail_task, start_flow), never to PUBLIC, anon or authenticated."""
+"""Grants of the queue stage (0003's grant block): a role that can run a baseline entry point gets what
+the stage's version of that call reaches (the batch entry points and their cores included), never
+PUBLIC, anon or authenticated; and the block gives exactly what the earlier build's fourteen
+migrations gave, role by role."""
 
 from __future__ import annotations
 
 import uuid
 
-from pgflow_cli import sqlfiles
+import pytest
+
+from pgflow_cli import installer
+from tests.support import old_levels
 
 NEW = {
     "pgflow.complete_tasks(jsonb)": "pgflow.complete_task(uuid, text, integer, jsonb)",
@@ -18,6 +23,10 @@ NEW = {
 
 def _can(conn, role: str, signature: str) -> bool:
     return conn.execute("SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, signature)).fetchone()[0]
+
+
+def _grants_block() -> str:
+    return next(m for m in installer.available_migrations() if m.version == 3).section("grants")
 
 
 def test_the_grants_follow_the_calls_they_extend_and_skip_client_roles(db, client_role_names):
@@ -38,8 +47,7 @@ def test_the_grants_follow_the_calls_they_extend_and_skip_client_roles(db, clien
         admin.execute(f'GRANT EXECUTE ON FUNCTION pgflow.start_flow(text, jsonb, uuid) TO "{starter}", anon')
         for signature in NEW:  # a client role that held them anyway loses them
             admin.execute(f"GRANT EXECUTE ON FUNCTION {signature} TO authenticated")
-        text = sqlfiles.load("migrations/0010_throughput.sql")
-        admin.execute(text[text.index("DO $grants$"):])  # the migration's grant statement
+        admin.execute(_grants_block())
 
         for signature, anchor in NEW.items():
             assert _can(admin, reporter, signature) is (anchor != "pgflow.start_flow(text, jsonb, uuid)"), signature
@@ -59,3 +67,61 @@ def test_a_fresh_install_grants_the_new_functions_to_nobody(db):
         definer, config = admin.execute("SELECT prosecdef, proconfig FROM pg_proc WHERE oid = %s::regprocedure",
                                         (signature,)).fetchone()
         assert definer is False and config == ["search_path=\"\""], signature
+
+
+ROLES = {
+    # role -> what it may run at the baseline (besides USAGE on the schema)
+    "worker": "ALL FUNCTIONS IN SCHEMA pgflow",
+    "producer": "FUNCTION pgflow.start_flow(text, jsonb, uuid), pgflow.start_ready_steps(uuid)",
+    "reporter": "FUNCTION pgflow.complete_task(uuid, text, integer, jsonb), pgflow.fail_task(uuid, text, integer, text)",
+    "compiler": "FUNCTION pgflow.ensure_flow_compiled(text, jsonb)",
+    "claimer": "FUNCTION pgflow.start_tasks(text, bigint[], uuid)",
+    "registrar": "FUNCTION pgflow.register_worker(uuid, text, text, text, text), pgflow.send_heartbeat(uuid)",
+}
+EXECUTABLE = """
+SELECT p.oid::regprocedure::text FROM pg_proc AS p
+WHERE p.pronamespace = 'pgflow'::regnamespace AND has_function_privilege(%s, p.oid, 'EXECUTE')
+ORDER BY 1
+"""
+
+
+@pytest.fixture
+def stage_roles(harness, client_role_names):
+    """A role per kind of baseline grant (:data:`ROLES`), named for this test; the test drops what they own."""
+    suffix = uuid.uuid4().hex[:8]
+    names = {kind: f"{kind}_{suffix}" for kind in ROLES}
+    for name in names.values():
+        harness.admin.execute(f'CREATE ROLE "{name}" NOLOGIN')
+    yield names
+    for name in names.values():
+        harness.admin.execute(f'DROP ROLE "{name}"')
+
+
+def test_the_grant_block_gives_each_role_what_the_earlier_builds_fourteen_migrations_gave(
+        harness, request, stage_roles):
+    """Level 2 of the earlier build's fixture, the same baseline grants in two databases; then its
+    migrations 0003-0016 in one (as its `migrate apply` ran them) and this build's 0003 in the other."""
+    template = harness.template("old_level_2", lambda conninfo: old_levels.build_level(conninfo, 2))
+    databases = [harness.clone(template, "grants_old"), harness.clone(template, "grants_new")]
+    try:
+        for database in databases:
+            with database.connect() as conn:
+                for kind, name in stage_roles.items():
+                    conn.execute(f'GRANT USAGE ON SCHEMA pgflow TO "{name}"')
+                    conn.execute(f'GRANT EXECUTE ON {ROLES[kind]} TO "{name}"')
+        old, new = databases
+        old_levels.psql(old.conninfo, old_levels.level_script(16, after=2))
+        with new.connect() as conn:
+            [stage] = installer.apply(conn)
+            assert stage.migration.version == 3
+        with old.connect() as before, new.connect() as after:
+            for kind, name in stage_roles.items():
+                expected = [r[0] for r in before.execute(EXECUTABLE, (name,))]
+                assert [r[0] for r in after.execute(EXECUTABLE, (name,))] == expected, kind
+                assert len(expected) > (1 if kind != "worker" else 60), kind
+    finally:
+        for database in databases:
+            with database.connect() as conn:
+                for name in stage_roles.values():
+                    conn.execute(f'DROP OWNED BY "{name}"')
+            harness.drop(database)

@@ -86,7 +86,8 @@ def test_show_output_only_when_asked(seeded):
 
 def test_show_bad_and_unknown_run_ids(db):
     bad = run_cli("runs", "show", "not-a-uuid", "--dsn", db.conninfo)
-    assert bad.code == ExitCode.USAGE and "is not a run id" in bad.stderr and "Traceback" not in bad.output
+    assert bad.code == ExitCode.USAGE and "is neither a run id nor a prefix of one" in bad.stderr
+    assert "Traceback" not in bad.output
     missing = run_cli("runs", "show", "6f1c2a9e-8d3b-4c5e-9f10-2a3b4c5d6e7f", "--dsn", db.conninfo)
     assert missing.code == ExitCode.CONFLICT and "no run 6f1c2a9e" in missing.stderr
 

@@ -76,13 +76,22 @@ def test_latest_level_counts_exactly_what_requeue_stalled_tasks_takes(db):
     assert doc["totals"]["stalled_tasks"] == conn.execute("SELECT pgflow.requeue_stalled_tasks()").fetchone()[0] == 1
 
 
-def test_the_stalled_query_reads_the_rule_from_the_function_file():
-    """The included lines are the candidates of requeue_stalled_tasks: a shifted file breaks this test."""
+def test_the_stalled_query_writes_the_rule_of_the_function_file():
+    """The status query's candidates are those of requeue_stalled_tasks, line for line: a changed rule
+    in either file breaks this test."""
     function = sqlfiles.load("functions/maintenance/requeue_stalled_tasks.sql")
     candidates = function.split("WITH candidates AS (\n", 1)[1].split("    ORDER BY", 1)[0]
     assert sqlfiles.statement("queries/status.sql", "stalled").count(candidates) == 1
     without_manual = "".join(line for line in candidates.splitlines(keepends=True) if "execution_mode" not in line)
     assert sqlfiles.statement("queries/status.sql", "stalled_before_manual_tasks").count(without_manual) == 1
+
+
+def test_the_workers_query_writes_the_liveness_rule_of_coverage():
+    """The status query's workers_x is the coverage fragment's, line for line."""
+    fragment = sqlfiles.load("fragments/coverage_sources.sql")
+    workers_x = fragment.split("), workers_x AS (\n", 1)[1].split("), pgmq_rel AS (", 1)[0]
+    assert workers_x.count("\n") >= 8
+    assert sqlfiles.statement("queries/status.sql", "workers").count(f"WITH workers_x AS (\n{workers_x})") == 1
 
 
 def test_unknown_flow_and_empty_database(db):

@@ -115,7 +115,7 @@ def test_the_late_locks_give_way_to_a_holder_that_waits_for_the_migration(pre_up
                       "the writer to wait for the migration")
             held.release()  # the recheck ends; the late lock meets the writer holding step_tasks
             writing.result(timeout=120)  # the migration gave way: the writer got its lock
-            gave_way = ("late_locks_busy", {"migration": "0003_queue_identity", "phase": "prepare",
+            gave_way = ("late_locks_busy", {"migration": "0003_queue_stage", "phase": "prepare",
                                             "lock": "pgflow.step_tasks ACCESS EXCLUSIVE"})
             wait_until(lambda: gave_way in events, "the migration to report that it gave way", timeout=120)
             other.commit()
@@ -158,8 +158,7 @@ def test_every_late_lock_statement_is_found_once_in_its_phase():
     assert prepare.version == 3
     early, late = prepare.phase_locks("prepare")
     assert [lock.table for lock in early] == ["pgflow.flows", "pgflow.steps"]
-    assert [(lock.table, lock.mode) for lock in late] == [("pgflow.step_tasks", "ACCESS EXCLUSIVE"),
-                                                          ("pgflow.worker_functions", "ACCESS EXCLUSIVE")]
+    assert [(lock.table, lock.mode) for lock in late] == [("pgflow.step_tasks", "ACCESS EXCLUSIVE")]
 
 
 def test_late_locks_never_queue_while_holding(baseline_db):

@@ -81,7 +81,7 @@ def test_a_blocker_that_lets_go_is_waited_out(pre_upgrade):
             proc.kill()
         blocker.close()
     assert proc.returncode == ExitCode.OK, err
-    assert f"pid {pid}" in err and "applied 0003_queue_identity" in err
+    assert f"pid {pid}" in err and "applied 0003_queue_stage" in err
 
 
 def test_two_migrators_never_interleave(baseline_db):

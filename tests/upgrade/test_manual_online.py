@@ -1,13 +1,12 @@
-"""Migration 0009 on a large task table (issues 8 and 14): exclusive locks only for metadata.
+"""The manual-task part of 0003's phased plan on a large task table: exclusive locks only for metadata.
 
-Above ``--@online-threshold`` task rows (forced here with ``online="always"``, the override the
-0003 tests use, so the tables stay small) 0009 runs phase by phase: ``prepare`` (ACCESS EXCLUSIVE,
-no scan: columns with constant defaults, DROP NOT NULL, the task checks NOT VALID), ``validate``
-(SHARE UPDATE EXCLUSIVE), ``index`` (CREATE INDEX CONCURRENTLY) and ``main`` (functions only).
-These tests check that the end state is the one-transaction path's, that the pre-0009 runtime's
-claims and reports go on during the two scanning phases, that an interrupted run resumes or
-aborts, and that a ledger holding the checksum of 0009's earlier (one-transaction) text is
-accepted while any other checksum is still refused.
+Above ``--@online-threshold`` task rows (forced here with ``online="always"``, so the tables stay
+small) 0003 runs phase by phase; what manual steps need rides along: ``prepare`` adds
+``step_tasks.execution_mode`` (constant default: no rewrite) and both task checks NOT VALID under a
+short ACCESS EXCLUSIVE lock, ``validate`` validates them (SHARE UPDATE EXCLUSIVE), ``index`` builds
+the manual-waiting index CONCURRENTLY. These tests check that the end state is the one-transaction
+path's, and that the baseline runtime's claims and reports go on during the two scanning phases and
+after a run stopped before validate, which then resumes.
 """
 
 from __future__ import annotations
@@ -20,17 +19,12 @@ import pytest
 
 from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode, LockTimeout
-from pgflow_cli.installer.files import PREVIOUS_CHECKSUMS
 from tests.layout.catalog import definitions
 from tests.runtime.driver import Runtime
 from tests.support.cli import run_cli
 from tests.worker.helpers import wait_until
 
-BEFORE = 3
-"""Where the upgrade starts: levels 4-8 cannot be installed on their own by this tool (0010 changed
-their function files again, docs/architecture.md "What an intermediate level means"); 3 is the
-newest exact level, so each test applies 0004-0008 and 0009 in one run, 0009 phased."""
-MANUAL = 9
+STAGE = 3
 FLOW = "busy"
 INDEX = "pgflow.idx_step_tasks_manual_waiting"
 
@@ -62,13 +56,12 @@ def _catalog(conn: psycopg.Connection) -> dict[str, str]:
     return {**definitions(conn), **dict(conn.execute(TABLES).fetchall())}
 
 
-def _before_0009(database) -> tuple[psycopg.Connection, Runtime]:
-    """The database at level 3 (protocol 2) with a flow, finished work and a task in flight."""
+def _baseline_with_work(database) -> tuple[psycopg.Connection, Runtime]:
+    """The baseline database (protocol 1) with a flow, finished work and a task in flight."""
     conn = database.connect()
-    installer.apply(conn, target=BEFORE)
     # no server-side prepared statements: ``SELECT * FROM pgflow.complete_task(...)`` returns task
-    # rows, whose type gains a column in prepare ("cached plan must not change result type")
-    rt = Runtime(database.connect(prepare_threshold=None), "upgraded")
+    # rows, whose type gains columns in prepare ("cached plan must not change result type")
+    rt = Runtime(database.connect(prepare_threshold=None), "baseline")
     rt.flow(FLOW, [{"slug": "a"}, {"slug": "b", "deps": ["a"]}], base_delay=0)
     for n in range(5):
         rt.start(FLOW, {"n": n})
@@ -79,7 +72,7 @@ def _before_0009(database) -> tuple[psycopg.Connection, Runtime]:
 
 
 def _claim_and_complete(rt: Runtime) -> None:
-    """What a protocol-2 worker does: start a run, read and claim its task, report it."""
+    """What a baseline (protocol-1) worker does: start a run, read and claim its task, report it."""
     run = rt.start(FLOW, {"n": "during"})
     [task] = [t for t in rt.poll(FLOW) if t["run_id"] == run]
     rt.complete(task["run_id"], task["step_slug"], task["task_index"], {"ok": True})
@@ -95,13 +88,11 @@ def _wait_for(conn: psycopg.Connection, query: str, params: tuple, *, deadline: 
 
 
 def test_the_phased_path_ends_where_one_transaction_does(baseline_db, db):
-    conn, _rt = _before_0009(baseline_db)
+    conn, _rt = _baseline_with_work(baseline_db)
     events: list[tuple[str, dict]] = []
-    applied = installer.apply(conn, online="always", progress=lambda e, d: events.append((e, d)))
-    manual = next(a for a in applied if a.migration.version == MANUAL)
-    assert manual.online
-    assert [d["phase"] for e, d in events if e == "phase" and d["migration"].startswith("0009")] == [
-        "prepare", "validate", "index", "main"]
+    [stage] = installer.apply(conn, online="always", progress=lambda e, d: events.append((e, d)))
+    assert stage.migration.version == STAGE and stage.online
+    assert [d["phase"] for e, d in events if e == "phase"] == ["prepare", "backfill", "validate", "index", "main"]
     upgraded = _catalog(conn)
     with db.connect() as fresh:  # every migration, each in one transaction
         assert upgraded == _catalog(fresh)
@@ -111,23 +102,21 @@ def test_the_phased_path_ends_where_one_transaction_does(baseline_db, db):
 
 
 def test_claims_and_reports_go_on_while_the_checks_validate_and_the_index_builds(baseline_db):
-    _conn, rt = _before_0009(baseline_db)
+    _conn, rt = _baseline_with_work(baseline_db)
     # an open worker transaction that claimed and reported after prepare committed: validate
     # must commit beside it, and the concurrent index build waits for it (without blocking others)
     open_worker = psycopg.connect(baseline_db.conninfo, application_name="open-worker", prepare_threshold=None)
-    open_rt = Runtime(open_worker, "upgraded")
+    open_rt = Runtime(open_worker, "baseline")
     seen: dict[str, object] = {}
 
     def progress(event: str, data: dict) -> None:
-        if not data.get("migration", "").startswith("0009"):
-            return
         if event == "phase" and data["phase"] == "validate":
             _claim_and_complete(open_rt)
         if event == "phase_done" and data["phase"] == "validate":
             seen["validated_beside_open_worker"] = (
                 open_worker.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS)
 
-    migrator = psycopg.connect(baseline_db.conninfo, autocommit=True, application_name="phase9-migrator")
+    migrator = psycopg.connect(baseline_db.conninfo, autocommit=True, application_name="stage-migrator")
     pid = migrator.info.backend_pid
     result: dict[str, object] = {}
 
@@ -142,7 +131,7 @@ def test_claims_and_reports_go_on_while_the_checks_validate_and_the_index_builds
     observer = baseline_db.connect()
     try:
         _wait_for(observer, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock' "
-                  "AND query LIKE 'CREATE INDEX CONCURRENTLY%%idx_step_tasks_manual_waiting%%')", (pid,))
+                  "AND query LIKE 'CREATE %%INDEX CONCURRENTLY%%')", (pid,))
         assert seen["validated_beside_open_worker"] is True
         # the build is waiting for the open worker: another worker claims and reports meanwhile
         rt.conn.execute("SET lock_timeout = '5s'")
@@ -153,83 +142,37 @@ def test_claims_and_reports_go_on_while_the_checks_validate_and_the_index_builds
         open_worker.commit()
         thread.join(120)
     assert "error" not in result, result.get("error")
-    assert _states(observer)[MANUAL] == ("applied", [])
+    assert _states(observer)[STAGE] == ("applied", [])
     assert observer.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass",
                             (INDEX,)).fetchone()[0] is True
     open_worker.close()
     migrator.close()
 
 
-def _interrupt_before_validate(database) -> tuple[psycopg.Connection, dict[str, str]]:
-    """Run 0009's phased path until ``validate``, which a held SHARE UPDATE EXCLUSIVE makes time out.
-
-    Returns the migrator's connection and the catalog just before 0009 started (0004-0008 applied).
-    """
-    conn = database.connect()
-    blocker = psycopg.connect(database.conninfo, application_name="vacuum-like")
-    before: dict[str, str] = {}
+def test_a_run_stopped_before_validate_keeps_the_baseline_working_and_resumes(baseline_db, db):
+    _conn, rt = _baseline_with_work(baseline_db)
+    conn = baseline_db.connect()
+    blocker = psycopg.connect(baseline_db.conninfo, application_name="vacuum-like")
 
     def progress(event: str, data: dict) -> None:
-        if event == "start" and data["migration"].startswith("0009"):
-            with database.connect() as observer:
-                before.update(_catalog(observer))
-        if event == "phase" and data["migration"].startswith("0009") and data["phase"] == "validate":
+        if event == "phase" and data["phase"] == "validate":
             blocker.execute("LOCK TABLE pgflow.step_tasks IN SHARE UPDATE EXCLUSIVE MODE")
 
     with pytest.raises(LockTimeout):
         installer.apply(conn, online="always", lock_timeout=0.3, attempts=2, progress=progress)
     blocker.rollback()
     blocker.close()
-    assert _states(conn)[MANUAL] == ("in_progress", ["prepare"])
-    return conn, before
-
-
-def test_an_interrupted_run_keeps_before_0009_working_and_resumes(baseline_db):
-    _conn, rt = _before_0009(baseline_db)
-    conn, _before = _interrupt_before_validate(baseline_db)
-    _claim_and_complete(rt)  # the pre-0009 runtime runs on the prepared table
+    assert _states(conn)[STAGE] == ("in_progress", ["prepare", "backfill"])
+    # the baseline runtime runs on the prepared table: its new tasks get their queue and the
+    # execution mode's default, which the checks (NOT VALID so far) accept
+    _claim_and_complete(rt)
+    assert conn.execute("SELECT count(*) FROM pgflow.step_tasks WHERE queue_name IS NULL "
+                        "OR execution_mode <> 'queue'").fetchone()[0] == 0
     status = run_cli("migrate", "status", "--dsn", baseline_db.conninfo, "--format", "json")
-    assert {m["version"]: m["state"] for m in json.loads(status.stdout)["migrations"]}[MANUAL] == "in_progress"
+    assert {m["version"]: m["state"] for m in json.loads(status.stdout)["migrations"]}[STAGE] == "in_progress"
     resumed = run_cli("migrate", "apply", "--dsn", baseline_db.conninfo, "--online", "always")
     assert resumed.code == ExitCode.OK, resumed.output
     assert "phase validate" in resumed.stderr and "phase prepare" not in resumed.stderr
-    assert _states(conn)[MANUAL] == ("applied", [])
-
-
-def test_abort_returns_to_before_0009_and_a_rerun_applies(baseline_db, db):
-    conn, rt = _before_0009(baseline_db)
-    _conn, before = _interrupt_before_validate(baseline_db)
-    assert before
-    aborted = run_cli("migrate", "abort", str(MANUAL), "--dsn", baseline_db.conninfo, "--yes")
-    assert aborted.code == ExitCode.OK, aborted.output
-    assert _catalog(conn) == before
-    assert MANUAL not in _states(conn) or _states(conn)[MANUAL][0] == "pending"
-    _claim_and_complete(rt)
-    installer.apply(conn, online="always")
+    assert _states(conn)[STAGE] == ("applied", [])
     with db.connect() as fresh:
         assert _catalog(conn) == _catalog(fresh)
-
-
-def test_a_ledger_of_the_earlier_0009_text_is_accepted(db):
-    # Built by writing the earlier text's checksum into a fresh ledger: both texts end in the same
-    # state (test_the_phased_path_ends_where_one_transaction_does), so the row is all that differs.
-    [earlier] = PREVIOUS_CHECKSUMS["migrations/0009_manual_tasks.sql"]
-    conn = db.connect()
-    conn.execute("UPDATE pgflow.schema_migrations SET checksum = %s WHERE version = %s", (earlier, MANUAL))
-    status = run_cli("migrate", "status", "--dsn", db.conninfo, "--format", "json")
-    assert status.code == ExitCode.OK, status.output
-    assert {m["version"]: m["state"] for m in json.loads(status.stdout)["migrations"]}[MANUAL] == "applied"
-    applied = run_cli("migrate", "apply", "--dsn", db.conninfo)
-    assert applied.code == ExitCode.OK, applied.output
-    # nothing new recorded: the row keeps the earlier checksum
-    assert conn.execute("SELECT checksum FROM pgflow.schema_migrations WHERE version = %s",
-                        (MANUAL,)).fetchone()[0] == earlier
-
-
-def test_any_other_checksum_is_still_refused(db):
-    conn = db.connect()
-    conn.execute("UPDATE pgflow.schema_migrations SET checksum = repeat('ab', 32) WHERE version = %s", (MANUAL,))
-    status = run_cli("migrate", "status", "--dsn", db.conninfo, "--format", "json")
-    assert {m["version"]: m["state"] for m in json.loads(status.stdout)["migrations"]}[MANUAL] == "changed"
-    applied = run_cli("migrate", "apply", "--dsn", db.conninfo)
-    assert applied.code == ExitCode.CONFLICT, applied.output

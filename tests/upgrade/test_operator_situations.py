@@ -170,7 +170,7 @@ def test_the_cli_names_the_migrator_it_waits_for(baseline_db):
     def named(proc, holder) -> None:
         assert f"pid {holder.info.backend_pid} (first-migrator, user postgres), since " in proc.waiting_line
 
-    assert "applied 0003_queue_identity" in _while_another_migrator_holds_the_lock(baseline_db, named)
+    assert "applied 0003_queue_stage" in _while_another_migrator_holds_the_lock(baseline_db, named)
 
 
 def test_install_pgmq_waits_for_the_migrator_lock_before_it_looks(empty_db):

@@ -103,7 +103,7 @@ def test_dry_run_reports_rows_and_locks_and_keeps_nothing(pre_upgrade):
     assert result.code == ExitCode.OK, result.output
     doc = json.loads(result.stdout)
     assert doc["kind"] == "pgflow-cli/migrate-apply" and doc["dry_run"] and doc["applied"] == []
-    phase = next(p for p in doc["phases"] if p["name"] == "apply 0003_queue_identity")
+    phase = next(p for p in doc["phases"] if p["name"] == "apply 0003_queue_stage")
     touched = {r["table_name"]: r for r in phase["rows_touched"]}
     tasks = database.connect().execute("SELECT count(*) FROM pgflow.step_tasks").fetchone()[0]
     assert touched["pgflow.step_tasks"]["updated"] == tasks
@@ -119,14 +119,16 @@ def test_sql_prints_the_pending_migration_for_review_and_changes_nothing(pre_upg
     assert result.code == ExitCode.OK
     # a script psql runs as is (issue 16 item 4): a header, then one BEGIN ... COMMIT per migration
     assert result.stdout.startswith("-- pgflow-cli ")
-    assert "\n-- ===== 0003_queue_identity (sha256 " in result.stdout
+    assert "\n-- ===== 0003_queue_stage (sha256 " in result.stdout
     assert "--@include" not in result.stdout  # included files are expanded
-    assert "pgflow queue-identity upgrade refused" in result.stdout
+    assert "pgflow queue-stage upgrade refused" in result.stdout
     # the locks the runner takes first are statements now, in the lock order, before the first phase
-    section = result.stdout.split("-- ===== 0003_queue_identity", 1)[1]
+    section = result.stdout.split("-- ===== 0003_queue_stage", 1)[1]
     locks = [line for line in section.split("-- phase prepare", 1)[0].splitlines() if line.startswith("LOCK TABLE")]
-    assert locks[:3] == ['LOCK TABLE "pgflow"."flows" IN ACCESS EXCLUSIVE MODE;',
+    assert locks[:5] == ['LOCK TABLE "pgflow"."flows" IN ACCESS EXCLUSIVE MODE;',
                          'LOCK TABLE "pgflow"."steps" IN ACCESS EXCLUSIVE MODE;',
+                         'LOCK TABLE "pgflow"."runs" IN ACCESS EXCLUSIVE MODE;',
+                         'LOCK TABLE "pgflow"."step_states" IN ACCESS EXCLUSIVE MODE;',
                          'LOCK TABLE "pgflow"."step_tasks" IN ACCESS EXCLUSIVE MODE;']
     assert fingerprint(database.conninfo).differences(before) == []
 

@@ -86,7 +86,7 @@ def test_status_and_plan_show_the_refusal_without_locking(baseline_db):
     _legacy_flows(conn)
     plan = run_cli("migrate", "plan", "--dsn", baseline_db.conninfo)
     assert plan.code == ExitCode.FINDINGS
-    assert "0003_queue_identity" in plan.stdout and "refused" in plan.stderr
+    assert "0003_queue_stage" in plan.stdout and "refused" in plan.stderr
     status = run_cli("migrate", "status", "--dsn", baseline_db.conninfo, "--format", "json")
     assert status.code == ExitCode.OK
     assert json.loads(status.stdout)["pending"] == [3, *versions_after(3)]

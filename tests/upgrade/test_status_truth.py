@@ -15,7 +15,6 @@ import pytest
 
 from pgflow_cli import installer
 from pgflow_cli.errors import ExitCode
-from tests.layout.test_apply_directive import FILE, tree  # noqa: F401  (the fixture of a tree with --@apply)
 from tests.support.cli import communicate_or_dump, run_cli, sigint_as_at_a_terminal, with_stack_dumps
 from tests.support.levels import versions_after
 from tests.upgrade.conftest import build_pre_upgrade
@@ -118,7 +117,7 @@ def test_ctrl_c_during_a_concurrent_build_says_what_it_left(baseline_db):
         blocker.rollback()
         blocker.close()
     assert proc.returncode == ExitCode.INTERRUPTED, err
-    assert "0003_queue_identity is left in progress" in err
+    assert "0003_queue_stage is left in progress" in err
     assert f"index {INDEX} is INVALID" in err
     assert re.search(r"pgflow migrate abort --dsn '[^']*' 3", err) and "pgflow migrate apply --dsn " in err
     code, doc, _text = _status(baseline_db)
@@ -127,25 +126,3 @@ def test_ctrl_c_during_a_concurrent_build_says_what_it_left(baseline_db):
     assert resumed.code == ExitCode.OK, resumed.output
     assert f"dropping invalid index {INDEX}" in resumed.stderr
     assert _status(baseline_db)[1]["verdict"] == "up_to_date"
-
-
-def test_function_file_drift_is_shown_and_exits_1(tree, empty_db):
-    """On a copy of sql/ whose migration 0005 applies is_local.sql (tests/layout/test_apply_directive.py)."""
-    from typer.testing import CliRunner
-
-    from pgflow_cli.cli import app
-    from pgflow_cli.operations import migrate as migrate_op
-
-    conn = empty_db.connect()
-    installer.install(conn)
-    assert migrate_op.status(conn).verdict == "up_to_date"
-    conn.execute("UPDATE pgflow.schema_migration_files SET checksum = %s WHERE path = %s", ("f" * 64, FILE))
-    report = migrate_op.status(conn)
-    assert (report.verdict, report.exit_code, report.to_dict()["file_drift"]) == ("drift", ExitCode.FINDINGS, [FILE])
-    result = CliRunner().invoke(app, ["migrate", "status", "--dsn", empty_db.conninfo, "--format", "json"])
-    assert result.exit_code == ExitCode.FINDINGS
-    doc = json.loads(result.stdout)
-    assert doc["file_drift"] == [FILE] and [f["state"] for f in doc["files"]] == ["differs"]
-    text = CliRunner().invoke(app, ["migrate", "status", "--dsn", empty_db.conninfo])
-    assert f"function file sql/{FILE} was run with another text" in " ".join(text.stdout.split())
-    assert "up to date" not in text.stdout

@@ -28,7 +28,7 @@ def test_upgrade_carries_every_state_and_new_workers_finish_the_work(pre_upgrade
 
     result = run_cli("migrate", "apply", "--dsn", database.conninfo)
     assert result.code == ExitCode.OK, result.output
-    assert "applied 0003_queue_identity" in result.stderr
+    assert "applied 0003_queue_stage" in result.stderr
 
     # identity persisted for every task, in-flight ones included, and nothing else changed
     assert conn.execute("SELECT pgflow.protocol_version()").fetchone()[0] == 2

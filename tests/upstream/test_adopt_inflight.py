@@ -51,9 +51,9 @@ def test_adopted_release_finishes_every_run_exactly_once(inflight_db, online):
         if online == "never":
             result = run_cli("migrate", "apply", "--dsn", database.conninfo)
             assert result.code == ExitCode.OK, result.output
-            assert "applied 0003_queue_identity" in result.stderr
+            assert "applied 0003_queue_stage" in result.stderr
         else:  # the migrations, as `migrate apply` runs them before the history backfill
-            assert "0003_queue_identity" in [a.migration.label for a in installer.apply(migrator)]
+            assert "0003_queue_stage" in [a.migration.label for a in installer.apply(migrator)]
             assert adoption.history_pending(migrator) is not None
     deferred = online == "always"
     assert _finished_outputs(conn, state) == ({key: None for key in FINISHED_OUTPUTS} if deferred

@@ -30,7 +30,7 @@ def test_status_and_plan_name_the_release_and_the_path(release_db):
     assert plan.code == ExitCode.OK, plan.output
     lines = plan.stdout.splitlines()
     adopt = next(i for i, line in enumerate(lines) if line.startswith("step: adopt pgflow 0.8.0/0.8.1/0.9.0/0.9.1"))
-    upgrade = next(i for i, line in enumerate(lines) if line.startswith("0003_queue_identity"))
+    upgrade = next(i for i, line in enumerate(lines) if line.startswith("0003_queue_stage"))
     assert adopt < upgrade  # adopt release X -> baseline -> queue identity
     assert not any(line.startswith(("0001_", "0002_")) for line in lines)  # the adoption reaches the baseline
     assert "must: stop every worker" in plan.stdout
@@ -60,7 +60,7 @@ def test_an_asserted_release_is_adopted_and_recorded(release_db):
     result = run_cli("migrate", "apply", "--assume-release", "0.8.1", "--dsn", release_db.conninfo)
 
     assert result.code == ExitCode.OK, result.output
-    assert "applied adoption of pgflow 0.8.1" in result.stderr and "applied 0003_queue_identity" in result.stderr
+    assert "applied adoption of pgflow 0.8.1" in result.stderr and "applied 0003_queue_stage" in result.stderr
     status = run_cli("migrate", "status", "--dsn", release_db.conninfo)
     assert "adopted from pgflow 0.8.1 (asserted by the operator) by postgres" in status.stdout
     unknown = run_cli("migrate", "apply", "--assume-release", "0.7.3", "--dsn", release_db.conninfo)
@@ -79,7 +79,7 @@ def test_dry_run_and_sql_of_the_adoption_change_nothing(inflight_db):
     assert "pgflow.step_states: +0 ~" in dry.stdout  # the backfill, measured then rolled back
     assert "lock pgflow.step_tasks: AccessExclusiveLock" in dry.stdout
     assert "pg_temp" not in dry.stdout
-    assert "0003_queue_identity" not in dry.stderr  # it needs the adoption committed
+    assert "0003_queue_stage" not in dry.stderr  # it needs the adoption committed
     assert script.code == ExitCode.OK, script.output
     # the adoption cannot be run by psql as is (the driver adds backfills and ledger rows): it is
     # printed for review, every line commented out, and stderr says so (issue 16 item 4)
@@ -87,7 +87,7 @@ def test_dry_run_and_sql_of_the_adoption_change_nothing(inflight_db):
     assert out.startswith("-- FOR REVIEW ONLY (not runnable as is): adopt pgflow")
     assert all(line.startswith("--") for line in out.splitlines())
     assert "-- -- ==== adoption/schema.sql" in out and "-- CREATE FUNCTION pgflow.start_tasks(" in out
-    assert "0003_queue_identity" not in out and "cannot be printed as a script psql runs as is" in script.stderr
+    assert "0003_queue_stage" not in out and "cannot be printed as a script psql runs as is" in script.stderr
     assert fingerprint(database.conninfo) == before
 
 
@@ -156,9 +156,9 @@ def test_an_interrupted_online_completion_is_finished_by_the_next_apply(inflight
     result = run_cli("migrate", "apply", "--fill-history", "--dsn", database.conninfo)
 
     assert result.code == ExitCode.OK, result.output
-    assert "phase index (online)" in result.stderr and "applied 0003_queue_identity" in result.stderr
+    assert "phase index (online)" in result.stderr and "applied 0003_queue_stage" in result.stderr
     # the history backfill (asked for) runs last, after the migrations committed
-    assert result.stderr.index("applied 0003_queue_identity") < result.stderr.index("phase backfill (online")
+    assert result.stderr.index("applied 0003_queue_stage") < result.stderr.index("phase backfill (online")
     assert "history backfill (adoption, online)" in result.stdout
     with psycopg.connect(database.conninfo) as conn:
         assert adoption.pending_completion(conn) == []

@@ -88,7 +88,7 @@ def test_a_killed_history_backfill_is_reported_by_status_and_resumed_by_fill_his
     killed = kill_cli_when(dsn, "migrate", "apply", "--fill-history", "--online", "always", "--batch-seconds", "0.01",
                            "--dsn", dsn, ready=_history_batch_committed, what="a committed batch of the history backfill")
     assert killed.code == -signal.SIGKILL
-    assert "applied 0003_queue_identity" in killed.stderr  # the migrations committed before it started
+    assert "applied 0003_queue_stage" in killed.stderr  # the migrations committed before it started
 
     with psycopg.connect(dsn) as conn:
         missing = _missing(conn)

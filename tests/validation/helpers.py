@@ -1,16 +1,18 @@
 """Both ingestion versions behind one interface, with their workers as real processes.
 
-``App(version, conninfo)``: ``setup()``, ``submit(documents, faults)``, ``start_worker(stage)``
-(a hand-rolled stage worker, or `pgflow worker ... --step`), ``queue(stage)``, ``tick()`` (what
-production runs periodically: pgflow's stalled-task recovery, which pg_cron runs in production),
-``wait_terminal()`` and counting helpers over the domain tables. Nothing is mocked; waits poll
-real rows.
+``App(version, conninfo)``: ``setup()``, ``submit(documents, faults)`` (the step-queued version also
+awaits the runs in the background, as its application does: ``stepqueues.settle`` through the run
+client), ``start_worker(stage)`` (a hand-rolled stage worker, or `pgflow worker ... --step`),
+``queue(stage)``, ``tick()`` (what production runs periodically: pgflow's stalled-task recovery,
+which pg_cron runs in production), ``wait_terminal()`` and counting helpers over the domain tables.
+Nothing is mocked; waits poll real rows.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import psycopg
 
@@ -18,6 +20,7 @@ from examples.ingest import common, domain
 from examples.ingest.handrolled import app as handrolled
 from examples.ingest.stepqueues import app as stepqueues
 from examples.ingest.stepqueues.flow import ingest
+from pgflow_cli.client import Client, PollPolicy
 from tests.worker.helpers import DEADLINE, WorkerProcess, wait_until
 
 VERSIONS = ("handrolled", "stepqueues")
@@ -32,17 +35,35 @@ class App:
         self.conn = psycopg.connect(conninfo, autocommit=True)
         self.workers: list[WorkerProcess] = []
         self.module = handrolled if version == "handrolled" else stepqueues
+        self.client = Client(conninfo, poll=PollPolicy(first_interval=0.05, max_interval=0.5))
+        self.settlers: list[threading.Thread] = []
+        self.settle_errors: list[BaseException] = []
 
     def close(self) -> None:
         for worker in self.workers:
             worker.kill()
+        self.client.close()  # waits still going fail; their threads end
+        for settler in self.settlers:
+            settler.join(30)
         self.conn.close()
 
     def setup(self) -> None:
         self.module.setup(self.conn)
 
     def submit(self, documents: list[tuple[int, str]], faults: list[tuple[int, str, str]] = ()) -> None:
-        self.module.submit(self.conn, documents, list(faults))
+        submitted = self.module.submit(self.conn, documents, list(faults))
+        if self.version == "stepqueues":
+            settler = threading.Thread(target=self._settle, args=(submitted,), daemon=True)
+            self.settlers.append(settler)
+            settler.start()
+
+    def _settle(self, submitted: dict[str, int]) -> None:
+        try:
+            stepqueues.settle(self.client, submitted)
+        except RuntimeError:
+            pass  # the app closed while runs were still going (a test that stops early)
+        except BaseException as exc:  # reported by wait_terminal
+            self.settle_errors.append(exc)
 
     def queue(self, stage: str) -> str:
         return handrolled.QUEUES[stage] if self.version == "handrolled" else ingest.queue_for(stage)  # type: ignore[arg-type]
@@ -76,6 +97,7 @@ class App:
 
     def wait_terminal(self, timeout: float = DEADLINE) -> None:
         def terminal() -> bool:
+            assert not self.settle_errors, self.settle_errors
             self.tick()
             return domain.pending_count(self.conn) == 0
 

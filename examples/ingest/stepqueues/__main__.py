@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ import psycopg
 from examples.ingest import common, domain
 from examples.ingest.stepqueues import app
 from examples.ingest.stepqueues.flow import ingest
+from pgflow_cli.client import Client, WaitTimeout
 
 TARGET = "examples.ingest.stepqueues.flow:ingest"
 
@@ -32,9 +34,11 @@ def main(argv: list[str] | None = None) -> int:
             print("error: the step workers did not cover every step", file=sys.stderr)
             return 1
         started = time.monotonic()
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            app.submit(conn, domain.sample_documents(args.documents))
-        finished = common.wait_terminal(dsn, args.timeout)
+        with psycopg.connect(dsn, autocommit=True) as conn, Client(dsn) as client:
+            submitted = app.submit(conn, domain.sample_documents(args.documents))
+            with contextlib.suppress(WaitTimeout):  # the report below counts what is still pending
+                app.settle(client, submitted, timeout=args.timeout)
+            finished = domain.pending_count(conn) == 0
     finally:
         common.stop(pools)
     return common.report(dsn, started, finished)

@@ -72,13 +72,6 @@ BEGIN
       when_unmet => coalesce(v_step ->> 'whenUnmet', 'skip'),
       when_exhausted => coalesce(v_step ->> 'whenExhausted', 'fail'));
     IF v_step ->> 'executionMode' = 'manual' THEN
-      -- _set_step_manual comes with 0009; an upgrade that stopped between 0005 and 0009 created
-      -- this text early (docs/architecture.md "Function files in a run")
-      IF pg_catalog.to_regprocedure('pgflow._set_step_manual(text,text)') IS NULL THEN
-        RAISE EXCEPTION 'flow "%": step "%" is manual, and manual steps need pgflow migration 0009',
-          p_flow_slug, v_step ->> 'slug'
-          USING ERRCODE = 'PF003', HINT = 'an upgrade stopped below 0009: run pgflow migrate apply';
-      END IF;
       PERFORM pgflow._set_step_manual(p_flow_slug, v_step ->> 'slug');
     END IF;
   END LOOP;

@@ -1,7 +1,7 @@
--- One element of complete_tasks (0010): complete_task without its own archive. Locks run
+-- One element of complete_tasks: complete_task without its own archive. Locks run
 -- (FOR UPDATE), step state and task, handles a late report as complete_task does (the late
 -- task's message is archived here, idempotently; a task stalled recovery queued again keeps it),
--- refuses a manual task (PF010), and otherwise runs _complete_worker_progress (0013). Returns the task row
+-- refuses a manual task (PF010), and otherwise runs _complete_worker_progress. Returns the task row
 -- (nothing for an unknown run or task); the caller archives the messages of every returned task
 -- that is not queued, in one helper call for the whole batch.
 CREATE OR REPLACE FUNCTION pgflow._complete_worker_task(run_id uuid, step_slug text, task_index integer, output jsonb)
@@ -9,13 +9,6 @@ CREATE OR REPLACE FUNCTION pgflow._complete_worker_task(run_id uuid, step_slug t
 BEGIN
   --@include functions/runtime/parts/lock_and_load_task.sql fn=_complete_worker_task
 
-  -- An upgrade from below 0010 creates this text in 0010 (docs/architecture.md "Function files in
-  -- a run"); if it stopped before 0013, 0009's shared core (the same outcome) does the work.
-  IF pg_catalog.to_regprocedure('pgflow._complete_worker_progress(uuid,text,integer,jsonb)') IS NULL THEN
-    RETURN NEXT pgflow._complete_task_progress(_complete_worker_task.run_id, _complete_worker_task.step_slug,
-                                               _complete_worker_task.task_index, _complete_worker_task.output);
-    RETURN;
-  END IF;
   RETURN NEXT pgflow._complete_worker_progress(_complete_worker_task.run_id, _complete_worker_task.step_slug,
                                                _complete_worker_task.task_index, _complete_worker_task.output);
 END;

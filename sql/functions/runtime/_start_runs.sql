@@ -91,13 +91,10 @@ BEGIN
   -- Per run, in array order: run:started, then what start_flow did after it. A flow without
   -- conditions, map steps or manual steps only starts its root steps (no cascade can apply and
   -- a run with steps cannot be complete yet); any other flow goes through _advance_run.
-  -- From 0014 several runs of such a flow start their root steps together when those share a
-  -- queue and a start delay (_start_ready_steps_of_runs: one send for all, the same messages in
-  -- the same order), unless realtime.send exists (each run's events come before the next run's),
-  -- or an upgrade from below 0010 that created this text in 0010 stopped before 0014 (the helper
-  -- is missing: docs/architecture.md "Function files in a run").
-  IF v_simple AND v_steps > 0 AND NOT v_realtime AND pg_catalog.cardinality(v_run_ids) > 1
-     AND pg_catalog.to_regprocedure('pgflow._start_ready_steps_of_runs(uuid[])') IS NOT NULL THEN
+  -- Several runs of such a flow start their root steps together when those share a queue and a
+  -- start delay (_start_ready_steps_of_runs: one send for all, the same messages in the same
+  -- order), unless realtime.send exists (each run's events come before the next run's).
+  IF v_simple AND v_steps > 0 AND NOT v_realtime AND pg_catalog.cardinality(v_run_ids) > 1 THEN
     v_together := pgflow._start_ready_steps_of_runs(v_run_ids);
   END IF;
   FOR v_i IN 1 .. pg_catalog.cardinality(v_run_ids) LOOP

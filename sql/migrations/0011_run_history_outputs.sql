@@ -1,9 +1,0 @@
--- 0011 run history outputs (issue 8): get_run_with_states computes a completed step's output from its tasks when none was stored.
---
--- Which steps: those of runs that finished before a database installed by pgflow 0.8-0.12 was
--- adopted, until the adoption's history backfill has stored their outputs. The value is the one
--- that backfill stores (a single step: its completed task's output; a map step: its completed
--- tasks' outputs in task_index order, [] when none), so the document is the same before, during
--- and after it (docs/upgrade.md "The history backfill (finished runs)"). Function file only: no
--- table is altered, so no table lock; CREATE OR REPLACE keeps the function's grants.
---@apply functions/runtime/get_run_with_states.sql sha256=0a84f62e808bd0604e76ef897954be92f29c30c253e4ad711dbd05457aeb0e94
