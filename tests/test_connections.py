@@ -19,7 +19,7 @@ import pytest
 from pgflow_cli import db
 from pgflow_cli.errors import ConnectionFailed, ExitCode
 from pgflow_cli.sandbox import LocalServer
-from pgflow_cli.worker import Flow, Worker
+from pgflow_cli.worker import Flow, Worker, WorkerOptions
 from tests.support.cli import run_cli
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pgflow_cli"
@@ -107,7 +107,7 @@ def test_an_unresponsive_server_times_out_in_the_cli(silent_server):
 def test_the_reference_worker_gets_the_connect_timeout_and_the_error_mapping(silent_server):
     worker = Worker(Flow("silentFlow").step("only", lambda v, ctx: v),
                     f"host=127.0.0.1 port={silent_server} dbname=x password=hunter2-secret",
-                    function_name="silent-fn", connect_timeout=1)
+                    function_name="silent-fn", options=WorkerOptions(connect_timeout=1))
     outcome: list[BaseException] = []
 
     def start() -> None:

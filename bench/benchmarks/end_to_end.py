@@ -37,7 +37,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from bench.core import Context, Result, timed
-from pgflow_cli.worker import Flow, Worker
+from pgflow_cli.worker import Flow, Worker, WorkerOptions
 
 FLOW = "benchLinear"
 STAGES = 3
@@ -67,8 +67,8 @@ def worker_sample(ctx: Context, runs: int, **options: Any) -> tuple[float, dict]
             while conn.execute("SELECT EXISTS (SELECT 1 FROM pgflow.runs WHERE status = 'started')").fetchone()[0]:
                 time.sleep(0.01)
 
-        worker = Worker(linear_flow(), conninfo, function_name="bench-worker", application_name="pgflow-bench",
-                        **options)
+        worker = Worker(linear_flow(), conninfo, function_name="bench-worker",
+                        options=WorkerOptions(application_name="pgflow-bench", **options))
         try:
             worker.start()  # compiles the flow, registers, polls
             start(max(1, runs // 3))  # warm-up: the worker's connections cache their plans
@@ -92,8 +92,9 @@ def worker_sample(ctx: Context, runs: int, **options: Any) -> tuple[float, dict]
                               "OR attempts_count <> 1").fetchone()[0]
         if failed:
             raise RuntimeError(f"{failed} task(s) did not complete on their first attempt")
-        settings = {k: getattr(worker, k) for k in ("max_concurrent", "batch_size", "max_poll_seconds", "poll_interval_ms",
-                                                      "batch_reports", "prefetch", "reports_batched")}
+        settings = {k: getattr(worker.options, k) for k in ("max_concurrent", "batch_size", "max_poll_seconds",
+                                                              "poll_interval_ms", "batch_reports", "prefetch")}
+        settings["reports_batched"] = worker.reports_batched
         stats = {k: after[k] - before.get(k, 0) for k in after}
         if stats["completed"] != runs * STAGES:
             raise RuntimeError(f"the timed window completed {stats['completed']} tasks, expected {runs * STAGES}")

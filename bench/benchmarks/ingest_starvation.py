@@ -26,7 +26,7 @@ from bench.benchmarks._starvation import WORKER_SETTINGS, compare, feed, percent
 from bench.core import Context, Result
 from examples.ingest import domain
 from examples.ingest.stepqueues.flow import build
-from pgflow_cli.worker import Worker, with_step_queues
+from pgflow_cli.worker import Worker, WorkerOptions, with_step_queues
 
 RATE = 8.0
 ENRICH_SECONDS = 1.5
@@ -40,10 +40,10 @@ def _workers(mode: str, conninfo: str) -> list[Worker]:
     common = dict(WORKER_SETTINGS, application_name="pgflow-bench")
     if mode == "shared":
         flow = build("ingestShared")
-        return [Worker(flow, conninfo, function_name="bench-ingest", **common) for _ in range(2)]
+        return [Worker(flow, conninfo, function_name="bench-ingest", options=WorkerOptions(**common)) for _ in range(2)]
     queued = with_step_queues(build("ingestSteps"))
     return [Worker(queued, conninfo, function_name=f"bench-ingest-{step}", step_slug=step,
-                   **dict(common, max_concurrent=slots, batch_size=slots))
+                   options=WorkerOptions(**dict(common, max_concurrent=slots, batch_size=slots)))
             for step, slots in STEP_SLOTS.items()]
 
 

@@ -28,7 +28,7 @@ import psycopg
 
 from bench.benchmarks._starvation import WORKER_SETTINGS, compare, feed, percentile, queue_waits, running
 from bench.core import Context, Result
-from pgflow_cli.worker import Flow, Worker, with_step_queues
+from pgflow_cli.worker import Flow, Worker, WorkerOptions, with_step_queues
 
 RATE = 8.0
 """Runs started per second."""
@@ -53,9 +53,9 @@ def _workers(mode: str, conninfo: str, slow_seconds: float) -> list[Worker]:
     common = dict(WORKER_SETTINGS, application_name="pgflow-bench")
     if mode == "shared":
         flow = _flow("starveShared", slow_seconds)
-        return [Worker(flow, conninfo, function_name="bench-shared", **common) for _ in range(2)]
+        return [Worker(flow, conninfo, function_name="bench-shared", options=WorkerOptions(**common)) for _ in range(2)]
     queued = with_step_queues(_flow("starveSteps", slow_seconds))
-    return [Worker(queued, conninfo, function_name=f"bench-{step}", step_slug=step, **common)
+    return [Worker(queued, conninfo, function_name=f"bench-{step}", step_slug=step, options=WorkerOptions(**common))
             for step in ("slow", "fast")]
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import sys
 from typing import Annotated
 
 import typer
@@ -23,15 +22,26 @@ whole flow on its queue lower(flow_slug) and takes no --step; a step-queued flow
 exactly one step (--step, required) on that step's private queue. The module, the flow, the step
 and every generated queue name are checked before the database is contacted.
 
-Logs (stderr) name the flow, step, queue and function; never inputs, outputs or message bodies.
+Logs (stderr) name the flow, step, run, task, queue and function; never inputs, outputs or
+message bodies. A failed attempt the database retries is a WARNING (attempt k/n, when it is
+retried, the exception's type and message), the last one an ERROR. --log-format json writes one
+JSON object per line; --log-tracebacks adds tracebacks to those lines; --store-tracebacks also
+stores them with the task's error (pgflow runs show).
+
 SIGTERM or SIGINT stops polling, lets running handlers finish (--drain-timeout), marks the
-worker stopped and exits 0.
+worker stopped and exits 0. A second SIGINT (Ctrl-C again) or SIGTERM stops now: async handlers
+are cancelled, and the tasks still running stay started for stalled-task recovery (exit 130).
+
+\b
+Examples:
+  pgflow worker myapp.flows:scrape --concurrency 20
+  pgflow worker ./flows.py:scrape_queued --step parse --log-format json --log-tracebacks
 
 Exit 0: stopped cleanly. Exit 1: stopped after a fatal claim (unsupported work; the function is
-paused, see docs/claim-protocol.md). Exit 2: bad MODULE:FLOW, --step or options. Exit 3: cannot
-connect. Exit 6: startup refused by the database: function fenced (PF001), protocol mismatch
-(PF002), the flow exists with another shape or routing, or a queue collision (PF004).
-Details: docs/step-queues.md.
+paused, see docs/claim-protocol.md). Exit 2: bad MODULE:FLOW, --step, options or flow definition.
+Exit 3: cannot connect. Exit 6: startup refused by the database: function fenced (PF001), protocol
+mismatch (PF002), the flow exists with another shape or routing, or a queue collision (PF004).
+Exit 130: stopped now by a second signal. Details: docs/handlers.md, docs/step-queues.md.
 
 \b
 Examples:
@@ -46,6 +56,13 @@ class LogLevel(str, enum.Enum):
     info = "info"
     warning = "warning"
     error = "error"
+
+
+class LogFormat(str, enum.Enum):
+    """How log records are written to stderr."""
+
+    text = "text"
+    json = "json"
 
 
 def register(app: typer.Typer) -> None:
@@ -77,9 +94,16 @@ def worker(
         "(e.g. your release tag). Env: PGFLOW_WORKER_VERSION.")] = worker_op.DEFAULT_WORKER_VERSION,
     log_level: Annotated[LogLevel, typer.Option("--log-level", case_sensitive=False, help="Lowest level logged.")]
     = LogLevel.info,
+    log_format: Annotated[LogFormat, typer.Option(
+        "--log-format", case_sensitive=False, help="text: one line per record; json: one JSON object per line "
+        "with the record's fields (flow, step, run_id, task_index, attempt, ...).")] = LogFormat.text,
+    log_tracebacks: Annotated[bool, typer.Option(
+        "--log-tracebacks", help="Failed attempts are logged with the handler's traceback.")] = False,
+    store_tracebacks: Annotated[bool, typer.Option(
+        "--store-tracebacks", help="The task's stored error carries the handler's traceback after the message "
+        "(shortened to its innermost frames; shown by `pgflow runs show`).")] = False,
 ) -> None:
-    logging.basicConfig(level=log_level.value.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    worker_op.configure_logging(log_level.value, log_format.value)
     plan = worker_op.plan_worker(target, step_slug=step, function_name=function)
     where = options.resolve()
     with db.connect(where, connect_timeout=options.connect_timeout) as conn, mapped_errors(where):  # exit 3 first
@@ -88,12 +112,12 @@ def worker(
         render.stderr_console().print(render.text(recompile.warning(), "bold red"))
         for difference in recompile.differences:
             render.stderr_console().print(render.text(f"  {difference}", "red"))
-    runner = worker_op.build_worker(
-        plan, where.conninfo, max_concurrent=concurrency, batch_size=min(concurrency, 10),
-        connect_timeout=options.connect_timeout,
+    runner = worker_op.build_worker(plan, where.conninfo, worker_op.WorkerOptions(
+        max_concurrent=concurrency, batch_size=min(concurrency, 10), connect_timeout=options.connect_timeout,
         heartbeat_interval=heartbeat_interval, drain_timeout=drain_timeout, worker_version=worker_version,
-        application_name=f"pgflow-worker {plan.function_name}"[:63],
-    )
+        application_name=f"pgflow-worker {plan.function_name}"[:63], log_tracebacks=log_tracebacks,
+        store_tracebacks=store_tracebacks,
+    ))
     log.info("pgflow worker %s: flow=%s step=%s queue=%s mode=%s function=%s concurrency=%d version=%s database=%s",
              runner.worker_id, plan.flow.slug, plan.step_slug or "-", plan.queue_name, plan.queue_mode,
              plan.function_name, concurrency, render.display(worker_version), where.describe())

@@ -4,9 +4,10 @@ Spec "Stage 2", "Worker coverage": one worker process polls one queue; a plain f
 serves the whole flow on ``lower(flow_slug)``, a step worker serves exactly one step of a
 step-queued flow on that step's private queue. Everything that can be checked without the
 database (the module, the flow object, the step, the complete route map) is checked before a
-connection is opened; the startup refusals of the database (fence ``PF001``, protocol
-``PF002``, shape or routing mismatch) surface as :class:`~pgflow_cli.worker.WorkerStartupError`
-(exit 6).
+connection is opened; a flow or step the worker cannot serve raises
+:class:`~pgflow_cli.worker.DefinitionError` (exit 2), and the startup refusals of the database
+(fence ``PF001``, protocol ``PF002``, shape or routing mismatch) surface as
+:class:`~pgflow_cli.worker.WorkerStartupError` (exit 6).
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ import psycopg
 
 from pgflow_cli import __version__, sqlfiles
 from pgflow_cli.errors import UsageError
-from pgflow_cli.worker import Flow, StepQueuedFlow, Worker
+from pgflow_cli.worker import Flow, StepQueuedFlow, Worker, WorkerOptions, logs
 from pgflow_cli.worker.flow import FlowDefinition
+
+__all__ = ["DEFAULT_WORKER_VERSION", "WorkerOptions", "WorkerPlan", "build_worker", "configure_logging",
+           "default_function_name", "import_module", "load_flow", "plan_worker", "split_target"]
 
 DEFAULT_WORKER_VERSION = f"pgflow-cli {__version__}"
 """What a worker reports at registration unless ``--worker-version`` / ``$PGFLOW_WORKER_VERSION`` says otherwise."""
@@ -161,8 +165,9 @@ def plan_worker(target: str, *, step_slug: str | None, function_name: str | None
     """Load the flow and check the worker/step combination, all before any database access.
 
     Raises:
-        UsageError: see :func:`load_flow`; a ``--step`` on a plain flow, none on a step-queued
-            flow, or a step the flow does not have (exit 2).
+        UsageError: see :func:`load_flow` (exit 2).
+        DefinitionError: a ``--step`` on a plain flow, none on a step-queued flow, or a step the
+            flow does not have (exit 2).
     """
     from pgflow_cli.worker.protocol import LATEST
 
@@ -172,17 +177,15 @@ def plan_worker(target: str, *, step_slug: str | None, function_name: str | None
                       function_name=function_name or default_function_name(flow, step_slug), source=target)
 
 
-def build_worker(plan: WorkerPlan, conninfo: str, **options: Any) -> Worker:
+def build_worker(plan: WorkerPlan, conninfo: str, options: WorkerOptions) -> Worker:
     """The reference worker for a plan.
 
     Args:
         plan: from :func:`plan_worker`.
         conninfo: libpq connection string.
-        **options: :class:`~pgflow_cli.worker.Worker` options (``max_concurrent``,
-            ``heartbeat_interval`` in seconds, ``drain_timeout`` in seconds, ``connect_timeout``
-            in seconds (every connection the worker opens), ...).
+        options: how it runs (concurrency, heartbeats, drain, tracebacks, ...).
     """
-    return Worker(plan.flow, conninfo, function_name=plan.function_name, step_slug=plan.step_slug, **options)
+    return Worker(plan.flow, conninfo, function_name=plan.function_name, step_slug=plan.step_slug, options=options)
 
 
 DEVELOP_QUERIES = "queries/develop.sql"
@@ -249,3 +252,9 @@ def local_recompile(conn: psycopg.Connection, plan: WorkerPlan) -> Recompile | N
     differences = verdict.get("differences")
     return Recompile(plan.flow.slug, runs, runs_in_flight, tasks, tasks_in_flight,
                      [str(d) for d in differences] if isinstance(differences, list) else [])
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """Log to stderr at ``level`` (``debug`` ... ``error``) as ``text`` or ``json`` lines
+    (:func:`pgflow_cli.worker.logs.configure`)."""
+    logs.configure(level, log_format)

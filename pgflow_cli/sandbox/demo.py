@@ -25,7 +25,7 @@ from psycopg.types.json import Jsonb
 
 from pgflow_cli import db, sqlfiles
 from pgflow_cli.errors import UsageError
-from pgflow_cli.worker import Flow, Worker, WorkerStartupError
+from pgflow_cli.worker import Flow, Worker, WorkerOptions, WorkerStartupError
 from pgflow_cli.worker.protocol import for_version
 
 QUERIES = "queries/demo.sql"
@@ -145,7 +145,7 @@ def _start(conn: psycopg.Connection, flow_slug: str, run_input: dict[str, Any]) 
 def _drain(conninfo: str, flows: list[Flow], protocol: Any, progress: Callable[[str], None], timeout: float = 60) -> None:
     workers = [
         Worker(flow, conninfo, function_name=function_name(flow.slug), protocol=type(protocol)(),
-               max_poll_seconds=1, heartbeat_interval=1, application_name="pgflow-cli demo seed")
+               options=WorkerOptions(max_poll_seconds=1, heartbeat_interval=1, application_name="pgflow-cli demo seed"))
         for flow in flows
     ]
     for worker in workers:
@@ -206,7 +206,8 @@ def run_workers(conninfo: str, flow_slugs: list[str] | None = None, *, max_concu
     chosen = [f for f in demo_flows() if f.slug in (flow_slugs or allowed) and f.slug in present]
     workers = [
         Worker(flow, conninfo, function_name=function_name(flow.slug), protocol=for_version(protocol_version),
-               max_concurrent=max_concurrent, worker_id=str(uuid.uuid4()), application_name="pgflow demo worker")
+               worker_id=str(uuid.uuid4()),
+               options=WorkerOptions(max_concurrent=max_concurrent, application_name="pgflow demo worker"))
         for flow in chosen
     ]
     stop = threading.Event()

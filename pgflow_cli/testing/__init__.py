@@ -43,7 +43,7 @@ from pgflow_cli import db, installer
 from pgflow_cli.client import Client, PollPolicy, RunFailed, RunOutcome, RunState
 from pgflow_cli.client.core import S
 from pgflow_cli.sandbox.embedded import LocalServer
-from pgflow_cli.worker import Flow, StepQueuedFlow, Worker
+from pgflow_cli.worker import Flow, StepQueuedFlow, Worker, WorkerOptions
 
 ADMIN_DSN_ENV = "PGFLOW_TEST_ADMIN_DSN"
 """Environment variable naming an existing server to build the throwaway databases on."""
@@ -51,8 +51,7 @@ ADMIN_DSN_ENV = "PGFLOW_TEST_ADMIN_DSN"
 TEST_POLL = PollPolicy(first_interval=0.02, factor=1.5, max_interval=0.25, reconnect_timeout=5.0)
 """Tests look at the run often: a quicker test is worth more than a few statements on a throwaway database."""
 
-WORKER_OPTIONS: dict[str, Any] = {"max_poll_seconds": 1, "poll_interval_ms": 20, "heartbeat_interval": 1.0,
-                                  "drain_timeout": 30.0}
+WORKER_OPTIONS = WorkerOptions(max_poll_seconds=1, poll_interval_ms=20, heartbeat_interval=1.0, drain_timeout=30.0)
 """Short polls: a worker notices new tasks and its stop quickly (no effect on what the handlers see)."""
 
 
@@ -206,9 +205,9 @@ def _workers(flow: Flow[Any] | StepQueuedFlow[Any], conninfo: str) -> list[Worke
     """One worker for a plain flow; one per queue-backed step of a step-queued flow."""
     name = f"{flow.slug}-test"[:60]
     if isinstance(flow, StepQueuedFlow):
-        return [Worker(flow, conninfo, function_name=f"{name}-{index}", step_slug=step, **WORKER_OPTIONS)
+        return [Worker(flow, conninfo, function_name=f"{name}-{index}", step_slug=step, options=WORKER_OPTIONS)
                 for index, step in enumerate(flow.routes)]
-    return [Worker(flow, conninfo, function_name=name, **WORKER_OPTIONS)]
+    return [Worker(flow, conninfo, function_name=name, options=WORKER_OPTIONS)]
 
 
 def run_flow(flow: Flow[S] | StepQueuedFlow[S], input: Any, database: FlowDatabase | str, *,
@@ -248,6 +247,6 @@ def run_flow(flow: Flow[S] | StepQueuedFlow[S], input: Any, database: FlowDataba
         for worker in workers:
             worker.stop("test run ended")
         for worker in workers:
-            worker.join(WORKER_OPTIONS["drain_timeout"] + 5)
+            worker.join(WORKER_OPTIONS.drain_timeout + 5)
     return FlowRun(outcome.run_id, outcome.status, outcome.output, state.step_outputs, state,
                    None if outcome.ok else RunFailed(outcome))

@@ -13,7 +13,7 @@ Example::
 
     scrape = Flow[Literal["fetch", "parse"]]("scrape").step("fetch", fetch).step("parse", parse, depends_on=["fetch"])
     queued = with_step_queues(scrape)
-    step_worker(queued, "parse", dsn, function_name="scrape-parse").run()
+    step_worker(queued, "parse", dsn, function_name="scrape-parse", options=WorkerOptions(max_concurrent=32)).run()
 """
 
 from __future__ import annotations
@@ -21,29 +21,29 @@ from __future__ import annotations
 from typing import Any
 
 from pgflow_cli.worker.flow import Flow, StepQueuedFlow, StepSlug
+from pgflow_cli.worker.options import WorkerOptions
 from pgflow_cli.worker.runner import Worker
 
 
-def flow_worker(flow: Flow[Any], conninfo: str, *, function_name: str, **options: Any) -> Worker:
+def flow_worker(flow: Flow[Any], conninfo: str, *, function_name: str, options: WorkerOptions | None = None,
+                worker_id: str | None = None) -> Worker:
     """A whole-flow worker polling the plain flow's default queue ``lower(flow.slug)``.
 
     Args:
         flow: a plain flow (not step-queued).
         conninfo: libpq connection string.
         function_name: the worker function (``worker_functions`` key; the fence acts on it).
-        **options: the other :class:`~pgflow_cli.worker.runner.Worker` options
-            (``max_concurrent``, ``heartbeat_interval``, ...); not ``step_slug``.
+        options: how it runs (:class:`~pgflow_cli.worker.options.WorkerOptions`).
+        worker_id: UUID of its worker row (random by default).
 
     Raises:
-        UsageError: ``flow`` is step-queued (exit 2), before any database access.
+        DefinitionError: ``flow`` is step-queued, before any database access.
     """
-    if "step_slug" in options:
-        raise TypeError("flow_worker() serves a whole flow; use step_worker() for one step")
-    return Worker(flow, conninfo, function_name=function_name, **options)
+    return Worker(flow, conninfo, function_name=function_name, options=options, worker_id=worker_id)
 
 
 def step_worker(flow: StepQueuedFlow[StepSlug], step: StepSlug, conninfo: str, *, function_name: str,
-                **options: Any) -> Worker:
+                options: WorkerOptions | None = None, worker_id: str | None = None) -> Worker:
     """A step worker polling exactly one step's private queue and claiming only that step's tasks.
 
     Args:
@@ -51,9 +51,10 @@ def step_worker(flow: StepQueuedFlow[StepSlug], step: StepSlug, conninfo: str, *
         step: one of its step slugs.
         conninfo: libpq connection string.
         function_name: the worker function (``worker_functions`` key; the fence acts on it).
-        **options: the other :class:`~pgflow_cli.worker.runner.Worker` options.
+        options: how it runs (:class:`~pgflow_cli.worker.options.WorkerOptions`).
+        worker_id: UUID of its worker row (random by default).
 
     Raises:
-        UsageError: ``flow`` is plain, or has no step ``step`` (exit 2), before any database access.
+        DefinitionError: ``flow`` is plain, or has no step ``step``, before any database access.
     """
-    return Worker(flow, conninfo, function_name=function_name, step_slug=step, **options)
+    return Worker(flow, conninfo, function_name=function_name, step_slug=step, options=options, worker_id=worker_id)

@@ -17,7 +17,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import naming, sqlfiles
-from pgflow_cli.errors import PgflowError, StateConflict, UsageError
+from pgflow_cli.errors import StateConflict
+from pgflow_cli.worker.errors import DefinitionError, WorkerError
+from pgflow_cli.worker.failures import TaskFailure
 
 # SQLSTATEs raised by pgflow SQL (docs/architecture.md).
 SQLSTATE_FENCED = "PF001"
@@ -32,7 +34,7 @@ PACKAGE_FOR_PROTOCOL = {
 }
 
 
-class WorkerStartupError(PgflowError):
+class WorkerStartupError(WorkerError):
     """The worker refused to start; nothing was registered and nothing was polled."""
 
     exit_code = StateConflict.exit_code
@@ -104,7 +106,12 @@ def protocol_mismatch(worker_version: int, database_version: int | None) -> Prot
 
 @dataclass(frozen=True)
 class ClaimedTask:
-    """A task this worker now owns (status started, attempt counted, visibility extended)."""
+    """A task this worker now owns (status started, attempt counted, visibility extended).
+
+    ``flow_input`` is the run input for root single steps only (``None`` otherwise). ``attempt`` is
+    the task's ``attempts_count`` after the claim (1 for its first attempt) when known; a claim does
+    not read it (most handlers never ask): :meth:`ProtocolV1.claimed_attempts` does, for a batch.
+    """
 
     flow_slug: str
     run_id: str
@@ -114,6 +121,34 @@ class ClaimedTask:
     task_index: int
     flow_input: Any
     queue_name: str
+    attempt: int | None = None
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """A step's effective settings (the step's, else the flow's), read at startup.
+
+    Attributes:
+        timeout: seconds a task may run before its message becomes visible again.
+        max_attempts: attempts in all, the first included.
+        base_delay: seconds; the retry after attempt n waits ``floor(base_delay * 2**n)``.
+    """
+
+    timeout: int
+    max_attempts: int
+    base_delay: int
+
+
+def failure_report(task: ClaimedTask, failure: TaskFailure) -> dict[str, Any]:
+    """The arguments of one failure report: ``fail_task``'s named parameters, and one element of
+    ``fail_tasks``' JSON array. The one place they are built, for both calls.
+
+    The handler's directive (``failure.retry``: a ``RetryLater``, whose ``delay()`` gives the
+    seconds to wait; ``failure.fail_now``) is not sent yet: the calls take it once the database's
+    ``fail_task`` has a retry delay and a fail-now argument (see ``has_retry_control``).
+    """
+    return {"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
+            "error_message": failure.message}
 
 
 @dataclass
@@ -154,17 +189,17 @@ class ProtocolV1:
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
         """The queue a worker for this flow polls."""
         if step_slug is not None:
-            raise UsageError("protocol 1 has no private step queues; a step worker needs protocol 2 or later")
+            raise DefinitionError("protocol 1 has no private step queues; a step worker needs protocol 2 or later")
         return flow_slug
 
     def queue_for(self, flow: Any, step_slug: str | None) -> str:
         """The queue a worker of ``flow`` (a Flow or StepQueuedFlow) polls; checked before any database access.
 
         Raises:
-            UsageError: a step-queued flow, which protocol 1 cannot serve.
+            DefinitionError: a step-queued flow, which protocol 1 cannot serve.
         """
         if getattr(flow, "queue_mode", "flow") != "flow":
-            raise UsageError(f"flow {flow.slug!r} uses private step queues, which protocol 1 does not have")
+            raise DefinitionError(f"flow {flow.slug!r} uses private step queues, which protocol 1 does not have")
         return self.queue_name(flow.slug, step_slug)
 
     def compile_flow(self, conn: psycopg.Connection, flow: Any, step_slug: str | None) -> dict[str, Any]:
@@ -251,6 +286,24 @@ class ProtocolV1:
             for r in rows
         ])
 
+    def claimed_attempts(self, conn: psycopg.Connection, *, flow_slug: str, queue_name: str, message_ids: list[int],
+                         worker_id: str) -> dict[int, int]:
+        """The attempt each task this worker claimed and still runs is in (``attempts_count``), by message id.
+
+        Read on demand, once per claim batch, when a handler or a failure's log line first needs
+        one (a claim does not read it: reading it with every claim cost more client CPU than the
+        rest of a task's handling).
+
+        Returns:
+            ``{message_id: attempt}``; a task another claim has taken meanwhile is absent.
+        """
+        rows = conn.execute(self._attempts_sql(), {"flow_slug": flow_slug, "queue_name": queue_name,
+                                                   "msg_ids": message_ids, "worker_id": worker_id}).fetchall()
+        return {int(message_id): int(attempts) for message_id, attempts in rows}
+
+    def _attempts_sql(self) -> str:
+        return self._sql("claimed_attempts")
+
     def release(self, conn: psycopg.Connection, queue_name: str, message_ids: list[int]) -> None:
         """Make messages this worker read but will not claim visible again at once."""
         conn.execute(self._sql("release"), {"queue_name": queue_name, "msg_ids": message_ids})
@@ -261,12 +314,15 @@ class ProtocolV1:
             "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": Jsonb(output),
         })
 
-    def fail(self, conn: psycopg.Connection, task: ClaimedTask, error_message: str) -> None:
-        """Report failure; the database retries or exhausts the task."""
-        conn.execute(self._sql("fail"), {
-            "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
-            "error_message": error_message,
-        })
+    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> None:
+        """Report a failed attempt (:func:`failure_report`); the database retries or exhausts the task."""
+        conn.execute(self._sql("fail"), failure_report(task, failure))
+
+    def has_retry_control(self, conn: psycopg.Connection) -> bool:
+        """Whether the database's ``fail_task`` / ``fail_tasks`` take a handler's retry delay and
+        fail-now (``RetryLater``, ``FailNow``). No schema has them yet: they are reported as
+        ordinary failures."""
+        return False
 
     def stopped(self, conn: psycopg.Connection, worker_id: str) -> None:
         """Mark the worker stopped."""
@@ -280,31 +336,59 @@ class ProtocolV1:
         """Report several successes in one call (see :meth:`ProtocolV2.complete_many`).
 
         Raises:
-            UsageError: protocol 1 has no batch entry point (check :meth:`has_batch_reports`).
+            DefinitionError: protocol 1 has no batch entry point (check :meth:`has_batch_reports`).
         """
-        raise UsageError("protocol 1 has no batch completion; report each task with complete()")
+        raise DefinitionError("protocol 1 has no batch completion; report each task with complete()")
 
-    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, str]]) -> None:
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> None:
         """Report several failures in one call (see :meth:`ProtocolV2.fail_many`).
 
         Raises:
-            UsageError: protocol 1 has no batch failure; report each task with fail().
+            DefinitionError: protocol 1 has no batch failure; report each task with fail().
         """
-        raise UsageError("protocol 1 has no batch failure; report each task with fail()")
+        raise DefinitionError("protocol 1 has no batch failure; report each task with fail()")
 
-    def step_timeouts(self, conn: psycopg.Connection, flow_slug: str, step_slug: str | None) -> dict[str, int]:
-        """Effective timeout in seconds (the step's, else the flow's) of each step the worker may claim.
+    def step_settings(self, conn: psycopg.Connection, flow_slug: str, step_slug: str | None) -> dict[str, StepSettings]:
+        """Effective timeout, max_attempts and base_delay (the step's, else the flow's) of each step
+        the worker may claim.
 
         Args:
             flow_slug: the compiled flow.
             step_slug: a step worker's step (only that step), or ``None`` for every step.
 
         Returns:
-            ``{step_slug: seconds}``; empty when the flow is not compiled.
+            ``{step_slug: StepSettings}``; empty when the flow is not compiled.
         """
-        rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "step_timeouts"),
+        rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "step_settings"),
                             {"flow_slug": flow_slug, "step_slug": step_slug}).fetchall()
-        return {str(r[0]): int(r[1]) for r in rows}
+        return {str(r[0]): StepSettings(timeout=int(r[1]), max_attempts=int(r[2]), base_delay=int(r[3])) for r in rows}
+
+    def run_input(self, conn: psycopg.Connection, run_id: str) -> Any:
+        """The input a run was started with (``None`` when the run is gone)."""
+        row = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "run_input"), {"run_id": run_id}).fetchone()
+        return None if row is None else row[0]
+
+    def ended_tasks(self, conn: psycopg.Connection, worker_id: str,
+                    running: list[tuple[ClaimedTask, int | None]]) -> dict[int, tuple[str, bool]]:
+        """Which of the tasks a worker runs are no longer wanted, in one query.
+
+        Args:
+            worker_id: the worker.
+            running: ``(task, attempt)`` of every handler it runs (``None``: attempt not read).
+
+        Returns:
+            ``{position in running: (reason, taken_over)}``: the run or step is no longer started,
+            or the task is no longer this attempt of this worker; ``taken_over`` when another claim
+            of the task is running (a report of this attempt would end that one).
+        """
+        rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "ended_tasks"), {
+            "worker_id": worker_id,
+            "run_ids": [task.run_id for task, _ in running],
+            "step_slugs": [task.step_slug for task, _ in running],
+            "task_indexes": [task.task_index for task, _ in running],
+            "attempts": [attempt for _, attempt in running],
+        }).fetchall()
+        return {int(r[0]) - 1: (str(r[1]), bool(r[2])) for r in rows}
 
 
 class ProtocolV2(ProtocolV1):
@@ -358,27 +442,26 @@ class ProtocolV2(ProtocolV1):
                  for task, output in results]
         conn.execute(sqlfiles.statement(self.v2_queries, "complete_many"), {"tasks": Jsonb(tasks)})
 
-    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, str]]) -> None:
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> None:
         """Report several failures in one ``pgflow.fail_tasks`` call (one transaction).
 
         Args:
-            failures: ``(task, error_message)`` pairs, applied in this order with the per-task
+            failures: ``(task, failure)`` pairs, each sent as :func:`failure_report` builds it, applied in this order with the per-task
                 semantics of ``fail_task`` (retry or exhaust).
 
         Raises:
             psycopg.Error: the call raised; nothing of the batch was applied.
         """
-        tasks = [{"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
-                  "error_message": message} for task, message in failures]
+        tasks = [failure_report(task, failure) for task, failure in failures]
         conn.execute(sqlfiles.statement(self.v2_queries, "fail_many"), {"tasks": Jsonb(tasks)})
 
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
         """The generated lowercase default queue (plain flows; step workers need private step queues)."""
         if step_slug is not None:
-            raise UsageError("a step's queue comes from its StepQueuedFlow; use queue_for(flow, step_slug)")
+            raise DefinitionError("a step's queue comes from its StepQueuedFlow; use queue_for(flow, step_slug)")
         queue = naming.default_queue_name(flow_slug)
         if queue.name is None:
-            raise UsageError(f"flow slug {flow_slug!r} cannot be used: {naming.describe_reasons([queue.reason or ''])}")
+            raise DefinitionError(f"flow slug {flow_slug!r} cannot be used: {naming.describe_reasons([queue.reason or ''])}")
         return queue.name
 
     def queue_for(self, flow: Any, step_slug: str | None) -> str:
@@ -394,19 +477,19 @@ class ProtocolV2(ProtocolV1):
             ``lower(flow_slug)`` for a plain flow, else the step's generated private queue.
 
         Raises:
-            UsageError: a step worker of a plain flow, a step-queued flow without a step, or
+            DefinitionError: a step worker of a plain flow, a step-queued flow without a step, or
                 a step the flow does not have (exit 2).
         """
         if getattr(flow, "queue_mode", "flow") == "step":
             if step_slug is None:
-                raise UsageError(
+                raise DefinitionError(
                     f"flow {flow.slug!r} uses private step queues: each worker serves exactly one step",
                     hint="name the step (step_worker(flow, step) or `pgflow worker ... --step SLUG`); steps: "
                     + ", ".join(flow.routes),
                 )
             return str(flow.queue_for(step_slug))
         if step_slug is not None:
-            raise UsageError(
+            raise DefinitionError(
                 f"flow {flow.slug!r} is a plain flow: its workers serve the whole flow, not step {step_slug!r}",
                 hint="drop the step (--step), or deploy with_step_queues(flow) under a new concrete flow slug",
             )
@@ -474,6 +557,9 @@ class ProtocolV2(ProtocolV1):
             outcome.fatal_reason = "; ".join(fatal_reasons)
         return outcome
 
+    def _attempts_sql(self) -> str:
+        return sqlfiles.statement(self.v2_queries, "claimed_attempts")
+
 
 LATEST = ProtocolV2
 """The protocol new workers speak by default."""
@@ -485,9 +571,9 @@ def for_version(version: int) -> ProtocolV1:
     """The protocol class for ``version``.
 
     Raises:
-        UsageError: unknown version.
+        DefinitionError: unknown version.
     """
     try:
         return PROTOCOLS[version]()
     except KeyError:
-        raise UsageError(f"unknown protocol version {version}; this worker speaks {sorted(PROTOCOLS)}") from None
+        raise DefinitionError(f"unknown protocol version {version}; this worker speaks {sorted(PROTOCOLS)}") from None

@@ -57,6 +57,22 @@ class ReportQueue:
             self._cv.notify_all()
             return True
 
+    def offer(self, report: PendingReport) -> bool | None:
+        """Queue ``report`` if there is room, without waiting (for an event loop, which must not block).
+
+        Returns:
+            True when queued, None when the queue is full (call :meth:`put` from a thread), False
+            when the queue was closed (the worker stopped).
+        """
+        with self._cv:
+            if self._closed:
+                return False
+            if len(self._items) >= self.limit:
+                return None
+            self._items.append(report)
+            self._cv.notify_all()
+            return True
+
     def take(self, most: int) -> list[PendingReport] | None:
         """Wait for at least one report; return up to ``most`` of them, oldest first.
 

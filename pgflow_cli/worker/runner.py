@@ -7,7 +7,7 @@ Lifecycle (states: created -> starting -> running -> draining -> stopped):
    mismatch) raises before anything was registered or polled.
 2. **running**: one poll thread long-polls the worker's queue for as many messages as the
    worker has capacity for (at most ``batch_size``; see "Capacity" below), claims them, and
-   hands each claimed task to a thread pool of ``max_concurrent`` handlers. Every
+   hands each claimed task to a handler slot (``max_concurrent`` of them, see "Handlers"). Every
    ``heartbeat_interval`` seconds it records a heartbeat; a deprecated worker stops polling.
 3. **draining**: no more polling; claimed tasks and in-flight handlers finish and their reports
    are sent (up to ``drain_timeout`` seconds) while heartbeats go on, so a draining worker is
@@ -38,22 +38,40 @@ handler thread reports its own task with one call. Draining sends every queued r
 the worker marks itself stopped; a killed worker loses its unsent reports, and their tasks,
 still ``started``, come back through stalled-task recovery like any task of a dead worker.
 
-Logs carry flow, step, run, task index, queue and message ids only, never inputs,
-outputs or message bodies. Database errors while polling are retried with backoff.
+Handlers. A ``def`` handler runs in one of ``max_concurrent`` daemon threads; an ``async def``
+handler runs on the worker's own event loop (one daemon thread), where as many run at once as
+slots are free; both kinds share the same slots and the same capacity rule. Each handler gets a
+:class:`~pgflow_cli.worker.context.TaskContext` with its attempt, the step's ``max_attempts``, its
+deadline (claim + effective timeout), the run input (read once per run on first use) and a stop
+signal. The signal is set for every in-flight task when the worker drains, and for one task when
+the heartbeat's check (one query for all in-flight tasks, once per ``heartbeat_interval``) finds
+its run or step ended, or the task taken over. A handler's ``RetryLater`` / ``FailNow``
+(:mod:`pgflow_cli.worker.control`) travel with its failure report.
+
+Stopping. The first SIGTERM/SIGINT in :meth:`Worker.run` drains; a second one (or
+:meth:`Worker.stop_now`, or the drain timeout) stops now: ``async def`` handlers are cancelled
+(their ``finally`` blocks run), ``def`` handlers are left running in their daemon threads, what
+is already queued for reporting is sent (briefly), the worker row is marked stopped, and the
+tasks still running stay ``started`` for stalled-task recovery (requeued once their step
+timeout + 30 s have passed since the claim). ``run()`` then returns 130.
+
+Logs carry flow, step, run, task index, queue and message ids only, never inputs, outputs or
+message bodies. A failed attempt is logged at WARNING when the database will retry it (attempt
+k/n, in how many seconds, the exception's type and message) and at ERROR when it ends the task;
+``log_tracebacks`` adds the traceback. Database errors while polling are retried with backoff.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import itertools
-import json
 import logging
 import math
-import re
 import signal
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,92 +80,67 @@ from psycopg_pool import ConnectionPool
 
 from pgflow_cli import db
 from pgflow_cli.db import first_line
-from pgflow_cli.worker.flow import FlowDefinition, TaskContext
+from pgflow_cli.worker.context import STOP_DRAINING, RunInputs, TaskContext
+from pgflow_cli.worker.execution import DaemonThreads, EventLoopThread, Slots
+from pgflow_cli.worker.failures import GENERIC_FAILURE, RetryPolicy, TaskFailure
+from pgflow_cli.worker.flow import FlowDefinition, StepDefinition
+from pgflow_cli.worker.options import WorkerOptions
 from pgflow_cli.worker.protocol import (
     LATEST,
     SQLSTATE_NOT_REGISTERED,
     SQLSTATE_PROTOCOL,
     ClaimedTask,
+    StepSettings,
 )
 from pgflow_cli.worker.reports import PendingReport, ReportQueue
+from pgflow_cli.worker.text import storable_text, unstorable
 
 log = logging.getLogger("pgflow.worker")
-
-MAX_ERROR_MESSAGE = 2000
-"""Characters of a handler's error kept in ``step_tasks.error_message``."""
 
 STALE_ROW_TYPE_RETRIES = 2
 """How many times a report that failed with 42804 (the task table changed shape while the call
 waited for a migration's lock; see :meth:`Worker._report`) is sent again before it counts as refused."""
-GENERIC_FAILURE = "the handler failed and its error message could not be stored"
 
-DEFAULT_TIMEOUT = 60
-"""Effective timeout (seconds) assumed for a step the database did not describe (pgflow's default)."""
+DEFAULT_SETTINGS = StepSettings(timeout=60, max_attempts=3, base_delay=5)
+"""Settings assumed for a step the database did not describe (``create_flow``'s defaults)."""
+DEFAULT_TIMEOUT = DEFAULT_SETTINGS.timeout
 
 SLOT_AVERAGE_WEIGHT = 0.2
 """Weight of the newest handler-slot duration in the moving average the capacity estimate uses."""
 
+CANCEL_GRACE = 2.0
+"""Seconds cancelled ``async def`` handlers get to run their ``finally`` blocks at a forced stop."""
 
-def storable_text(text: str) -> str:
-    """``text`` made storable in a PostgreSQL ``text`` column of a UTF-8 database.
+FORCED_STOP_WAIT = 2.0
+"""Seconds a forced stop still gives the queued reports and the worker row's ``stopped`` mark."""
 
-    NUL becomes ``\\x00`` and every code point UTF-8 cannot encode (lone surrogates, e.g. from
-    ``os.fsdecode`` of undecodable bytes) becomes its ``\\udXXX`` escape, so the message stays
-    readable instead of failing the report.
-    """
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+INTERRUPTED = 130
+"""What :meth:`Worker.run` returns after a forced stop by a second signal (docs/exit-codes.md)."""
 
-
-def error_text(exc: BaseException) -> str:
-    """The text stored for a failed handler: ``Type: message``, storable, at most 2000 characters.
-
-    Never raises: an exception whose ``__str__`` raises is described by its type and by what
-    ``__str__`` raised.
-    """
-    try:
-        name = type(exc).__name__
-    except Exception:  # pragma: no cover - a type without a name
-        name = "Exception"
-    try:
-        message = str(exc)
-    except Exception as broken:
-        try:
-            message = f"<its message could not be read: str() raised {type(broken).__name__}>"
-        except Exception:  # pragma: no cover
-            message = "<its message could not be read>"
-    text = f"{name}: {message}" if message else name
-    return storable_text(text)[:MAX_ERROR_MESSAGE]
+Outcome = tuple[bool, Any]
+"""``(True, output)`` or ``(False, TaskFailure)``."""
 
 
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-"""A JSON ``\\u0000`` escape (an even run of backslashes before it: not the literal text)."""
+class _ClaimBatch:
+    """The tasks of one claim, and their attempt numbers once a task asks: read for the whole batch
+    in one query (:meth:`ProtocolV1.claimed_attempts`), at most once."""
 
+    def __init__(self, worker: Worker, tasks: list[ClaimedTask]) -> None:
+        self._worker = worker
+        self._message_ids = [task.message_id for task in tasks]
+        self._lock = threading.Lock()
+        self._attempts: dict[int, int] | None = None
 
-def unstorable(output: Any) -> str | None:
-    """Why PostgreSQL's jsonb could not hold ``output`` (``None`` when it can).
+    def attempt(self, message_id: int) -> int:
+        """The attempt of the task behind ``message_id`` (1 if another claim has taken it meanwhile).
 
-    Rejects what Python's json accepts but jsonb does not: NaN and Infinity, the NUL character
-    (U+0000) in any string, code points UTF-8 cannot encode (lone surrogates), and anything json
-    cannot encode at all (including nesting too deep to serialise). The literal text
-    ``\\u0000`` (a backslash followed by ``u0000``) is ordinary text and is stored.
-
-    Never raises: whatever serialising raises is described as the reason.
-    """
-    try:
-        text = json.dumps(output, allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        return str(exc)
-    except RecursionError:
-        return "it is nested too deeply to serialise as JSON"
-    except Exception as exc:
-        return f"serialising it as JSON raised {type(exc).__name__}"
-    if "\x00" in text or _NUL_ESCAPE.search(text):
-        return "it contains a NUL character (U+0000), which PostgreSQL cannot store"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "it contains a code point UTF-8 cannot encode (a lone surrogate), which PostgreSQL cannot store"
-    return None
+        Raises:
+            psycopg.Error: the read failed (asked again next time).
+        """
+        with self._lock:
+            if self._attempts is None:
+                self._attempts = self._worker._read_attempts(self._message_ids)
+            return self._attempts.get(message_id, 1)
 
 
 @dataclass
@@ -157,7 +150,9 @@ class WorkerStats:
     ``report_batches`` counts batch calls that succeeded and ``batch_reported`` the tasks they
     reported; ``batch_fallbacks`` counts batch calls that raised (their tasks were then
     reported one by one); ``expired`` counts claimed tasks not run because they waited longer
-    than their effective timeout.
+    than their effective timeout; ``cancelled`` counts ``async def`` handlers cancelled by a
+    forced stop; ``stop_signals`` counts tasks whose stop signal the heartbeat's check set
+    (their run or step ended, or the task was taken over).
     """
 
     polls: int = 0
@@ -173,6 +168,8 @@ class WorkerStats:
     batch_reported: int = 0
     batch_fallbacks: int = 0
     expired: int = 0
+    cancelled: int = 0
+    stop_signals: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -193,28 +190,19 @@ class Worker:
         conninfo: libpq connection string of the pgflow database.
         function_name: the worker function this worker belongs to (``worker_functions`` key;
             the rollout fence acts on it).
-        protocol: a protocol object (default: the latest this package speaks).
         step_slug: serve only this step's private queue (protocol 2+ step-queued flows).
-        max_concurrent: handler threads (tasks in flight at once).
-        batch_size: most messages read per poll, and most tasks claimed beyond the free
-            handler slots (see "Capacity" in the module docstring).
-        poll_vt: seconds a read message stays invisible before the claim extends it.
-        max_poll_seconds: long-poll duration of one read, seconds.
-        poll_interval_ms: pause between empty reads inside one long poll, milliseconds.
-        heartbeat_interval: seconds between heartbeats.
-        drain_timeout: seconds to wait for in-flight handlers when stopping.
+        options: how it runs (:class:`~pgflow_cli.worker.options.WorkerOptions`; the defaults
+            when omitted).
+        protocol: a protocol object (default: the latest this package speaks).
         worker_id: UUID of the worker row (random by default).
-        application_name: ``application_name`` of its connections.
-        connect_timeout: seconds libpq waits for the server on every connection the worker opens.
-        worker_version: free text reported at registration (``workers.worker_version``, shown
-            by ``pgflow coverage``); ignored by databases that do not record it.
-        batch_reports: send reports through ``complete_tasks`` / ``fail_tasks`` when the database
-            has them (found at startup; see :attr:`reports_batched`); False: one call per task.
-        prefetch: claim beyond the free handler slots when the tasks are expected to start well
-            within their visibility window; False: read only as many messages as slots are free.
 
     Attributes:
         reports_batched: after :meth:`start`, whether reports go through the batch entry points.
+        retry_control: after :meth:`start`, whether the database honours ``RetryLater`` / ``FailNow``.
+
+    Raises:
+        DefinitionError: the flow and ``step_slug`` do not fit together (see
+            ``Protocol.queue_for``), before any database access.
     """
 
     def __init__(
@@ -223,63 +211,56 @@ class Worker:
         conninfo: str,
         *,
         function_name: str,
-        protocol: Any = None,
         step_slug: str | None = None,
-        max_concurrent: int = 10,
-        batch_size: int = 10,
-        poll_vt: int = 5,
-        max_poll_seconds: int = 2,
-        poll_interval_ms: int = 100,
-        heartbeat_interval: float = 5.0,
-        drain_timeout: float = 60.0,
+        options: WorkerOptions | None = None,
+        protocol: Any = None,
         worker_id: str | None = None,
-        application_name: str = "pgflow-worker",
-        connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT,
-        worker_version: str | None = None,
-        batch_reports: bool = True,
-        prefetch: bool = True,
     ) -> None:
-        if max_concurrent < 1 or batch_size < 1:
-            raise ValueError("max_concurrent and batch_size must be at least 1")
         self.flow = flow
         self.conninfo = conninfo
         self.function_name = function_name
+        self.options = options or WorkerOptions()
         self.protocol = protocol or LATEST()
         self.step_slug = step_slug
-        self.max_concurrent = max_concurrent
-        self.batch_size = batch_size
-        self.poll_vt = poll_vt
-        self.max_poll_seconds = max_poll_seconds
-        self.poll_interval_ms = poll_interval_ms
-        self.heartbeat_interval = heartbeat_interval
-        self.drain_timeout = drain_timeout
         self.worker_id = worker_id or str(uuid.uuid4())
-        self.application_name = application_name
-        self.connect_timeout = connect_timeout
-        self.worker_version = worker_version
         self.queue_name = self.protocol.queue_for(flow, step_slug)
         self.stats = WorkerStats()
         self.state = "created"
         self.stop_reason: str | None = None
         self.fatal: str | None = None
-        self.batch_reports = batch_reports
-        self.prefetch = prefetch
         self.reports_batched = False
+        self.retry_control = False
+        self.left_running = 0
+        """Tasks still running when the worker stopped (left to stalled-task recovery)."""
+        self._steps: dict[str, StepDefinition] = {step.slug: step for step in flow.steps}
         self._stop = threading.Event()
+        self._force = threading.Event()
         self._stopped = threading.Event()
-        # capacity bookkeeping, all under _cv: claimed tasks waiting for a handler thread,
-        # handlers running (since when), moving average of a slot's duration
+        self._signals = 0
+        self._started_at = time.monotonic()
+        # capacity bookkeeping, all under _cv: claimed tasks waiting for a handler slot, handlers
+        # running (since when) and their contexts, moving average of a slot's duration
         self._cv = threading.Condition()
         self._waiting = 0
         self._running: dict[int, float] = {}
+        self._active: dict[int, tuple[ClaimedTask, TaskContext]] = {}
+        self._by_task: dict[tuple[str, str, int], int] = {}
+        """The token of the running attempt of each task (run, step, index)."""
+        self._taken_over: set[int] = set()
+        """Tokens of running attempts another claim of their task has replaced: never reported."""
         self._slot_seconds: float | None = None
         self._tokens = itertools.count()
-        self._timeouts: dict[str, int] = {}
+        self._settings: dict[str, StepSettings] = {}
         self._start_budget = DEFAULT_TIMEOUT / 2
-        self._reports = ReportQueue(2 * max(batch_size, max_concurrent))
+        most = max(self.options.batch_size, self.options.max_concurrent)
+        self._reports = ReportQueue(2 * most)
+        self._inputs = RunInputs(self._read_run_input, self.options.run_inputs_cached)
         self._reporter: threading.Thread | None = None
         self._pool: ConnectionPool | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._slots = Slots(self.options.max_concurrent)
+        self._threads: DaemonThreads | None = None
+        self._loop: EventLoopThread | None = None
+        self._side: DaemonThreads | None = None
         self._thread: threading.Thread | None = None
         self._disowned = False
 
@@ -302,40 +283,50 @@ class Worker:
             raise RuntimeError(f"worker already {self.state}")
         self.state = "starting"
         try:
-            with db.connect(self._target(), application_name=self.application_name,
-                            connect_timeout=self.connect_timeout) as startup:
+            with db.connect(self._target(), application_name=self.options.application_name,
+                            connect_timeout=self.options.connect_timeout) as startup:
                 self.protocol.check_version(startup)
                 self.protocol.check_enabled(startup, self.function_name)
                 result = self.protocol.compile_flow(startup, self.flow, self.step_slug)
                 self.protocol.register(
                     startup, worker_id=self.worker_id, function_name=self.function_name, queue_name=self.queue_name,
-                    flow_slug=self.flow.slug, step_slug=self.step_slug, worker_version=self.worker_version,
+                    flow_slug=self.flow.slug, step_slug=self.step_slug, worker_version=self.options.worker_version,
                 )
-                self.reports_batched = self.batch_reports and self.protocol.has_batch_reports(startup)
-                self._timeouts = self.protocol.step_timeouts(startup, self.flow.slug, self.step_slug)
+                self.reports_batched = self.options.batch_reports and self.protocol.has_batch_reports(startup)
+                self.retry_control = self.protocol.has_retry_control(startup)
+                self._settings = self.protocol.step_settings(startup, self.flow.slug, self.step_slug)
         except BaseException:
             # Nothing was registered; the worker is finished, not stuck in 'starting'.
             self.state = "stopped"
             self.stop_reason = self.stop_reason or "startup failed"
             self._stopped.set()
             raise
-        self._start_budget = min(self._timeouts.values(), default=DEFAULT_TIMEOUT) / 2
+        self._start_budget = min((s.timeout for s in self._settings.values()), default=DEFAULT_TIMEOUT) / 2
         log.info(
             "worker %s started: flow=%s step=%s queue=%s function=%s compile=%s protocol=%s reports=%s",
             self.worker_id, self.flow.slug, self.step_slug or "-", self.queue_name, self.function_name,
             result.get("status"), self.protocol.version, "batched" if self.reports_batched else "one per call",
+            extra={"event": "worker_started", "worker_id": self.worker_id, "flow": self.flow.slug,
+                   "step": self.step_slug, "queue": self.queue_name},
         )
+        served = [self._steps[slug] for slug in (self._settings or self._steps) if slug in self._steps]
+        has_async = any(step.handler is not None and step.is_async for step in served)
         self._pool = ConnectionPool(
-            db.connection_string(self._target(), application_name=self.application_name,
-                                 connect_timeout=self.connect_timeout),
+            db.connection_string(self._target(), application_name=self.options.application_name,
+                                 connect_timeout=self.options.connect_timeout),
             min_size=1,
-            max_size=self.max_concurrent + 2,
+            max_size=self.options.max_concurrent + 2,
             # no server-side prepared statements: a transaction-mode pooler may stand between
             kwargs={"autocommit": True, "prepare_threshold": db.POOLER_SAFE_PREPARE},
             open=True,
             name=f"pgflow-worker-{self.worker_id[:8]}",
         )
-        self._executor = ThreadPoolExecutor(max_workers=self.max_concurrent, thread_name_prefix="pgflow-task")
+        self._threads = DaemonThreads(self.options.max_concurrent, "pgflow-task")
+        if has_async:
+            self._loop = EventLoopThread("pgflow-async")
+            # blocking work of async handlers (their reports, a run input's first read) runs here
+            self._side = DaemonThreads(max(2, min(self.options.max_concurrent, 8)), "pgflow-side")
+        self._started_at = time.monotonic()
         self.state = "running"
         if self.reports_batched:
             self._reporter = threading.Thread(target=self._report_loop, name="pgflow-report", daemon=True)
@@ -352,23 +343,48 @@ class Worker:
             self.stop_reason = reason
         self._stop.set()
 
+    def stop_now(self, reason: str = "stop now requested") -> None:
+        """Stop without waiting for running handlers (returns at once; see :meth:`join`): ``async def``
+        handlers are cancelled, ``def`` handlers are left running, their tasks stay ``started`` for
+        stalled-task recovery. Queued reports are still sent (for a moment) and the worker row is
+        marked stopped."""
+        if self.stop_reason is not None and not self._force.is_set():
+            self.stop_reason = f"{self.stop_reason}, then {reason}"
+        self.stop(reason)
+        self._force.set()
+        with self._cv:
+            self._cv.notify_all()
+
     def join(self, timeout: float | None = None) -> bool:
         """Wait until the worker has fully stopped. Returns False on timeout."""
         return self._stopped.wait(timeout)
 
     def tasks_in_flight(self) -> int:
-        """Claimed tasks whose handler has not finished (waiting for a handler thread or running)."""
+        """Claimed tasks whose handler has not finished (waiting for a handler slot or running)."""
         return self._in_flight()
 
     def run(self) -> int:
-        """Start, then block until stopped; SIGTERM/SIGINT trigger a graceful drain.
+        """Start, then block until stopped. The first SIGTERM or SIGINT drains (running handlers
+        finish, up to ``drain_timeout``); a second one stops now (:meth:`stop_now`).
 
         Returns:
-            0 after a clean stop, 1 after a fatal claim outcome.
+            0 after a clean stop, 1 after a fatal claim outcome, 130 after a second signal.
         """
         def on_signal(signum: int, _frame: Any) -> None:
-            log.info("received %s: draining in-flight tasks", signal.Signals(signum).name)
-            self.stop(f"signal {signal.Signals(signum).name}")
+            name = signal.Signals(signum).name
+            self._signals += 1
+            if self._signals == 1:
+                log.info("received %s: draining %d in-flight task(s) (at most %.0fs); send it again to stop now and "
+                         "leave them to stalled-task recovery", name, self.tasks_in_flight(), self.options.drain_timeout,
+                         extra={"event": "drain", "worker_id": self.worker_id, "reason": f"signal {name}"})
+                self.stop(f"signal {name}")
+            elif not self._force.is_set():
+                log.warning("received %s again: stopping now; %d task(s) still in flight stay started and stalled-task "
+                            "recovery requeues each one once its step timeout + 30 s have passed since its claim",
+                            name, self.tasks_in_flight(),
+                            extra={"event": "stop_now", "worker_id": self.worker_id, "reason": f"second {name}",
+                                   "left_running": self.tasks_in_flight()})
+                self.stop_now(f"second {name}")
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -378,6 +394,8 @@ class Worker:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        if self._force.is_set() and self._signals > 1:
+            return INTERRUPTED
         return 1 if self.fatal else 0
 
     # loop -------------------------------------------------------------------------
@@ -395,12 +413,13 @@ class Worker:
                                 log.info("worker %s deprecated: stops polling and drains", self.worker_id)
                                 self.stop("deprecated")
                                 break
-                        next_heartbeat = now + self.heartbeat_interval
+                            self._check_in_flight(conn)
+                        next_heartbeat = now + self.options.heartbeat_interval
                     capacity = self._capacity()
                     if capacity == 0:
-                        self._wait_for_capacity(min(self.heartbeat_interval, 1.0))
+                        self._wait_for_capacity(min(self.options.heartbeat_interval, 1.0))
                         continue
-                    self._poll_once(min(capacity, self.batch_size))
+                    self._poll_once(min(capacity, self.options.batch_size))
                     backoff = 0.5
                 except psycopg.Error as exc:
                     if getattr(exc, "sqlstate", None) == SQLSTATE_PROTOCOL:
@@ -432,11 +451,11 @@ class Worker:
         assert self._pool is not None
         with self._pool.connection() as conn:
             message_ids = self.protocol.read(
-                conn, queue_name=self.queue_name, vt=self.poll_vt, qty=qty,
+                conn, queue_name=self.queue_name, vt=self.options.poll_vt, qty=qty,
                 # a long poll never outlasts the heartbeat interval by much: the fence and coverage
                 # tell a live worker from a dead one by its heartbeat age
-                max_poll_seconds=min(self.max_poll_seconds, max(1, math.ceil(self.heartbeat_interval))),
-                poll_interval_ms=self.poll_interval_ms,
+                max_poll_seconds=min(self.options.max_poll_seconds, max(1, math.ceil(self.options.heartbeat_interval))),
+                poll_interval_ms=self.options.poll_interval_ms,
             )
             self.stats.add(polls=1, messages_read=len(message_ids))
             if not message_ids:
@@ -446,6 +465,9 @@ class Worker:
                 # visibility timeout ends; another worker can claim it right away.
                 self._release_quietly(conn, message_ids)
                 return
+            # the claim's moment, taken before the call: a task's deadline is never later than the
+            # database's (its visibility ends at the claim + the effective timeout + 2 s)
+            claimed_at = time.monotonic()
             try:
                 outcome = self.protocol.claim(
                     conn, flow_slug=self.flow.slug, step_slug=self.step_slug, queue_name=self.queue_name,
@@ -470,9 +492,9 @@ class Worker:
             )
             self.stop("fatal claim outcome")
             return
-        claimed_at = time.monotonic()
+        batch = _ClaimBatch(self, outcome.claimed)
         for task in outcome.claimed:
-            self._submit(task, claimed_at)
+            self._submit(task, claimed_at, batch)
 
     def _route(self) -> dict[str, Any]:
         """The route this worker registered (heartbeats are checked against it)."""
@@ -485,7 +507,7 @@ class Worker:
             self.protocol.release(conn, self.queue_name, message_ids)
         except psycopg.Error as exc:
             log.warning("worker %s: could not hand back messages %s (%s); they are visible again after %ss",
-                        self.worker_id, ",".join(map(str, message_ids)), type(exc).__name__, self.poll_vt)
+                        self.worker_id, ",".join(map(str, message_ids)), type(exc).__name__, self.options.poll_vt)
 
     # capacity -----------------------------------------------------------------------
     def _in_flight(self) -> int:
@@ -496,100 +518,327 @@ class Worker:
     def _capacity(self) -> int:
         """How many more tasks to claim now: free handler slots plus the prefetch allowance."""
         with self._cv:
-            return max(0, self.max_concurrent + self._prefetch_allowance() - self._waiting - len(self._running))
+            return max(0, self.options.max_concurrent + self._prefetch_allowance() - self._waiting - len(self._running))
 
     def _prefetch_allowance(self) -> int:
         """Tasks that may wait for a slot: those expected to start within the start budget (caller holds _cv)."""
         average = self._slot_seconds
-        if not self.prefetch or average is None:
+        if not self.options.prefetch or average is None:
             return 0
         now = time.monotonic()
         longest = max((now - since for since in self._running.values()), default=0.0)
         if longest > 2 * average + 0.05:
             return 0  # a handler runs far longer than usual: when a slot frees is unknown
         rounds = int(self._start_budget // max(average, longest, 1e-4))
-        return min(self.batch_size, self.max_concurrent * rounds)
+        return min(self.options.batch_size, self.options.max_concurrent * rounds)
 
     def _wait_for_capacity(self, timeout: float) -> None:
         """Wait until a handler starts or finishes (or ``timeout`` seconds, or a stop)."""
         with self._cv:
             self._cv.wait(timeout)
 
-    def _submit(self, task: ClaimedTask, claimed_at: float) -> None:
-        assert self._executor is not None
+    def _submit(self, task: ClaimedTask, claimed_at: float, batch: _ClaimBatch | None = None) -> None:
+        """Hand a claimed task to a handler slot: the event loop for an ``async def`` handler, a
+        thread otherwise (``claimed_at``: the claim's moment on the monotonic clock)."""
+        assert self._threads is not None
         with self._cv:
             self._waiting += 1
-        future = self._executor.submit(self._execute, task, claimed_at)
+        step = self._steps.get(task.step_slug)
+        if self._loop is not None and step is not None and step.handler is not None and step.is_async:
+            future = self._loop.submit(self._execute_async(task, claimed_at, batch))
+        else:
+            future = self._threads.submit(self._execute, task, claimed_at, batch)
         future.add_done_callback(lambda done: self._log_escaped(task, done.exception()) if not done.cancelled() else None)
 
     def _log_escaped(self, task: ClaimedTask, exc: BaseException | None) -> None:
-        """Last line of defence: the thread pool would swallow an exception that escaped ``_execute``."""
-        if exc is not None:  # pragma: no cover - _execute catches everything; kept so nothing is ever silent
+        """Last line of defence: an executor would swallow an exception that escaped the task's run."""
+        if exc is not None and not isinstance(exc, asyncio.CancelledError):  # pragma: no cover
             log.error("worker %s: BUG: task %s/%s/%s escaped the report path (%s); it stays started for "
                       "stalled-task recovery", self.worker_id, task.run_id, task.step_slug, task.task_index,
                       type(exc).__name__)
 
     # task execution -----------------------------------------------------------------
-    def _execute(self, task: ClaimedTask, claimed_at: float) -> None:
-        """Run one claimed task and report (or queue its report). Never raises: every attempt ends
-        reported, or is logged and left ``started`` for stalled-task recovery."""
+    def _begin(self, task: ClaimedTask, claimed_at: float,
+               batch: _ClaimBatch | None) -> tuple[int, TaskContext | None]:
+        """Take a slot for ``task``; returns its token and context, or no context when the task waited
+        longer than its effective timeout (it is then not run: its message may already be visible to
+        others, and it stays ``started`` for stalled-task recovery)."""
         token = next(self._tokens)
         started = time.monotonic()
         with self._cv:
             self._waiting -= 1
             self._running[token] = started
             self._cv.notify_all()
-        try:
-            timeout = self._timeouts.get(task.step_slug, DEFAULT_TIMEOUT)
-            if started - claimed_at > timeout:
-                self.stats.add(expired=1)
-                log.warning("worker %s: task %s/%s/%s waited %.0fs for a handler, longer than its %ss timeout; "
-                            "not run, it stays started for stalled-task recovery", self.worker_id, task.run_id,
-                            task.step_slug, task.task_index, started - claimed_at, timeout)
-                return
-            ok, payload = self._outcome(task)
-            if not ok:
-                payload = storable_text(str(payload))[:MAX_ERROR_MESSAGE]
-            if not self.reports_batched:
-                self._report(task, ok=ok, payload=payload)
-            elif not self._reports.put(PendingReport(task, ok, payload)):
-                log.error("worker %s: task %s/%s/%s finished after the worker stopped reporting; it stays started "
-                          "for stalled-task recovery", self.worker_id, task.run_id, task.step_slug, task.task_index)
-        except BaseException as exc:  # nothing may vanish silently in the thread pool
-            self.stats.add(report_errors=1)
-            log.error("worker %s: could not finish task %s/%s/%s (%s); it stays started for stalled-task recovery",
-                      self.worker_id, task.run_id, task.step_slug, task.task_index, type(exc).__name__)
-        finally:
-            with self._cv:
-                seconds = time.monotonic() - self._running.pop(token)
-                average = self._slot_seconds
-                self._slot_seconds = seconds if average is None else (
-                    average + SLOT_AVERAGE_WEIGHT * (seconds - average))
-                self._cv.notify_all()
+        settings = self._settings.get(task.step_slug, DEFAULT_SETTINGS)
+        timeout = settings.timeout
+        if started - claimed_at > timeout:
+            self.stats.add(expired=1)
+            log.warning("worker %s: task %s/%s/%s waited %.0fs for a handler, longer than its %ss timeout; "
+                        "not run, it stays started for stalled-task recovery", self.worker_id, task.run_id,
+                        task.step_slug, task.task_index, started - claimed_at, timeout)
+            return token, None
+        context = self._context(task, claimed_at, settings, batch)
+        key = (task.run_id, task.step_slug, task.task_index)
+        with self._cv:
+            # a running attempt of the same task in this worker is an older claim of it (its claim
+            # timed out and stalled-task recovery gave the task back): its result must not count
+            other = self._by_task.get(key)
+            if other is not None and other in self._active:
+                self._taken_over.add(other)
+                self._active[other][1].stop.set("a newer claim of the task runs in this worker")
+            self._by_task[key] = token
+            self._active[token] = (task, context)
+        if self._stop.is_set():  # claimed before the drain began: the handler learns it at once
+            context.stop.set(STOP_DRAINING)
+        return token, context
 
-    def _outcome(self, task: ClaimedTask) -> tuple[bool, Any]:
-        """Run the handler; returns ``(True, output)`` or ``(False, storable error text)``."""
-        try:
-            step = self.flow.get_step(task.step_slug)
-        except KeyError:
-            return False, f"worker has no handler for step {task.step_slug!r}"
-        context = TaskContext(
-            flow_slug=task.flow_slug, run_id=task.run_id, step_slug=task.step_slug, task_index=task.task_index,
-            message_id=task.message_id, queue_name=task.queue_name, flow_input=task.flow_input,
-            worker_id=self.worker_id,
+    def _end(self, token: int) -> None:
+        """Give the slot back and update the moving average of how long a slot stays taken."""
+        with self._cv:
+            seconds = time.monotonic() - self._running.pop(token)
+            ended = self._active.pop(token, None)
+            if ended is not None:
+                key = (ended[0].run_id, ended[0].step_slug, ended[0].task_index)
+                if self._by_task.get(key) == token:
+                    del self._by_task[key]
+            average = self._slot_seconds
+            self._slot_seconds = seconds if average is None else (average + SLOT_AVERAGE_WEIGHT * (seconds - average))
+            self._cv.notify_all()
+
+    def _context(self, task: ClaimedTask, claimed_at: float, settings: StepSettings,
+                 batch: _ClaimBatch | None) -> TaskContext:
+        run_id = task.run_id
+        step = self._steps.get(task.step_slug)
+        known: dict[str, Any] = {}
+        if step is not None and step.step_type == "single" and not step.dependencies:
+            known["flow_input"] = task.flow_input  # a root single step's claim carries the run input
+            self._inputs.remember(run_id, task.flow_input)
+        side = self._side
+        return TaskContext(
+            flow_slug=task.flow_slug, run_id=run_id, step_slug=task.step_slug, task_index=task.task_index,
+            message_id=task.message_id, queue_name=task.queue_name, worker_id=self.worker_id,
+            attempt=task.attempt,
+            load_attempt=(lambda: batch.attempt(task.message_id)) if batch is not None else None,
+            max_attempts=settings.max_attempts,
+            deadline_clock=claimed_at + settings.timeout,
+            load_flow_input=lambda: self._inputs.get(run_id),
+            load_flow_input_async=(lambda: asyncio.wrap_future(side.submit(self._inputs.get, run_id)))
+            if side is not None else None,
+            **known,
         )
-        handler_input = task.flow_input if (step.step_type == "single" and not step.dependencies) else task.input
-        assert step.handler is not None  # manual steps are never claimed by a worker
+
+    def _read_attempts(self, message_ids: list[int]) -> dict[int, int]:
+        assert self._pool is not None
+        with self._pool.connection() as conn:
+            return self.protocol.claimed_attempts(conn, flow_slug=self.flow.slug, queue_name=self.queue_name,
+                                                  message_ids=message_ids, worker_id=self.worker_id)
+
+    def _read_run_input(self, run_id: str) -> Any:
+        assert self._pool is not None
+        with self._pool.connection() as conn:
+            return self.protocol.run_input(conn, run_id)
+
+    def _execute(self, task: ClaimedTask, claimed_at: float, batch: _ClaimBatch | None = None) -> None:
+        """Run one claimed task's ``def`` handler in this thread and report (or queue its report).
+        Never raises: every attempt ends reported, or is logged and left ``started`` for stalled-task
+        recovery."""
+        shared = self._loop is not None  # without async handlers the thread pool alone bounds the slots
+        if shared:
+            self._slots.acquire()
         try:
-            output = step.handler(handler_input, context)
+            token, context = self._begin(task, claimed_at, batch)
+            try:
+                if context is not None:
+                    self._finish(task, context, token, self._call(task, context))
+            except BaseException as exc:  # nothing may vanish silently in a handler thread
+                self._lost(task, exc)
+            finally:
+                self._end(token)
+        finally:
+            if shared:
+                self._slots.release()
+
+    async def _execute_async(self, task: ClaimedTask, claimed_at: float, batch: _ClaimBatch | None) -> None:
+        """:meth:`_execute` for an ``async def`` handler, on the worker's event loop; the report is
+        sent from a thread, so a slow database never blocks the other handlers on the loop."""
+        await self._slots.acquire_async()
+        try:
+            await self._run_async(task, claimed_at, batch)
+        finally:
+            self._slots.release()
+
+    async def _run_async(self, task: ClaimedTask, claimed_at: float, batch: _ClaimBatch | None) -> None:
+        token, context = self._begin(task, claimed_at, batch)
+        reporting = False
+        try:
+            if context is not None:
+                outcome = await self._call_async(task, context)
+                assert self._side is not None
+                reporting = True
+                if not self._queued_at_once(task, token, outcome):
+                    await asyncio.wrap_future(self._side.submit(self._finish, task, context, token, outcome))
+        except asyncio.CancelledError:
+            if not reporting:
+                self.stats.add(cancelled=1)
+                log.warning("task %s/%s/%s: its async handler was cancelled by the forced stop; the task stays "
+                            "started for stalled-task recovery", task.run_id, task.step_slug, task.task_index,
+                            extra=self._fields(task, context, event="task_cancelled"))
+            raise
+        except BaseException as exc:
+            self._lost(task, exc)
+        finally:
+            self._end(token)
+
+    def _lost(self, task: ClaimedTask, exc: BaseException) -> None:
+        self.stats.add(report_errors=1)
+        log.error("worker %s: could not finish task %s/%s/%s (%s); it stays started for stalled-task recovery",
+                  self.worker_id, task.run_id, task.step_slug, task.task_index, type(exc).__name__)
+
+    def _handler_input(self, task: ClaimedTask, step: StepDefinition) -> Any:
+        return task.flow_input if (step.step_type == "single" and not step.dependencies) else task.input
+
+    def _call(self, task: ClaimedTask, context: TaskContext) -> Outcome:
+        """Run a ``def`` handler; returns ``(True, output)`` or ``(False, TaskFailure)``."""
+        step = self._steps.get(task.step_slug)
+        if step is None or step.handler is None:
+            return self._failed(task, context, TaskFailure.plain(
+                f"worker has no handler for step {task.step_slug!r}", "MissingHandler"))
+        try:
+            output = step.call(self._handler_input(task, step), context)
         except BaseException as exc:  # the handler's failure is the task's failure, whatever it raised
-            log.info("task failed: flow=%s step=%s run=%s task=%s msg=%s error=%s", task.flow_slug,
-                     task.step_slug, task.run_id, task.task_index, task.message_id, type(exc).__name__)
-            return False, error_text(exc)
+            return self._failed(task, context, self._failure(exc), exc)
+        if inspect.isawaitable(output):
+            if inspect.iscoroutine(output):
+                output.close()  # never awaited, on purpose: no "was never awaited" warning
+            return self._failed(task, context, TaskFailure.plain(
+                f"TypeError: the handler of step {task.step_slug!r} is a plain function that returned a "
+                f"{type(output).__name__}; declare the handler itself `async def` (the worker awaits it on its "
+                "event loop)", "TypeError", fail_now=True))
+        return self._stored(task, context, output)
+
+    async def _call_async(self, task: ClaimedTask, context: TaskContext) -> Outcome:
+        """Run an ``async def`` handler; returns ``(True, output)`` or ``(False, TaskFailure)``."""
+        step = self._steps[task.step_slug]
+        assert step.handler is not None
+        try:
+            output = await step.call(self._handler_input(task, step), context)
+        except asyncio.CancelledError:
+            if self._force.is_set():
+                raise  # the forced stop: the task is left to stalled-task recovery
+            return self._failed(task, context, TaskFailure.plain(
+                "CancelledError: the handler was cancelled", "CancelledError"))
+        except BaseException as exc:
+            return self._failed(task, context, self._failure(exc), exc)
+        return self._stored(task, context, output)
+
+    def _failure(self, exc: BaseException) -> TaskFailure:
+        return TaskFailure.from_exception(exc, store_traceback=self.options.store_tracebacks)
+
+    def _stored(self, task: ClaimedTask, context: TaskContext, output: Any) -> Outcome:
         problem = unstorable(output)
         if problem:
-            return False, f"handler output cannot be stored: {problem}"
+            return self._failed(task, context, TaskFailure.plain(
+                f"handler output cannot be stored: {problem}", "UnstorableOutput"))
         return True, output
+
+    def _failed(self, task: ClaimedTask, context: TaskContext, failure: TaskFailure,
+                exc: BaseException | None = None) -> Outcome:
+        """Log a failed attempt: WARNING when the database will retry it, ERROR when it ends the task."""
+        step = self._steps.get(task.step_slug)
+        settings = self._settings.get(task.step_slug, DEFAULT_SETTINGS)
+        policy = RetryPolicy(max_attempts=settings.max_attempts, base_delay=settings.base_delay,
+                             when_exhausted=step.when_exhausted if step is not None else "fail")
+        try:
+            attempt = context.attempt
+        except Exception as exc:  # the failure is reported all the same; only its log line lacks the number
+            log.warning("task %s/%s/%s: could not read its attempt number (%s)", task.run_id, task.step_slug,
+                        task.task_index, type(exc).__name__)
+            attempt = 0
+        retry_in = policy.next_attempt_in(max(attempt, 1), failure, retry_control=self.retry_control)
+        fields = self._fields(task, context, event="task_failed", retry_in_seconds=retry_in,
+                              error_type=failure.error_type, error=failure.summary,
+                              when_exhausted=policy.when_exhausted)
+        asked = failure.asked()
+        note = f" (asked {asked}: this database does not support that yet, an ordinary failure)" \
+            if asked and not self.retry_control else ""
+        traceback = exc if self.options.log_tracebacks and exc is not None else None
+        where = (task.flow_slug, task.step_slug, task.run_id, task.task_index, task.message_id)
+        if retry_in is not None:
+            log.warning("task failed (attempt %d/%d), retried in %ss: flow=%s step=%s run=%s task=%s msg=%s: %s%s",
+                        attempt, policy.max_attempts, f"{retry_in:g}", *where, failure.summary, note,
+                        exc_info=traceback, extra=fields)
+        else:
+            ending = (f"on its last attempt ({attempt}/{policy.max_attempts})"
+                      if attempt >= policy.max_attempts else
+                      f"for good at attempt {attempt}/{policy.max_attempts} (FailNow)")
+            log.error("task failed %s; the step's when_exhausted=%s applies: flow=%s step=%s run=%s task=%s msg=%s: "
+                      "%s%s", ending, policy.when_exhausted, *where, failure.summary, note,
+                      exc_info=traceback, extra=fields)
+        return False, failure
+
+    def _fields(self, task: ClaimedTask, context: TaskContext | None, **more: Any) -> dict[str, Any]:
+        """A task's log fields (``extra``; :mod:`pgflow_cli.worker.logs`)."""
+        fields = {"worker_id": self.worker_id, "flow": task.flow_slug, "step": task.step_slug, "run_id": task.run_id,
+                  "task_index": task.task_index, "message_id": task.message_id, "queue": task.queue_name}
+        if context is not None:
+            attempt = context._attempt  # only when known: a log line never reads it from the database
+            fields.update(max_attempts=context.max_attempts, **({"attempt": attempt} if attempt else {}))
+        fields.update(more)
+        return fields
+
+    def _finish(self, task: ClaimedTask, context: TaskContext, token: int, outcome: Outcome) -> None:
+        """Report the attempt now, or queue it for the reporter thread; not at all when another claim
+        of the task has replaced it (the database would let this late report end that attempt)."""
+        ok, payload = outcome
+        if self._replaced(token):
+            log.warning("task %s/%s/%s: not reported, %s", task.run_id, task.step_slug, task.task_index,
+                        context.stop.reason, extra=self._fields(task, context, event="task_not_reported",
+                                                                reason=context.stop.reason))
+            return
+        if not self.reports_batched:
+            self._report(task, ok=ok, payload=payload)
+        elif not self._reports.put(PendingReport(task, ok, payload)):
+            log.error("worker %s: task %s/%s/%s finished after the worker stopped reporting; it stays started "
+                      "for stalled-task recovery", self.worker_id, task.run_id, task.step_slug, task.task_index)
+
+    def _replaced(self, token: int) -> bool:
+        if not self._taken_over:  # rare: only a newer claim of a running task fills it
+            return False
+        with self._cv:
+            if token in self._taken_over:
+                self._taken_over.discard(token)
+                return True
+            return False
+
+    def _queued_at_once(self, task: ClaimedTask, token: int, outcome: Outcome) -> bool:
+        """On the event loop: queue a batched report if the queue has room (no thread handoff, no
+        wait); False when :meth:`_finish` must run in a thread (one call per report, a full queue,
+        a replaced attempt, or a closed queue, which it logs)."""
+        if not self.reports_batched or (self._taken_over and token in self._taken_over):
+            return False
+        ok, payload = outcome
+        return self._reports.offer(PendingReport(task, ok, payload)) is True
+
+    def _check_in_flight(self, conn: psycopg.Connection) -> None:
+        """Set the stop signal of every running task whose run or step has ended, or which is no longer
+        this attempt's; one query for all of them (at each heartbeat)."""
+        with self._cv:
+            running = [(token, task, context) for token, (task, context) in self._active.items()
+                       if not context.stop.is_set()]
+        if not running:
+            return
+        ended = self.protocol.ended_tasks(conn, self.worker_id,
+                                          [(task, context._attempt) for _token, task, context in running])
+        for position, (reason, taken_over) in ended.items():
+            token, task, context = running[position]
+            if taken_over:
+                with self._cv:
+                    self._taken_over.add(token)
+            context.stop.set(reason)
+            self.stats.add(stop_signals=1)
+            log.info("task %s/%s/%s: %s while its handler runs; its stop signal is set", task.run_id,
+                     task.step_slug, task.task_index, reason,
+                     extra=self._fields(task, context, event="task_stop_signal", reason=reason))
 
     def _report(self, task: ClaimedTask, *, ok: bool, payload: Any) -> None:
         """Send complete/fail; retry transient errors; never leave a refused report unreported.
@@ -603,8 +852,6 @@ class Worker:
         stalled-task recovery.
         """
         assert self._pool is not None
-        if not ok:
-            payload = storable_text(str(payload))[:MAX_ERROR_MESSAGE]
         reshaped = 0
         for attempt in range(1, 6):
             try:
@@ -624,7 +871,7 @@ class Worker:
                 if reshaped == STALE_ROW_TYPE_RETRIES:
                     if not self._refused(task, ok, payload, exc):
                         break
-                    ok, payload = False, self._failure_text(ok, exc)
+                    ok, payload = False, self._instead(ok, payload, exc)
                     continue
                 # 42804 "wrong record type supplied in RETURN NEXT": a migration added a column to
                 # step_tasks while this call waited for its lock, and the row the function returns
@@ -637,7 +884,7 @@ class Worker:
             except Exception as exc:  # refused by the server (DataError, ...) or unsendable by the client
                 if not self._refused(task, ok, payload, exc):
                     break
-                ok, payload = False, self._failure_text(ok, exc)
+                ok, payload = False, self._instead(ok, payload, exc)
         log.error("giving up reporting task %s/%s/%s; it stays started and stalled-task recovery will requeue it",
                   task.run_id, task.step_slug, task.task_index)
 
@@ -652,17 +899,23 @@ class Worker:
         """Count and log a report the database refused; False when nothing is left to try (the
         generic failure itself was refused)."""
         self.stats.add(report_errors=1)
-        log.warning("task %s/%s/%s: %s", task.run_id, task.step_slug, task.task_index, self._reason(ok, exc))
-        return ok or payload != GENERIC_FAILURE
+        log.warning("task %s/%s/%s: %s", task.run_id, task.step_slug, task.task_index, self._reason(ok, exc),
+                    extra={"event": "report_refused", "worker_id": self.worker_id, "flow": task.flow_slug,
+                           "step": task.step_slug, "run_id": task.run_id, "task_index": task.task_index})
+        return ok or payload.message != GENERIC_FAILURE
 
-    def _failure_text(self, ok: bool, exc: BaseException) -> str:
-        """What to report instead: the refusal as the task's error, or the generic failure."""
-        return self._reason(ok, exc)[:MAX_ERROR_MESSAGE] if ok else GENERIC_FAILURE
+    def _instead(self, ok: bool, payload: Any, exc: BaseException) -> TaskFailure:
+        """What to report instead: the refusal as the task's error (the handler's directive kept), or
+        the generic failure."""
+        if ok:
+            return TaskFailure.plain(self._reason(ok, exc), "RefusedOutput")
+        failure: TaskFailure = payload
+        return failure.with_message(GENERIC_FAILURE)
 
     # batched reports --------------------------------------------------------------------
     def _report_loop(self) -> None:
         """The reporter thread: send queued reports until the queue is closed and empty."""
-        most = max(self.batch_size, self.max_concurrent)
+        most = max(self.options.batch_size, self.options.max_concurrent)
         while True:
             batch = self._reports.take(most)
             if batch is None:
@@ -734,33 +987,67 @@ class Worker:
             log.warning("worker %s: heartbeat while draining failed: %s", self.worker_id, type(exc).__name__)
 
     def _drain(self) -> None:
+        """Stop polling, let running handlers finish (up to ``drain_timeout``, or until :meth:`stop_now`),
+        send their reports, mark the worker stopped, and log one summary line."""
         self.state = "draining"
-        deadline = time.monotonic() + self.drain_timeout
-        next_heartbeat = time.monotonic() + self.heartbeat_interval
-        while (self._in_flight() or not self._reports.idle()) and time.monotonic() < deadline:
+        with self._cv:
+            draining = [context for _task, context in self._active.values()]
+        for context in draining:
+            context.stop.set(STOP_DRAINING)
+        deadline = time.monotonic() + self.options.drain_timeout
+        next_heartbeat = time.monotonic() + self.options.heartbeat_interval
+        while (self._in_flight() or not self._reports.idle()) and time.monotonic() < deadline \
+                and not self._force.is_set():
             if time.monotonic() >= next_heartbeat:
                 self._drain_heartbeat()
-                next_heartbeat = time.monotonic() + self.heartbeat_interval
-            time.sleep(0.05)
-        left = self._in_flight()
-        if left:
-            log.warning("worker %s: %d task(s) still running after %.0fs; they stay started for stalled recovery",
-                        self.worker_id, left, self.drain_timeout)
-        if self._executor:
-            self._executor.shutdown(wait=left == 0, cancel_futures=True)
+                next_heartbeat = time.monotonic() + self.options.heartbeat_interval
+            self._force.wait(0.05)
+        forced = self._force.is_set()
+        if self._in_flight() and self._loop is not None:
+            # async handlers are cancelled at their next await; their finally blocks run
+            self._loop.cancel_all(CANCEL_GRACE)
+        self.left_running = self._in_flight()
+        if self.left_running:
+            why = "at the forced stop" if forced else f"after {self.options.drain_timeout:.0f}s"
+            log.warning("worker %s: %d task(s) still running %s stay started; stalled-task recovery requeues each "
+                        "one once its step timeout + 30 s have passed since its claim", self.worker_id,
+                        self.left_running, why,
+                        extra={"event": "left_running", "worker_id": self.worker_id,
+                               "left_running": self.left_running})
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
         self._reports.close()
+        wait = FORCED_STOP_WAIT if forced else max(5.0, deadline - time.monotonic())
         if self._reporter is not None:
             # sends what is still queued (reports of handlers that finished at the deadline)
-            self._reporter.join(max(5.0, deadline - time.monotonic()))
+            self._reporter.join(wait)
         try:
             if self._pool and not self._disowned:
-                with self._pool.connection(timeout=10) as conn:
+                with self._pool.connection(timeout=FORCED_STOP_WAIT if forced else 10) as conn:
                     self.protocol.stopped(conn, self.worker_id)
         except Exception as exc:  # stopping must not raise
             log.warning("worker %s: could not mark itself stopped: %s", self.worker_id, type(exc).__name__)
         finally:
             if self._pool:
-                self._pool.close()
+                self._pool.close(timeout=FORCED_STOP_WAIT if forced else 5.0)
+            if self._side is not None:
+                self._side.shutdown(wait=False)
+            if self._loop is not None:
+                self._loop.close()
             self.state = "stopped"
-            log.info("worker %s stopped (%s): %s", self.worker_id, self.stop_reason or "-", self.stats.snapshot())
+            log.info("%s", self.summary(), extra={"event": "worker_stopped", "worker_id": self.worker_id,
+                                                  "reason": self.stop_reason, "left_running": self.left_running})
             self._stopped.set()
+
+    def summary(self) -> str:
+        """One line on what the worker did: why it stopped, for how long it ran, tasks by outcome."""
+        counts = self.stats.snapshot()
+        seconds = time.monotonic() - self._started_at
+        ran = f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
+        extras = [f"{counts[key]} {label}" for key, label in (
+            ("expired", "not run (waited past their timeout)"), ("cancelled", "cancelled"),
+            ("stop_signals", "told their run or step ended"), ("report_errors", "report errors"),
+            ("poll_errors", "poll errors")) if counts[key]]
+        return (f"worker {self.worker_id} stopped ({self.stop_reason or '-'}) after {ran}: {counts['claimed']} claimed, "
+                f"{counts['completed']} completed, {counts['failed']} failed, {self.left_running} left to stalled-task "
+                f"recovery" + (f"; {', '.join(extras)}" if extras else ""))

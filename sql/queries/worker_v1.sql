@@ -26,6 +26,16 @@ FROM pgmq.read_with_poll(%(queue_name)s, %(vt)s, %(qty)s, %(max_poll_seconds)s, 
 SELECT flow_slug, run_id, step_slug, input, msg_id, task_index, flow_input
 FROM pgflow.start_tasks(%(flow_slug)s, %(msg_ids)s::bigint[], %(worker_id)s);
 
+--@name claimed_attempts
+-- The attempt each task of one claim batch is in (attempts_count after the claim), read when a
+-- handler or a failure's log first needs one (one probe per message, see worker_v2.sql). Protocol
+-- 1 queues are named after the flow.
+SELECT m.id AS message_id, t.attempts_count
+FROM pg_catalog.unnest(%(msg_ids)s::bigint[]) AS m (id)
+CROSS JOIN LATERAL (SELECT x.attempts_count, x.status, x.last_worker_id FROM pgflow.step_tasks AS x
+                    WHERE x.flow_slug = %(flow_slug)s AND x.message_id = m.id LIMIT 1) AS t
+WHERE t.status = 'started' AND t.last_worker_id = %(worker_id)s;
+
 --@name complete
 SELECT count(*) FROM pgflow.complete_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(output)s::jsonb);
 

@@ -37,11 +37,63 @@ SELECT count(*) FROM pgflow.complete_tasks(%(tasks)s::jsonb);
 -- tasks: a JSON array of {run_id, step_slug, task_index, error_message}, applied in array order, all or nothing.
 SELECT count(*) FROM pgflow.fail_tasks(%(tasks)s::jsonb);
 
---@name step_timeouts
--- Effective timeout (seconds) of every step this worker may claim: the step's, else the flow's.
--- Used by any protocol (the columns exist since the baseline schema).
-SELECT s.step_slug, COALESCE(s.opt_timeout, f.opt_timeout) AS timeout
+--@name claimed_attempts
+-- The attempt each task of one claim batch is in (attempts_count after the claim), by the claimed
+-- messages' identity; read when a handler or a failure's log first needs one. One probe of the
+-- (queue_name, message_id) key per message: the status and worker conditions stay outside the
+-- probe, or the planner may prefer the partial index on the worker's started tasks and read all of
+-- them.
+SELECT m.id AS message_id, t.attempts_count
+FROM pg_catalog.unnest(%(msg_ids)s::bigint[]) AS m (id)
+CROSS JOIN LATERAL (SELECT x.attempts_count, x.status, x.last_worker_id FROM pgflow.step_tasks AS x
+                    WHERE x.queue_name = %(queue_name)s AND x.message_id = m.id LIMIT 1) AS t
+WHERE t.status = 'started' AND t.last_worker_id = %(worker_id)s;
+
+--@name step_settings
+-- Effective timeout (seconds), max_attempts and base_delay (seconds) of every step this worker
+-- may claim: the step's, else the flow's. Used by any protocol (the columns exist since the
+-- baseline schema).
+SELECT s.step_slug, COALESCE(s.opt_timeout, f.opt_timeout) AS timeout,
+       COALESCE(s.opt_max_attempts, f.opt_max_attempts) AS max_attempts,
+       COALESCE(s.opt_base_delay, f.opt_base_delay) AS base_delay
 FROM pgflow.steps AS s
 JOIN pgflow.flows AS f ON f.flow_slug = s.flow_slug
 WHERE s.flow_slug = %(flow_slug)s AND (%(step_slug)s::text IS NULL OR s.step_slug = %(step_slug)s);
+
+--@name run_input
+-- A run's input (TaskContext.flow_input), read once per run by the worker that asks.
+SELECT r.input FROM pgflow.runs AS r WHERE r.run_id = %(run_id)s;
+
+--@name ended_tasks
+-- Of the tasks a worker is running (parallel arrays; attempts = the attempt each handler runs, NULL
+-- where the worker has not read it; n = the position, 1-based),
+-- those whose work is no longer wanted: the run or the step is no longer started, or the task is
+-- no longer this attempt of this worker (stalled-task recovery requeued it, or another worker
+-- took it over: taken_over, when a report of this attempt would end the other worker's). One
+-- query per heartbeat for all of a worker's in-flight tasks; used by any protocol. Each row is
+-- one key probe per table (LATERAL ... LIMIT 1), never a scan of the runs or step states.
+SELECT k.n,
+       CASE WHEN t.status = 'started' AND t.last_worker_id IS DISTINCT FROM %(worker_id)s
+              THEN 'another worker took the task over (attempt ' || t.attempts_count || ')'
+            WHEN t.status = 'started' AND t.attempts_count <> k.attempt
+              THEN 'a newer claim of the task runs (attempt ' || t.attempts_count || ')'
+            WHEN r.status IS DISTINCT FROM 'started' THEN 'the run ' || coalesce(r.status, 'is gone')
+            WHEN s.status IS DISTINCT FROM 'started'
+              THEN 'the step ' || CASE s.status WHEN 'skipped' THEN 'was skipped' ELSE coalesce(s.status, 'is gone') END
+            ELSE 'the task is no longer this attempt (' || coalesce(t.status, 'gone') || ')'
+       END AS reason,
+       coalesce(t.status = 'started' AND (t.attempts_count <> k.attempt OR t.last_worker_id IS DISTINCT FROM %(worker_id)s),
+                false) AS taken_over
+FROM ROWS FROM (pg_catalog.unnest(%(run_ids)s::uuid[]), pg_catalog.unnest(%(step_slugs)s::text[]),
+                pg_catalog.unnest(%(task_indexes)s::integer[]), pg_catalog.unnest(%(attempts)s::integer[]))
+     WITH ORDINALITY AS k (run_id, step_slug, task_index, attempt, n)
+LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r ON true
+LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
+                   WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug LIMIT 1) AS s ON true
+LEFT JOIN LATERAL (SELECT x.status, x.attempts_count, x.last_worker_id FROM pgflow.step_tasks AS x
+                   WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug AND x.task_index = k.task_index
+                   LIMIT 1) AS t ON true
+WHERE r.status IS DISTINCT FROM 'started' OR s.status IS DISTINCT FROM 'started'
+   OR t.status IS DISTINCT FROM 'started' OR t.attempts_count <> k.attempt
+   OR t.last_worker_id IS DISTINCT FROM %(worker_id)s;
 --@end

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from pgflow_cli.worker import Flow, Worker, WorkerFenced
+from pgflow_cli.worker import Flow, Worker, WorkerFenced, WorkerOptions
 from tests.claim.helpers import assert_no_body
 from tests.worker.helpers import stop_and_join, wait_until
 
@@ -44,7 +44,8 @@ def env(db, cl):
     workers: list[Worker] = []
 
     def make(calls: Calls, function: str = "guarded-fn") -> Worker:
-        worker = Worker(_flow(calls), db.conninfo, function_name=function, application_name="claim-test", **FAST)
+        worker = Worker(_flow(calls), db.conninfo, function_name=function,
+                        options=WorkerOptions(application_name="claim-test", **FAST))
         workers.append(worker)
         return worker
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgflow_cli.worker import Worker
+from pgflow_cli.worker import Worker, WorkerOptions
 from tests.worker.helpers import FAST, stop_and_join
 
 
@@ -14,7 +14,7 @@ def start_worker(db):
     started: list[Worker] = []
 
     def start(flow) -> Worker:
-        worker = Worker(flow, db.conninfo, function_name=f"{flow.slug}-worker", **FAST)
+        worker = Worker(flow, db.conninfo, function_name=f"{flow.slug}-worker", options=WorkerOptions(**FAST))
         started.append(worker)
         worker.start()
         return worker

@@ -21,7 +21,7 @@ from pgflow_cli import installer
 from pgflow_cli.client import AsyncClient, Client, PollPolicy, start_runs
 from pgflow_cli.errors import ConnectionFailed
 from pgflow_cli.sandbox.embedded import LocalServer
-from pgflow_cli.worker import Flow, Worker
+from pgflow_cli.worker import Flow, Worker, WorkerOptions
 from tests.client.flows import compile_flows
 from tests.worker.helpers import FAST, stop_and_join
 
@@ -82,7 +82,8 @@ def test_one_client_process_awaits_1000_runs_with_few_statements_per_run(server)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         runs = start_runs(conn, quick, [{"n": i} for i in range(RUNS)])
         conn.execute("SELECT pg_stat_statements_reset()")
-    worker = Worker(quick, conninfo, function_name="quick-worker", **{**FAST, "batch_size": 50, "max_concurrent": 20})
+    worker = Worker(quick, conninfo, function_name="quick-worker",
+                    options=WorkerOptions(**{**FAST, "batch_size": 50, "max_concurrent": 20}))
 
     async def await_all():
         async with AsyncClient(conninfo) as pgflow:  # the default policy: 0.05 s growing 1.5x to 2 s

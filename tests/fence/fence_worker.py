@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pgflow_cli.worker import Worker, WorkerStartupError  # noqa: E402
+from pgflow_cli.worker import Worker, WorkerOptions, WorkerStartupError  # noqa: E402
 from tests.fence.helpers import HEARTBEAT_INTERVAL, gated_flow  # noqa: E402
 
 
@@ -31,8 +31,9 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     worker_id = os.environ["FENCE_WORKER_ID"]
     worker = Worker(gated_flow(flow_slug, Path(gate)), conninfo, function_name=function_name, worker_id=worker_id,
-                    step_slug=step_slug, max_concurrent=4, batch_size=4, max_poll_seconds=1, poll_interval_ms=20,
-                    heartbeat_interval=HEARTBEAT_INTERVAL, drain_timeout=120, application_name="pgflow-fence-test")
+                    step_slug=step_slug, options=WorkerOptions(
+                        max_concurrent=4, batch_size=4, max_poll_seconds=1, poll_interval_ms=20,
+                        heartbeat_interval=HEARTBEAT_INTERVAL, drain_timeout=120, application_name="pgflow-fence-test"))
     try:
         code = worker.run()
     except WorkerStartupError as exc:

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from pgflow_cli.operations import manual_tasks
-from pgflow_cli.worker import Flow, Worker
+from pgflow_cli.worker import Flow, Worker, WorkerOptions
 
 
 def _wait_for(admin, query, params, expected, deadline=30.0):
@@ -27,7 +27,8 @@ def test_a_python_flow_whose_manual_task_plain_sql_completes_from_another_connec
             .step("charge", lambda deps, ctx: {"charged": deps["wait_for_approval"]["amount"]},
                   depends_on=["wait_for_approval"]))
     admin = db.connect()
-    worker = Worker(flow, db.conninfo, function_name="orders-worker", max_poll_seconds=1, heartbeat_interval=1)
+    worker = Worker(flow, db.conninfo, function_name="orders-worker",
+                    options=WorkerOptions(max_poll_seconds=1, heartbeat_interval=1))
     worker.start()
     try:
         run_id = admin.execute("SELECT run_id FROM pgflow.start_flow('orders', '{\"order\": 42}')").fetchone()[0]

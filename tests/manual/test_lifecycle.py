@@ -196,11 +196,11 @@ def test_the_database_validates_the_mode_and_the_route_map(rt):
 
 
 def test_the_python_api_refuses_handlers_on_manual_steps_and_manual_steps_without_one():
-    from pgflow_cli.errors import UsageError
+    from pgflow_cli.worker import DefinitionError
 
-    with pytest.raises(UsageError, match="has no handler"):
+    with pytest.raises(DefinitionError, match="has no handler"):
         Flow("api").step("approve", lambda i, c: i, manual=True)
-    with pytest.raises(UsageError, match="needs a handler"):
+    with pytest.raises(DefinitionError, match="needs a handler"):
         Flow("api").step("work")
     assert Flow("api").map("each", manual=True).shape()["steps"][0]["executionMode"] == "manual"
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 from psycopg.types.json import Jsonb
 
-from pgflow_cli.errors import UsageError
 from pgflow_cli.operations.coverage import check_coverage
-from pgflow_cli.worker import Flow, step_worker, with_step_queues
+from pgflow_cli.worker import DefinitionError, Flow, step_worker, with_step_queues
 from tests.support.invariants import assert_runtime_invariants
 
 
@@ -54,9 +53,9 @@ def test_python_route_map_has_no_queue_for_the_manual_step():
     assert queued.route_map() == [{"stepSlug": "fetch", "queueName": "orders__fetch"},
                                   {"stepSlug": "approve", "queueName": None},
                                   {"stepSlug": "ship", "queueName": "orders__ship"}]
-    with pytest.raises(UsageError, match="manual"):
+    with pytest.raises(DefinitionError, match="manual"):
         queued.queue_for("approve")
-    with pytest.raises(UsageError, match="manual"):  # refused before any connection is tried
+    with pytest.raises(DefinitionError, match="manual"):  # refused before any connection is tried
         step_worker(queued, "approve", "host=/nonexistent dbname=x connect_timeout=1", function_name="x")
 
 
@@ -80,7 +79,7 @@ def test_step_mode_provisions_queues_for_queue_steps_only_and_verifies(db):
 
 def ten_roots_and(last: Flow) -> Flow:
     for index in range(10):
-        last.step(f"s{index}", noop)
+        last = last.step(f"s{index}", noop)
     return last
 
 
@@ -89,7 +88,7 @@ def test_a_step_that_cannot_get_a_queue_name_is_fine_when_it_is_manual(db):
     slug = "ordersWithAVeryLongConcreteSlugNameForTests4"
     assert len(slug) == 44
     as_queue_step = ten_roots_and(Flow(slug)).step("approve", noop)
-    with pytest.raises(UsageError, match="cannot use private step queues"):
+    with pytest.raises(DefinitionError, match="cannot use private step queues"):
         with_step_queues(as_queue_step)
     conn = db.connect()
     with pytest.raises(Exception, match="cannot use private step queues"):  # SQL rejects it the same way

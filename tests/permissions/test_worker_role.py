@@ -13,7 +13,7 @@ import uuid
 import psycopg
 import pytest
 
-from pgflow_cli.worker import Flow, Worker
+from pgflow_cli.worker import Flow, Worker, WorkerOptions
 
 ROLE_GRANTS = """
 GRANT USAGE ON SCHEMA pgflow TO {role};
@@ -38,7 +38,8 @@ def test_the_documented_worker_grants_are_enough(db):
     conninfo = f"{db.conninfo} user={role}"
 
     flow = Flow("grantedFlow").step("a", lambda run, ctx: run["n"] + 1).step("b", lambda d, ctx: d["a"] * 2, depends_on=["a"])
-    worker = Worker(flow, conninfo, function_name="granted-worker", max_poll_seconds=1, heartbeat_interval=1)
+    worker = Worker(flow, conninfo, function_name="granted-worker",
+                    options=WorkerOptions(max_poll_seconds=1, heartbeat_interval=1))
     worker.start()
     try:
         run_id = admin.execute("SELECT run_id FROM pgflow.start_flow('grantedFlow', '{\"n\": 1}')").fetchone()[0]

@@ -173,10 +173,10 @@ def test_workers_and_every_read_only_command_through_pgbouncer(db, pooled, worke
 
 def test_the_run_client_through_pgbouncer_starts_and_awaits_many_runs(db, pooled):
     from pgflow_cli.client import Client
-    from pgflow_cli.worker import Worker
+    from pgflow_cli.worker import Worker, WorkerOptions
     from tests.worker.helpers import FAST, stop_and_join
 
-    worker = Worker(greet, pooled.conninfo, function_name="greetUser-worker", **FAST)
+    worker = Worker(greet, pooled.conninfo, function_name="greetUser-worker", options=WorkerOptions(**FAST))
     worker.start()
     try:
         with Client(pooled.conninfo) as client:

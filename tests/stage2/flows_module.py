@@ -1,7 +1,8 @@
 """Flows that tests start with the real `pgflow worker MODULE:FLOW` command.
 
 ``plain``: a plain two-step flow. ``queued``: the same steps with private step queues.
-``not_a_flow``: something else, for the refusal tests. Handlers return at once.
+``not_a_flow``: something else, for the refusal tests. Handlers return at once, except those of
+``blocking`` and ``async_blocking`` (they hold their task) and ``failing`` (it always raises).
 """
 
 from typing import Literal
@@ -41,3 +42,26 @@ def hold(run_input, ctx):
 
 
 blocking = Flow("cliBlocking").step("hold", hold)
+
+
+async def hold_async(run_input, ctx):
+    """Sleeps for 5 minutes on the worker's event loop; says when it is cancelled."""
+    import asyncio
+
+    print(f"HOLDING {ctx.run_id}", flush=True)
+    try:
+        await asyncio.sleep(300)
+    except asyncio.CancelledError:
+        print(f"CANCELLED {ctx.run_id}", flush=True)
+        raise
+    return {"held": True}
+
+
+async_blocking = Flow("cliAsyncBlocking").step("hold", hold_async)
+
+
+def fail_each_time(run_input, ctx):
+    raise ValueError(f"row {ctx.attempt} is bad")
+
+
+failing = Flow("cliFailing", max_attempts=2, base_delay=0).step("parse", fail_each_time)

@@ -11,8 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pgflow_cli.errors import UsageError
-from pgflow_cli.worker import Flow, StepQueuedFlow, Worker, flow_worker, step_worker, with_step_queues
+from pgflow_cli.worker import (
+    DefinitionError,
+    Flow,
+    StepQueuedFlow,
+    Worker,
+    flow_worker,
+    step_worker,
+    with_step_queues,
+)
 
 EXAMPLES = Path(__file__).with_name("typing_examples")
 NOWHERE = "host=/nonexistent/pgflow-test port=1 connect_timeout=1"
@@ -37,16 +44,17 @@ def test_opting_in_keeps_the_steps_and_the_shape():
     assert queued.route_map() == [{"stepSlug": "fetch", "queueName": "scrape__fetch"},
                                   {"stepSlug": "parse", "queueName": "scrape__parse"}]
     assert queued.get_step("parse").handler is noop
-    # later additions to the original flow do not leak into the frozen step-queued definition
-    flow.step("late", noop)
-    assert queued.step_slugs == ["fetch", "parse"]
+    # building on the original flow makes a new flow: neither it nor the step-queued one changes
+    longer = flow.step("late", noop)
+    assert longer.step_slugs == ["fetch", "parse", "late"]
+    assert flow.step_slugs == queued.step_slugs == ["fetch", "parse"]
 
 
 def test_routes_are_lowercase_and_fall_back_to_the_index():
     flow_slug = "Mixed" + "x" * 35  # 40 characters
     flow = Flow(flow_slug).step("abCde", noop).step("abcdefg", noop)
     for index in range(2, 11):
-        flow.step(f"s{index}long", noop)
+        flow = flow.step(f"s{index}long", noop)
     routes = with_step_queues(flow).routes
     assert routes["abCde"] == flow_slug.lower() + "__abcde"  # 47: readable fits
     assert routes["abcdefg"] == flow_slug.lower() + "__1"  # 49 readable: index fallback
@@ -56,7 +64,7 @@ def test_routes_are_lowercase_and_fall_back_to_the_index():
 
 def test_a_flow_that_cannot_get_names_is_rejected_whole_naming_steps_and_lengths():
     flow = Flow("f" * 45).step("ok", noop).step("b" * 5, noop)
-    with pytest.raises(UsageError) as caught:
+    with pytest.raises(DefinitionError) as caught:
         with_step_queues(flow)
     text = caught.value.message + "\n" + "\n".join(caught.value.detail)
     assert "'ok' (index 0)" in text and "'bbbbb' (index 1)" in text
@@ -65,9 +73,9 @@ def test_a_flow_that_cannot_get_names_is_rejected_whole_naming_steps_and_lengths
 
 
 def test_opting_in_needs_steps_and_current_slug_rules():
-    with pytest.raises(UsageError, match="no steps"):
+    with pytest.raises(DefinitionError, match="no steps"):
         with_step_queues(Flow("empty"))
-    with pytest.raises(UsageError, match="legacy_slugs"):
+    with pytest.raises(DefinitionError, match="legacy_slugs"):
         with_step_queues(Flow("old_", legacy_slugs=True).step("a", noop))
 
 
@@ -75,12 +83,12 @@ def test_step_worker_must_name_a_step_and_plain_worker_must_not():
     queued = with_step_queues(two_steps())
     worker = step_worker(queued, "parse", NOWHERE, function_name="scrape-parse")
     assert (worker.queue_name, worker.step_slug, worker.state) == ("scrape__parse", "parse", "created")
-    with pytest.raises(UsageError, match="serves exactly one step"):
+    with pytest.raises(DefinitionError, match="serves exactly one step"):
         Worker(queued, NOWHERE, function_name="scrape")
-    with pytest.raises(UsageError, match="has no step 'nope'") as caught:
+    with pytest.raises(DefinitionError, match="has no step 'nope'") as caught:
         step_worker(queued, "nope", NOWHERE, function_name="scrape")
     assert "fetch, parse" in caught.value.hint
-    with pytest.raises(UsageError, match="plain flow"):
+    with pytest.raises(DefinitionError, match="plain flow"):
         Worker(two_steps("plain"), NOWHERE, function_name="plain", step_slug="fetch")
     assert flow_worker(two_steps("plain"), NOWHERE, function_name="plain").queue_name == "plain"
 

@@ -25,7 +25,7 @@ def noop(value, ctx):
 def flow_of(slug: str, *steps: str) -> Flow:
     flow = Flow(slug)
     for step in steps:
-        flow.step(step, noop)
+        flow = flow.step(step, noop)
     return flow
 
 

@@ -9,7 +9,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import sqlfiles
-from pgflow_cli.worker import Flow, step_worker, with_step_queues
+from pgflow_cli.worker import Flow, WorkerOptions, step_worker, with_step_queues
 from tests.support.invariants import assert_runtime_invariants
 from tests.worker.conftest import env  # noqa: F401  (the fixture: a WorkerEnv, invariants checked after)
 from tests.worker.helpers import FAST, Recorder, WorkerEnv
@@ -29,7 +29,7 @@ def start_step_workers(env: WorkerEnv, queued, **options):
     workers = []
     for step in queued.step_slugs:
         worker = step_worker(queued, step, env.conninfo, function_name=f"{queued.slug}-{step}",
-                             application_name="pgflow-worker-test", **{**FAST, **options})
+                             options=WorkerOptions(application_name="pgflow-worker-test", **{**FAST, **options}))
         env.workers.append(worker)
         worker.start()
         workers.append(worker)
@@ -56,7 +56,7 @@ def test_each_step_worker_polls_one_queue_and_claims_only_its_step(env):
 
 def test_a_step_workers_claim_refuses_another_steps_queue(env):
     queued = with_step_queues(diamond(env.recorder, "selector"))
-    worker = step_worker(queued, "left", env.conninfo, function_name="selector-left", **FAST)
+    worker = step_worker(queued, "left", env.conninfo, function_name="selector-left", options=WorkerOptions(**FAST))
     env.workers.append(worker)
     worker.start()
     worker.stop("test")

@@ -36,7 +36,7 @@ def test_refusals_happen_before_any_database_access(args, needle):
 
 def test_attribute_refusal_lists_the_flows_of_the_module():
     result = run_cli("worker", f"{FLOWS}:missing", "--dsn", NOWHERE)
-    assert "flows it defines: blocking, plain, queued" in result.stderr
+    assert "flows it defines: async_blocking, blocking, failing, plain, queued" in result.stderr
 
 
 def test_unreachable_database_is_exit_3():

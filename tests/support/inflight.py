@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pgflow_cli.worker import Worker
+from pgflow_cli.worker import Worker, WorkerOptions
 
 
 def task_rows(conn: psycopg.Connection) -> dict[tuple, dict]:
@@ -65,8 +65,9 @@ def run_workers_until_idle(conninfo: str, conn: psycopg.Connection, make_flows: 
             return handler(value, ctx)
         return recording
 
-    workers = [Worker(flow, conninfo, function_name=f"{flow.slug}-v2", max_poll_seconds=1,
-                      heartbeat_interval=1, poll_vt=5) for flow in make_flows(wrap)]
+    workers = [Worker(flow, conninfo, function_name=f"{flow.slug}-v2",
+                      options=WorkerOptions(max_poll_seconds=1, heartbeat_interval=1, poll_vt=5))
+               for flow in make_flows(wrap)]
     for worker in workers:
         worker.start()
     try:

@@ -7,7 +7,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pgflow_cli import installer
-from pgflow_cli.worker import Flow, ProtocolMismatch, ProtocolV1, ProtocolV2, Worker
+from pgflow_cli.worker import Flow, ProtocolMismatch, ProtocolV1, ProtocolV2, Worker, WorkerOptions
 from tests.upgrade.conftest import flows
 
 
@@ -94,8 +94,8 @@ def test_a_protocol_1_worker_left_running_through_the_upgrade_stops_and_hides_no
     database, _state = pre_upgrade
     conn = database.connect()
     flow = Flow("keepFlow").step("only", lambda run, ctx: {"by": "old"})
-    old = Worker(flow, database.conninfo, function_name="keep-old", protocol=ProtocolV1(), poll_vt=300,
-                 max_poll_seconds=1, heartbeat_interval=3600)
+    old = Worker(flow, database.conninfo, function_name="keep-old", protocol=ProtocolV1(),
+                 options=WorkerOptions(poll_vt=300, max_poll_seconds=1, heartbeat_interval=3600))
     old.start()
     try:
         installer.apply(conn)
@@ -111,3 +111,34 @@ def test_a_protocol_1_worker_left_running_through_the_upgrade_stops_and_hides_no
         "JOIN pgflow.step_tasks AS t ON t.message_id = q.msg_id WHERE t.run_id = %s", (run_id,)).fetchone()
     assert reads >= 1 and visible  # ... and handed it back instead of hiding it for 300 s
     assert conn.execute("SELECT status FROM pgflow.step_tasks WHERE run_id = %s", (run_id,)).fetchone()[0] == "queued"
+
+
+@pytest.mark.parametrize("protocol_class", [ProtocolV1, ProtocolV2], ids=["protocol-1", "protocol-2"])
+def test_the_attempts_of_a_claim_batch_are_read_in_one_query(request, protocol_class):
+    """What TaskContext.attempt reads (for a whole claim batch, on first use), on each protocol's schema."""
+    import uuid
+
+    database = request.getfixturevalue("baseline_db" if protocol_class is ProtocolV1 else "db")
+    conn = database.connect()
+    protocol, worker_id = protocol_class(), str(uuid.uuid4())
+    protocol.compile(conn, "attemptsFlow", Flow("attemptsFlow", max_attempts=3, base_delay=0)
+                     .step("only", lambda v, ctx: v).shape(), None)
+    queue = protocol.queue_name("attemptsFlow", None)
+    protocol.register(conn, worker_id=worker_id, function_name="attempts-fn", queue_name=queue,
+                      flow_slug="attemptsFlow", step_slug=None)
+    conn.execute("SELECT pgflow.start_flow('attemptsFlow', '{}'::jsonb) FROM generate_series(1, 2)")
+
+    def claim() -> dict[int, int]:
+        ids = protocol.read(conn, queue_name=queue, vt=30, qty=5, max_poll_seconds=1, poll_interval_ms=20)
+        tasks = protocol.claim(conn, flow_slug="attemptsFlow", step_slug=None, queue_name=queue, message_ids=ids,
+                               worker_id=worker_id).claimed
+        assert {task.attempt for task in tasks} == {None}  # a claim does not read them
+        return protocol.claimed_attempts(conn, flow_slug="attemptsFlow", queue_name=queue,
+                                         message_ids=[task.message_id for task in tasks], worker_id=worker_id)
+
+    first = claim()
+    assert sorted(first.values()) == [1, 1]
+    retried = min(first)
+    conn.execute("SELECT pgflow.fail_task(run_id, step_slug, task_index, 'again') FROM pgflow.step_tasks "
+                 "WHERE message_id = %s", (retried,))
+    assert claim() == {retried: 2}

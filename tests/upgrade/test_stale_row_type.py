@@ -18,6 +18,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from pgflow_cli.worker import Flow, ProtocolV1, Worker
+from pgflow_cli.worker.failures import TaskFailure
 from pgflow_cli.worker.protocol import ClaimedTask
 from tests.runtime.driver import wait_until_blocked
 
@@ -86,7 +87,8 @@ def test_the_reference_worker_sends_the_report_again(baseline_db, ok):
         with pool.connection() as conn:
             pid = conn.info.backend_pid
         report = threading.Thread(target=worker._report, args=(waiting,),
-                                  kwargs={"ok": ok, "payload": {"n": 2} if ok else "handler error"})
+                                  kwargs={"ok": ok, "payload": {"n": 2} if ok
+                                          else TaskFailure.plain("handler error", "RuntimeError")})
         _reshape_while(baseline_db, report, pid)
     row = admin.execute("SELECT status, output, error_message FROM pgflow.step_tasks WHERE run_id = %s",
                         (waiting.run_id,)).fetchone()

@@ -2,10 +2,10 @@
 
 ``App(version, conninfo)``: ``setup()``, ``submit(documents, faults)`` (the step-queued version also
 awaits the runs in the background, as its application does: ``stepqueues.settle`` through the run
-client, marking the documents of failed runs), ``start_worker(stage)`` (a hand-rolled stage worker,
-or `pgflow worker ... --step`), ``queue(stage)``, ``tick()`` (what production runs periodically:
-pgflow's stalled-task recovery, which pg_cron runs in production), ``wait_terminal()`` and counting
-helpers over the domain tables. Nothing is mocked; waits poll real rows.
+client), ``start_worker(stage)`` (a hand-rolled stage worker, or `pgflow worker ... --step`),
+``queue(stage)``, ``tick()`` (what production runs periodically: pgflow's stalled-task recovery,
+which pg_cron runs in production), ``wait_terminal()`` and counting helpers over the domain tables.
+Nothing is mocked; waits poll real rows.
 """
 
 from __future__ import annotations
@@ -59,8 +59,7 @@ class App:
 
     def _settle(self, submitted: dict[str, int]) -> None:
         try:
-            with psycopg.connect(self.conninfo, autocommit=True) as conn:
-                stepqueues.settle(conn, self.client, submitted)
+            stepqueues.settle(self.client, submitted)
         except RuntimeError:
             pass  # the app closed while runs were still going (a test that stops early)
         except BaseException as exc:  # reported by wait_terminal

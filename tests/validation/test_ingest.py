@@ -57,6 +57,23 @@ def test_retry_once_then_success_and_exhaustion(app):
     assert app.status(3) == "done" and app.calls(3, "enrich") == 1
 
 
+def test_the_last_attempt_applies_the_domain_failure_in_that_attempt(db):
+    """Gap 3 closed: the step-queued handler sees its last attempt and marks the document failed
+    itself, before pgflow records the exhausted task; no one polls failed runs afterwards."""
+    app = App("stepqueues", db.conninfo)
+    try:
+        _ingest(app, 2, [(2, "parse", "fail_always")])
+        assert (app.status(1), app.status(2), app.calls(2, "parse")) == ("done", "failed", 3)
+        marked, error = app.conn.execute("SELECT updated_at, error FROM ingest.documents WHERE id = 2").fetchone()
+        failed_at = app.conn.execute(
+            "SELECT t.failed_at FROM pgflow.step_tasks t JOIN pgflow.runs r USING (run_id) "
+            "WHERE (r.input->>'doc_id')::int = 2 AND t.step_slug = 'parse'").fetchone()[0]
+        assert marked <= failed_at
+        assert error == "parse: injected failure in parse of document 2"
+    finally:
+        app.close()
+
+
 def test_worker_killed_mid_task_is_recovered_and_applied_once(db):
     for version in ("handrolled", "stepqueues"):
         app = App(version, db.conninfo, env={"INGEST_VT_ENRICH": "3"})

@@ -25,7 +25,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgflow_cli.worker import Flow, TaskContext, Worker
+from pgflow_cli.worker import Flow, TaskContext, Worker, WorkerOptions
 from tests.support.sqlrows import RowQueries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,12 +156,12 @@ class WorkerEnv(RowQueries):
         self.require_live_messages = True
 
     # -- workers --------------------------------------------------------------------------------
-    def worker(self, flow: Flow, *, function_name: str | None = None, **options: Any) -> Worker:
-        """A Worker with the package's default protocol and quick polling (not started)."""
-        settings = dict(FAST)
-        settings.update(options)
+    def worker(self, flow: Flow, *, function_name: str | None = None, protocol: Any = None, **options: Any) -> Worker:
+        """A Worker with the package's default protocol (or ``protocol``) and quick polling (not started);
+        ``options`` are :class:`WorkerOptions` fields."""
+        settings: dict[str, Any] = {**FAST, "application_name": "pgflow-worker-test", **options}
         worker = Worker(flow, self.conninfo, function_name=function_name or f"{flow.slug}-worker",
-                        application_name="pgflow-worker-test", **settings)
+                        protocol=protocol, options=WorkerOptions(**settings))
         self.workers.append(worker)
         return worker
 

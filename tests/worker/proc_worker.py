@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pgflow_cli.worker import Worker  # noqa: E402
+from pgflow_cli.worker import Worker, WorkerOptions  # noqa: E402
 from tests.worker.flows import proc_flow  # noqa: E402
 
 
@@ -40,8 +40,9 @@ def main() -> int:
         return {"after": deps}
 
     worker = Worker(proc_flow(work, after), conninfo, function_name=function_name, worker_id=worker_id,
-                    max_concurrent=2, batch_size=2, max_poll_seconds=1, poll_interval_ms=20,
-                    heartbeat_interval=0.3, drain_timeout=120, application_name="pgflow-worker-proc")
+                    options=WorkerOptions(max_concurrent=2, batch_size=2, max_poll_seconds=1, poll_interval_ms=20,
+                                          heartbeat_interval=0.3, drain_timeout=120,
+                                          application_name="pgflow-worker-proc"))
     code = worker.run()
     print(f"EXIT {code} {worker.stop_reason}", flush=True)
     return code

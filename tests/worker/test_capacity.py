@@ -11,12 +11,13 @@ import time
 
 import pytest
 
-from pgflow_cli.worker import ClaimedTask, Flow, Worker
+from pgflow_cli.worker import ClaimedTask, Flow, Worker, WorkerOptions
+from pgflow_cli.worker.protocol import StepSettings
 
 
 def _worker(**options) -> Worker:
     flow = Flow("capacityFlow").step("only", lambda value, ctx: value)
-    return Worker(flow, "dbname=never-connected", function_name="capacity-fn", **options)
+    return Worker(flow, "dbname=never-connected", function_name="capacity-fn", options=WorkerOptions(**options))
 
 
 def _finished(worker: Worker, seconds: float) -> Worker:
@@ -58,7 +59,7 @@ def test_a_task_that_waited_past_its_timeout_is_not_run():
     calls = []
     flow = Flow("capacityFlow").step("only", lambda value, ctx: calls.append(value))
     worker = Worker(flow, "dbname=never-connected", function_name="capacity-fn")
-    worker._timeouts = {"only": 1}
+    worker._settings = {"only": StepSettings(timeout=1, max_attempts=3, base_delay=1)}
     task = ClaimedTask(flow_slug="capacityFlow", run_id="00000000-0000-0000-0000-000000000001", step_slug="only",
                        input={}, message_id=1, task_index=0, flow_input={}, queue_name="capacityflow")
     worker._waiting = 1

@@ -287,10 +287,11 @@ def test_a_fenced_worker_refuses_before_compiling_its_flow(env):
 
 def test_a_worker_that_cannot_connect_ends_stopped_instead_of_hanging(env):
     from pgflow_cli.errors import ConnectionFailed
-    from pgflow_cli.worker import Worker
+    from pgflow_cli.worker import Worker, WorkerOptions
 
     worker = Worker(Flow("nowhereFlow").step("only", lambda v, ctx: v),
-                    "host=127.0.0.1 port=1 dbname=none", function_name="nowhere-fn", connect_timeout=2)
+                    "host=127.0.0.1 port=1 dbname=none", function_name="nowhere-fn",
+                    options=WorkerOptions(connect_timeout=2))
     with pytest.raises(ConnectionFailed) as refused:  # through db.connect: mapped and redacted like the CLI's
         worker.start()
     assert refused.value.exit_code == 3 and "worker nowhere-fn" in refused.value.message

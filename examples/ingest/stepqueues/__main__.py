@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(dsn, autocommit=True) as conn, Client(dsn) as client:
             submitted = app.submit(conn, domain.sample_documents(args.documents))
             with contextlib.suppress(WaitTimeout):  # the report below counts what is still pending
-                app.settle(conn, client, submitted, timeout=args.timeout)
+                app.settle(client, submitted, timeout=args.timeout)
             finished = domain.pending_count(conn) == 0
     finally:
         common.stop(pools)

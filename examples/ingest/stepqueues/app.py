@@ -1,10 +1,10 @@
-"""The application side of the step-queued version: submit runs, await them, reflect failed runs.
+"""The application side of the step-queued version: submit runs and await them.
 
 pgflow owns queues, polling, claims, visibility, retries and recovery; the run client
 (:mod:`pgflow_cli.client`) starts and awaits runs. What stays here: starting one run per document
-in the same transaction as the document insert, and turning a run that pgflow failed (attempts
-exhausted) into the document's ``failed`` outcome with the failed step's error, because a handler
-cannot tell that its attempt is the last one.
+in the same transaction as the document insert, and awaiting the runs. A document whose stage
+exhausts its attempts is marked ``failed`` by that last attempt's handler (``flow.py``), so nothing
+here turns failed runs into document outcomes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import psycopg
 
 from examples.ingest import domain
 from examples.ingest.stepqueues.flow import ingest
-from pgflow_cli.client import Client, RunOutcome, start_runs
+from pgflow_cli.client import Client, start_runs
 
 
 def setup(conn: psycopg.Connection) -> None:
@@ -32,12 +32,9 @@ def submit(conn: psycopg.Connection, documents: list[tuple[int, str]],
     return {run.run_id: doc_id for run, (doc_id, _) in zip(runs, documents, strict=True)}
 
 
-def error_of(outcome: RunOutcome) -> str:
-    """The failed step's error, as the document records it."""
-    return "; ".join(failure.describe() for failure in outcome.failures) or "run failed"
 
-
-def settle(conn: psycopg.Connection, client: Client, submitted: dict[str, int], timeout: float | None = None) -> int:
-    """Await the submitted runs; as each fails, mark its document ``failed``. Returns how many moved."""
-    return sum(domain.mark_failed(conn, submitted[outcome.run_id], error_of(outcome))
-               for outcome in client.as_completed(list(submitted), timeout=timeout) if not outcome.ok)
+def settle(client: Client, submitted: dict[str, int], timeout: float | None = None) -> list[int]:
+    """Await the submitted runs (``{run_id: doc_id}``). Returns the documents whose run failed
+    (their handlers have marked them ``failed`` already)."""
+    return [submitted[outcome.run_id] for outcome in client.as_completed(list(submitted), timeout=timeout)
+            if not outcome.ok]

@@ -23,4 +23,4 @@ def wrong_input(run_input: int, ctx: TaskContext) -> int:
 
 
 Flow[Steps]("other3").step("fetch", wrong_input)  # missed
-Flow[Steps]("other4").step("fetch", lambda x: x)  # caught
+Flow[Steps]("other4").step("fetch", lambda x, y, z: x)  # caught

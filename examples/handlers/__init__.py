@@ -1,0 +1,1 @@
+"""A tour of what a handler can do, as one runnable flow (docs/handlers.md)."""

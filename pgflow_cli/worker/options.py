@@ -1,0 +1,81 @@
+"""How a worker runs: concurrency, polling, heartbeats, stopping, reports and failure details.
+
+Example::
+
+    from pgflow_cli.worker import Worker, WorkerOptions
+
+    options = WorkerOptions(max_concurrent=50, batch_size=50, log_tracebacks=True)
+    Worker(flow, dsn, function_name="scrape-worker", options=options).run()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pgflow_cli import db
+from pgflow_cli.worker.errors import DefinitionError
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """The settings of one :class:`~pgflow_cli.worker.Worker` (all optional).
+
+    Attributes:
+        max_concurrent: tasks in flight at once: handler threads for ``def`` handlers, and the
+            same number of slots for ``async def`` handlers on the worker's event loop.
+        batch_size: most messages read per poll, and most tasks claimed beyond the free slots
+            (see "Capacity" in :mod:`pgflow_cli.worker.runner`).
+        poll_vt: seconds a read message stays invisible before the claim extends it.
+        max_poll_seconds: long-poll duration of one read, seconds.
+        poll_interval_ms: pause between empty reads inside one long poll, milliseconds.
+        heartbeat_interval: seconds between heartbeats; also how often the worker checks, in one
+            query, whether the runs of its in-flight tasks are still going (the stop signal).
+        drain_timeout: seconds to wait for in-flight handlers when stopping; tasks still running
+            then are left to stalled-task recovery.
+        application_name: ``application_name`` of the worker's connections.
+        connect_timeout: seconds libpq waits for the server on every connection the worker opens.
+        worker_version: free text reported at registration (``workers.worker_version``, shown by
+            ``pgflow coverage``); ignored by databases that do not record it.
+        batch_reports: send reports through ``complete_tasks`` / ``fail_tasks`` when the database
+            has them; False: one call per task.
+        prefetch: claim beyond the free slots when the tasks are expected to start well within
+            their visibility window; False: read only as many messages as slots are free.
+        log_tracebacks: failure log lines carry the handler's traceback.
+        store_tracebacks: the task's stored error (``step_tasks.error_message``) carries the
+            traceback after the message, shortened to :data:`~pgflow_cli.worker.failures.MAX_STORED_TRACEBACK`
+            characters (the innermost frames are kept).
+        run_inputs_cached: runs whose input the worker keeps after a handler asked for it
+            (``TaskContext.flow_input``), most recently used first.
+
+    Raises:
+        DefinitionError: a count below 1, a negative or non-finite duration.
+    """
+
+    max_concurrent: int = 10
+    batch_size: int = 10
+    poll_vt: int = 5
+    max_poll_seconds: int = 2
+    poll_interval_ms: int = 100
+    heartbeat_interval: float = 5.0
+    drain_timeout: float = 60.0
+    application_name: str = "pgflow-worker"
+    connect_timeout: int = db.DEFAULT_CONNECT_TIMEOUT
+    worker_version: str | None = None
+    batch_reports: bool = True
+    prefetch: bool = True
+    log_tracebacks: bool = False
+    store_tracebacks: bool = False
+    run_inputs_cached: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrent", "batch_size", "poll_vt", "max_poll_seconds", "run_inputs_cached"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise DefinitionError(f"worker option {name} must be a whole number of at least 1, got {value!r}")
+        for name in ("heartbeat_interval", "drain_timeout", "poll_interval_ms", "connect_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise DefinitionError(f"worker option {name} must be a finite number of at least 0, got {value!r}")
+        if self.heartbeat_interval == 0:
+            raise DefinitionError("worker option heartbeat_interval must be more than 0 seconds")
