@@ -246,11 +246,17 @@ _TRIGGER_TABLE = re.compile(r"^CREATE (?:OR REPLACE )?TRIGGER\s+\w+\s+(?:BEFORE|
                             r"(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)", re.MULTILINE | re.DOTALL)
 
 
-def conversion_locks(functions: str) -> tuple[TableLock, ...]:
+_ALTERED_TABLE = re.compile(r"^(?:ALTER TABLE|CREATE (?:UNIQUE )?INDEX\s+\w+\s+ON)\s+(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)",
+                            re.MULTILINE)
+
+
+def conversion_locks(functions: str, additions: str = "") -> tuple[TableLock, ...]:
     """The table locks a conversion takes first: ``SHARE ROW EXCLUSIVE`` (what ``CREATE TRIGGER``
-    takes) on every table the ``functions`` section creates a trigger on; replacing a function
-    locks no table."""
-    return merge_locks([TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _TRIGGER_TABLE.finditer(functions)])
+    takes) on every table the ``functions`` section creates a trigger on, and ``ACCESS EXCLUSIVE``
+    (what ``ALTER TABLE ... ADD COLUMN`` takes) on every table the ``additions`` section alters or
+    indexes; replacing a function locks no table."""
+    return merge_locks([TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _TRIGGER_TABLE.finditer(functions)]
+                       + [TableLock(m["table"], "ACCESS EXCLUSIVE") for m in _ALTERED_TABLE.finditer(additions)])
 
 
 def conversion_sentence(plan: Plan) -> str:
@@ -258,7 +264,7 @@ def conversion_sentence(plan: Plan) -> str:
     first = plan.pending[0]
     return (f"the ledger records migrations 0003-0016 of pgflow-cli {old_levels.OLD_BUILD}: `pgflow migrate "
             f"apply` records them as {first.label} in one transaction, after a catalog comparison proves the schema "
-            "is theirs (functions and grants of the stage replaced, no table scanned or altered)")
+            "is theirs (the stage's additions since those migrations, its functions and grants; no table scanned)")
 
 
 class Conversion:
@@ -266,7 +272,9 @@ class Conversion:
     ``migration``, in one transaction under the table locks its function section needs.
 
     First the relational schema is compared with :data:`~pgflow_cli.installer.old_levels.LEVEL_16_SCHEMA`
-    (what ``migration`` builds); then its ``functions`` and ``grants`` sections run (``CREATE OR
+    (what ``migration`` builds without its ``additions`` section); then its ``additions`` (the
+    columns the stage gained after that build: catalog-only changes), ``functions`` and ``grants``
+    sections run (``CREATE OR
     REPLACE`` keeps every existing grant), the functions of level 16 that the section did not
     create again are dropped, the per-file ledger of that build goes, and rows 0003-0016 become
     this migration's one row. Nothing is scanned. Rendered, it is for review only: the comparison
@@ -284,6 +292,7 @@ class Conversion:
     def run(self, engine: Engine) -> list[Outcome]:
         migration = self.migration
         functions, grants = migration.section("functions"), migration.section("grants")
+        additions = migration.section("additions")
         if engine.rendering:
             engine.review_only(
                 "convert with `pgflow migrate apply`",
@@ -306,6 +315,8 @@ class Conversion:
             session.comment(f"the tool compares the catalog with the schema migrations {old_levels.FIRST:04d}-"
                             f"{old_levels.LAST:04d} of pgflow-cli {old_levels.OLD_BUILD} leave; then the stage's "
                             "functions:")
+            session.comment("what the stage gained since that build (catalog only):")
+            session.run(additions)  # trusted, shipped SQL
             before = _function_rows(session)
             session.run(functions)  # trusted, shipped SQL
             after = _function_rows(session)  # before the grants, which rewrite every function's row
@@ -325,7 +336,7 @@ class Conversion:
                         {"first": old_levels.FIRST, "last": old_levels.LAST})
 
         tally = engine.tally(migration.label)
-        engine.transaction(tally, conversion_locks(functions), body, ledger=[LedgerEntry(migration)], announce=True,
+        engine.transaction(tally, conversion_locks(functions, additions), body, ledger=[LedgerEntry(migration)], announce=True,
                            heading=f"{migration.label}: the conversion of migrations {old_levels.FIRST:04d}-"
                            f"{old_levels.LAST:04d} of pgflow-cli {old_levels.OLD_BUILD}")
         return [Applied(migration=migration, **engine.outcome(tally))]

@@ -21,7 +21,7 @@ NEW = {
     "pgflow._fail_started_task(uuid, text, integer, text, boolean, jsonb)": "pgflow.fail_task(uuid, text, integer, text)",
     "pgflow._task_report_elements(text, jsonb, text)": "pgflow.fail_task(uuid, text, integer, text)",
     "pgflow.start_flows(text, jsonb)": "pgflow.start_flow(text, jsonb, uuid)",
-    "pgflow._start_runs(text, text, jsonb, uuid)": "pgflow.start_flow(text, jsonb, uuid)",
+    "pgflow._start_runs(text, text, jsonb, uuid, uuid, text)": "pgflow.start_flow(text, jsonb, uuid)",
 }
 
 
