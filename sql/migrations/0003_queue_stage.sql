@@ -5516,6 +5516,7 @@ AS $$
 DECLARE
   v_reason text := coalesce(NULLIF(pg_catalog.btrim(cancel_run.reason), ''), 'cancelled by ' || current_user);
   v_run pgflow.runs;
+  v_now timestamptz;
   v_states pgflow.step_states[];
   v_run_ids uuid[];
   v_step_slugs text[];
@@ -5542,15 +5543,18 @@ BEGIN
                         ELSE 'a completed run stays completed' END;
   END IF;
 
+  -- the moment the run lock was granted, not the transaction's start: every report applied before
+  -- the cancel committed before this moment, so cancelled_at orders them truthfully
+  v_now := pg_catalog.clock_timestamp();
   UPDATE pgflow.runs AS r
-     SET status = 'failed', failed_at = pg_catalog.now(), cancelled_at = pg_catalog.now(),
+     SET status = 'failed', failed_at = v_now, cancelled_at = v_now,
          cancel_reason = v_reason, cancelled_by = current_user
    WHERE r.run_id = v_run.run_id
   RETURNING r.* INTO v_run;
 
   WITH failed AS (
     UPDATE pgflow.step_states AS ss
-       SET status = 'failed', failed_at = pg_catalog.now(), error_message = '[CANCELLED] ' || v_reason
+       SET status = 'failed', failed_at = v_now, error_message = '[CANCELLED] ' || v_reason
      WHERE ss.run_id = v_run.run_id AND ss.status = 'started'
     RETURNING ss AS state, ss.step_slug
   )

@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from tests.runtime.driver import raises_sqlstate
 
+
 def _source(rt, run_id: uuid.UUID) -> dict[str, Any]:
     """Everything of a run that a restart must leave as it is."""
     return {"run": rt.run(run_id), "steps": rt.steps(run_id), "tasks": rt.tasks(run_id)}
