@@ -14,6 +14,25 @@ FROM pgflow.start_flow(%(flow_slug)s::text, %(input)s::jsonb, %(run_id)s::uuid) 
 SELECT r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at
 FROM pgflow.start_flows(%(flow_slug)s::text, %(inputs)s::jsonb) AS r;
 
+--@name retry
+-- A fresh run of a failed run's flow and input (pgflow.retry_run, migration 0003; an operator's call).
+SELECT r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
+       r.restart_of_run_id, r.cancel_reason
+FROM pgflow.retry_run(%(run_id)s::uuid) AS r;
+
+--@name resume
+-- A run that reuses every task a failed run completed (pgflow.resume_run, migration 0003).
+SELECT r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
+       r.restart_of_run_id, r.cancel_reason
+FROM pgflow.resume_run(%(run_id)s::uuid) AS r;
+
+--@name cancel
+-- Ends a started run failed with a reason (pgflow.cancel_run, migration 0003); a cancelled run is
+-- returned as it is.
+SELECT r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at,
+       r.restart_of_run_id, r.cancel_reason, r.cancelled_at, r.cancelled_by
+FROM pgflow.cancel_run(%(run_id)s::uuid, %(reason)s::text) AS r;
+
 --@name get
 -- The run and its step states ({"run": {...}, "steps": [...]}); PF006 when there is no such run.
 SELECT pgflow.get_run_with_states(%(run_id)s::uuid);

@@ -34,10 +34,55 @@ ORDER BY r.run_id
 LIMIT %(limit)s::integer;
 
 --@name run
+-- The restart and cancel columns arrive with migration 0003: read by name from the row's JSON, so
+-- the same text runs on older schemas (NULL there).
 SELECT r.run_id, r.flow_slug, r.status, r.started_at, r.completed_at, r.failed_at, r.remaining_steps,
+       (x.j ->> 'restart_of_run_id')::uuid AS restart_of_run_id, x.j ->> 'restart_kind' AS restart_kind,
+       (x.j ->> 'cancelled_at')::timestamptz AS cancelled_at, x.j ->> 'cancel_reason' AS cancel_reason,
+       x.j ->> 'cancelled_by' AS cancelled_by,
        CASE WHEN %(show_output)s::boolean THEN r.output END AS output
 FROM pgflow.runs AS r
+CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(r) - 'input' - 'output' AS j) AS x
 WHERE r.run_id = %(run_id)s::uuid;
+
+--@name has_restarts
+-- Whether this schema records restarts (migration 0003: runs.restart_of_run_id).
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
+               WHERE a.attrelid = 'pgflow.runs'::regclass AND a.attname = 'restart_of_run_id' AND NOT a.attisdropped);
+
+--@name restarted_as
+-- The runs that restart this one (retry_run, resume_run), oldest first, at most 20.
+SELECT r.run_id, r.restart_kind, r.status, r.started_at
+FROM pgflow.runs AS r
+WHERE r.restart_of_run_id = %(run_id)s::uuid
+ORDER BY r.started_at, r.run_id
+LIMIT 20;
+
+--@name in_flight
+-- What a cancel would end: the run's queued and started tasks, manual ones counted apart.
+SELECT pg_catalog.count(*) FILTER (WHERE t.status = 'queued')::integer AS queued,
+       pg_catalog.count(*) FILTER (WHERE t.status = 'started'
+                                   AND coalesce(pg_catalog.to_jsonb(t) ->> 'execution_mode', 'queue') = 'queue')::integer AS running,
+       pg_catalog.count(*) FILTER (WHERE t.status = 'started'
+                                   AND pg_catalog.to_jsonb(t) ->> 'execution_mode' = 'manual')::integer AS manual
+FROM pgflow.step_tasks AS t
+WHERE t.run_id = %(run_id)s::uuid AND t.status IN ('queued', 'started');
+
+--@name cancel_record
+-- Whether the run is cancelled, and how many of its tasks are (read before and after a cancel).
+SELECT (pg_catalog.to_jsonb(r) ->> 'cancelled_at') IS NOT NULL AS cancelled,
+       (SELECT pg_catalog.count(*) FROM pgflow.step_tasks AS t
+        WHERE t.run_id = r.run_id AND t.status = 'cancelled')::integer AS tasks_cancelled
+FROM pgflow.runs AS r
+WHERE r.run_id = %(run_id)s::uuid;
+
+--@name restart_tasks
+-- How a restarted run began: tasks reused from its source (completed with no attempt, resume_run)
+-- and tasks queued or waiting (manual).
+SELECT pg_catalog.count(*) FILTER (WHERE t.status = 'completed' AND t.attempts_count = 0)::integer AS reused,
+       pg_catalog.count(*) FILTER (WHERE t.status IN ('queued', 'started'))::integer AS queued
+FROM pgflow.step_tasks AS t
+WHERE t.run_id = %(run_id)s::uuid;
 
 --@name steps
 -- The run's steps in definition order, with their options as they apply (step over flow).
@@ -67,6 +112,7 @@ SELECT t.step_slug, t.task_index, t.status, t.attempts_count, t.requeued_count, 
        t.message_id, t.last_worker_id, t.queued_at, t.started_at, t.completed_at, t.failed_at,
        t.permanently_stalled_at,
        coalesce(pg_catalog.to_jsonb(t) ->> 'execution_mode', 'queue') AS execution_mode,
+       coalesce((pg_catalog.to_jsonb(t) ->> 'refused_reports')::integer, 0) AS refused_reports,
        CASE WHEN %(show_output)s::boolean THEN t.output END AS output,
        pg_catalog.count(*) OVER ()::integer AS total
 FROM pgflow.step_tasks AS t
