@@ -139,6 +139,12 @@ class StepSettings:
     base_delay: int
 
 
+def _refused(cursor: psycopg.Cursor[Any]) -> int:
+    """The number of refused reports a report statement returns (its one row's one column)."""
+    row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 def failure_report(task: ClaimedTask, failure: TaskFailure) -> dict[str, Any]:
     """The arguments of one failure report: ``fail_task``'s named parameters, and one element of
     ``fail_tasks``' JSON array. The one place they are built, for both calls.
@@ -308,15 +314,24 @@ class ProtocolV1:
         """Make messages this worker read but will not claim visible again at once."""
         conn.execute(self._sql("release"), {"queue_name": queue_name, "msg_ids": message_ids})
 
-    def complete(self, conn: psycopg.Connection, task: ClaimedTask, output: Any) -> None:
-        """Report success with the task output."""
-        conn.execute(self._sql("complete"), {
-            "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": Jsonb(output),
-        })
+    def complete(self, conn: psycopg.Connection, task: ClaimedTask, output: Any) -> int:
+        """Report success with the task output.
 
-    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> None:
-        """Report a failed attempt (:func:`failure_report`); the database retries or exhausts the task."""
-        conn.execute(self._sql("fail"), failure_report(task, failure))
+        Returns:
+            1 when the database refused the report because the task's run was cancelled (or failed)
+            first, so nothing was recorded (it counts the refusal on the task); else 0.
+        """
+        return _refused(conn.execute(self._sql("complete"), {
+            "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": Jsonb(output),
+        }))
+
+    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> int:
+        """Report a failed attempt (:func:`failure_report`); the database retries or exhausts the task.
+
+        Returns:
+            1 when the report was refused (as :meth:`complete`); else 0.
+        """
+        return _refused(conn.execute(self._sql("fail"), failure_report(task, failure)))
 
     def has_retry_control(self, conn: psycopg.Connection) -> bool:
         """Whether the database's ``fail_task`` / ``fail_tasks`` take a handler's retry delay and
@@ -332,7 +347,7 @@ class ProtocolV1:
         """Whether the database has ``complete_tasks`` / ``fail_tasks`` (protocol 1 databases never do)."""
         return False
 
-    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> None:
+    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> int:
         """Report several successes in one call (see :meth:`ProtocolV2.complete_many`).
 
         Raises:
@@ -340,7 +355,7 @@ class ProtocolV1:
         """
         raise DefinitionError("protocol 1 has no batch completion; report each task with complete()")
 
-    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> None:
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> int:
         """Report several failures in one call (see :meth:`ProtocolV2.fail_many`).
 
         Raises:
@@ -427,12 +442,15 @@ class ProtocolV2(ProtocolV1):
         row = conn.execute(sqlfiles.statement(self.v2_queries, "has_batch_reports")).fetchone()
         return bool(row and row[0])
 
-    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> None:
+    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> int:
         """Report several successes in one ``pgflow.complete_tasks`` call (one transaction).
 
         Args:
             results: ``(task, output)`` pairs, applied in this order with the per-task semantics
                 of ``complete_task``; every output must be JSON-serialisable.
+
+        Returns:
+            How many were refused because their run was cancelled (or failed) first.
 
         Raises:
             psycopg.Error: the call raised (an element it refused, a lost connection...); nothing
@@ -440,10 +458,11 @@ class ProtocolV2(ProtocolV1):
         """
         tasks = [{"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": output}
                  for task, output in results]
-        conn.execute(sqlfiles.statement(self.v2_queries, "complete_many"), {"tasks": Jsonb(tasks)})
+        return _refused(conn.execute(sqlfiles.statement(self.v2_queries, "complete_many"), {"tasks": Jsonb(tasks)}))
 
-    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> None:
-        """Report several failures in one ``pgflow.fail_tasks`` call (one transaction).
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> int:
+        """Report several failures in one ``pgflow.fail_tasks`` call (one transaction); returns how
+        many were refused (as :meth:`complete_many`).
 
         Args:
             failures: ``(task, failure)`` pairs, each sent as :func:`failure_report` builds it, applied in this order with the per-task
@@ -453,7 +472,7 @@ class ProtocolV2(ProtocolV1):
             psycopg.Error: the call raised; nothing of the batch was applied.
         """
         tasks = [failure_report(task, failure) for task, failure in failures]
-        conn.execute(sqlfiles.statement(self.v2_queries, "fail_many"), {"tasks": Jsonb(tasks)})
+        return _refused(conn.execute(sqlfiles.statement(self.v2_queries, "fail_many"), {"tasks": Jsonb(tasks)}))
 
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
         """The generated lowercase default queue (plain flows; step workers need private step queues)."""

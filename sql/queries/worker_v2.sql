@@ -31,11 +31,13 @@ SELECT pg_catalog.to_regprocedure('pgflow.complete_tasks(jsonb)') IS NOT NULL
 
 --@name complete_many
 -- tasks: a JSON array of {run_id, step_slug, task_index, output}, applied in array order, all or nothing.
-SELECT count(*) FROM pgflow.complete_tasks(%(tasks)s::jsonb);
+-- Returns how many were refused (their task came back cancelled: the run ended before the report).
+SELECT count(*) FILTER (WHERE status = 'cancelled')::integer FROM pgflow.complete_tasks(%(tasks)s::jsonb);
 
 --@name fail_many
 -- tasks: a JSON array of {run_id, step_slug, task_index, error_message}, applied in array order, all or nothing.
-SELECT count(*) FROM pgflow.fail_tasks(%(tasks)s::jsonb);
+-- Returns how many were refused (as complete_many).
+SELECT count(*) FILTER (WHERE status = 'cancelled')::integer FROM pgflow.fail_tasks(%(tasks)s::jsonb);
 
 --@name claimed_attempts
 -- The attempt each task of one claim batch is in (attempts_count after the claim), by the claimed
@@ -77,6 +79,7 @@ SELECT k.n,
               THEN 'another worker took the task over (attempt ' || t.attempts_count || ')'
             WHEN t.status = 'started' AND t.attempts_count <> k.attempt
               THEN 'a newer claim of the task runs (attempt ' || t.attempts_count || ')'
+            WHEN r.cancel_reason IS NOT NULL THEN 'the run was cancelled: ' || r.cancel_reason
             WHEN r.status IS DISTINCT FROM 'started' THEN 'the run ' || coalesce(r.status, 'is gone')
             WHEN s.status IS DISTINCT FROM 'started'
               THEN 'the step ' || CASE s.status WHEN 'skipped' THEN 'was skipped' ELSE coalesce(s.status, 'is gone') END
@@ -87,7 +90,11 @@ SELECT k.n,
 FROM ROWS FROM (pg_catalog.unnest(%(run_ids)s::uuid[]), pg_catalog.unnest(%(step_slugs)s::text[]),
                 pg_catalog.unnest(%(task_indexes)s::integer[]), pg_catalog.unnest(%(attempts)s::integer[]))
      WITH ORDINALITY AS k (run_id, step_slug, task_index, attempt, n)
-LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r ON true
+-- cancel_reason (migration 0003) is read by name from an ended run's row only, so the text runs on
+-- every schema and a started run costs nothing more
+LEFT JOIN LATERAL (SELECT x.status,
+                          CASE WHEN x.status = 'failed' THEN pg_catalog.to_jsonb(x) ->> 'cancel_reason' END AS cancel_reason
+                   FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r ON true
 LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
                    WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug LIMIT 1) AS s ON true
 LEFT JOIN LATERAL (SELECT x.status, x.attempts_count, x.last_worker_id FROM pgflow.step_tasks AS x

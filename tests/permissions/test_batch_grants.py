@@ -102,6 +102,8 @@ RENAMED = {
                                      "pgflow._raise_task_report_error(text,integer,text,text,text,text)"),
     "pgflow.fail_tasks(jsonb)": ("pgflow.fail_tasks(jsonb)", "pgflow._task_report_elements(text,jsonb,text)",
                                  "pgflow._raise_task_report_error(text,integer,text,text,text,text)"),
+    # the start core gained the restart lineage (retry_run, resume_run)
+    "pgflow._start_runs(text,text,jsonb,uuid)": ("pgflow._start_runs(text,text,jsonb,uuid,uuid,text)",),
 }
 """What the earlier build's functions became here: a role that could run one can run these."""
 
