@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 from pgflow_cli import client, db, sqlfiles
 from pgflow_cli.db import scalar, transaction
 from pgflow_cli.errors import StateConflict, UsageError
-from pgflow_cli.operations import names
+from pgflow_cli.operations import names, schema
 from pgflow_cli.operations.status import RUN_STATES, utc_iso
 
 QUERIES = "queries/runs.sql"
@@ -437,6 +437,13 @@ def await_run(target: db.Target, report: RunReport, *, timeout: float | None, sh
 # ------------------------------------------------------------------------------------------------
 # runs retry / runs resume / runs cancel
 # ------------------------------------------------------------------------------------------------
+def require_run_operations(conn: psycopg.Connection) -> None:
+    """Raise :class:`SchemaMissing` (exit 3, ``schema_missing`` / ``schema_behind``) when the database
+    cannot cancel or restart runs (no ``pgflow.cancel_run``: before migration 0003)."""
+    if not scalar(conn.execute(sqlfiles.statement(QUERIES, "has_run_operations"))):
+        raise schema.missing_feature(conn, "cancelling and restarting runs (pgflow.cancel_run, retry_run, resume_run)")
+
+
 @dataclass
 class RestartReport:
     """What ``runs retry`` and ``runs resume`` report.
@@ -478,6 +485,7 @@ def restart_run(conn: psycopg.Connection, run_ref: str, *, resume: bool) -> Rest
             compiled again since (exit 6).
         SchemaMissing: no restarts before migration 0003 (exit 3).
     """
+    require_run_operations(conn)
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         canonical = resolve_run_id(conn, run_ref)
         run = client.resume_run(conn, canonical) if resume else client.retry_run(conn, canonical)
@@ -506,8 +514,10 @@ def cancel_preview(conn: psycopg.Connection, run_ref: str) -> CancelPreview:
     """The run ``run_ref`` names and its unfinished tasks, read in one snapshot (nothing changes).
 
     Raises:
+        SchemaMissing: the schema cannot cancel runs (before migration 0003; exit 3).
         UsageError (exit 2), StateConflict: no such run (exit 6).
     """
+    require_run_operations(conn)
     with transaction(conn, read_only=True, isolation="repeatable read"), conn.cursor(row_factory=dict_row) as cur:
         run = read_run(conn, run_ref)
         counts = cur.execute(sqlfiles.statement(QUERIES, "in_flight"), {"run_id": run["run_id"]}).fetchone()

@@ -45,6 +45,11 @@ FROM pgflow.runs AS r
 CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(r) - 'input' - 'output' AS j) AS x
 WHERE r.run_id = %(run_id)s::uuid;
 
+--@name has_run_operations
+-- Whether this schema can cancel and restart runs (migration 0003).
+SELECT pg_catalog.to_regprocedure('pgflow.cancel_run(uuid,text)') IS NOT NULL
+       AND pg_catalog.to_regprocedure('pgflow.resume_run(uuid)') IS NOT NULL;
+
 --@name has_restarts
 -- Whether this schema records restarts (migration 0003: runs.restart_of_run_id).
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
