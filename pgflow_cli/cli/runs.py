@@ -389,7 +389,7 @@ tasks and what depends on them run; conditions and empty maps are decided again 
 task is reused only when its step's dependencies ended exactly as in the failed run. The new run names
 the failed one (restart_of_run_id); the failed run is not changed. Needs an operator role (as retry).
 
-Exit 0: the new run started (or completed at once). Exit 2: a bad RUN_ID, or an input the flow cannot
+Exit 0: the new run started. Exit 2: a bad RUN_ID, or an input the flow cannot
 take. Exit 3: cannot connect, not an operator, or a schema before migration 0003. Exit 6: no such run;
 it is not failed; or its flow was compiled again since it started (retry it instead).
 

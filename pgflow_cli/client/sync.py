@@ -129,8 +129,7 @@ def resume_run(conn: psycopg.Connection[Any], run: RunRef[Any]) -> Run[Any]:
         run: the failed run.
 
     Returns:
-        The new run as it started (``completed`` already when the source had completed every task);
-        ``restart_of_run_id`` names the source.
+        The new run as it started; ``restart_of_run_id`` names the source.
 
     Raises:
         As :func:`retry_run`; RunStateConflict also when the flow was compiled again after the

@@ -6120,8 +6120,7 @@ $$;
 -- once and its children start as after any completion. Steps that start later (after a worker
 -- completes a re-run task) reuse the same way. The source is not changed.
 -- Parameters: run_id, the source run.
--- Returns the new run as it is after starting (completed already when the source had completed
--- every task and only its run failed, e.g. a cancel after the last task).
+-- Returns the new run as it is after starting.
 -- Raises: 42501 not an operator; PF006 no such run; PF013 the run is not failed, or the flow was
 -- compiled again after the source started (its outputs may belong to another definition: retry
 -- instead); what start_flow raises.
@@ -6335,23 +6334,23 @@ BEGIN
       -- the tasks to run again, sent in task_index order; the reused ones, started with no message
       -- and no attempt, complete below
       IF pg_catalog.cardinality(v_reuse) < v_tasks THEN
-      WITH fresh AS (
-        SELECT g.i, pg_catalog.row_number() OVER (ORDER BY g.i) AS k
-        FROM pg_catalog.generate_series(0, v_tasks - 1) AS g (i)
-        WHERE g.i <> ALL (v_reuse)
-      ), sent AS (
-        SELECT m.msg_id, m.k
-        FROM pgmq.send_batch(
-               v_queue,
-               ARRAY(SELECT pg_catalog.jsonb_build_object('flow_slug', v_flow, 'run_id', start_ready_steps.run_id,
-                                                          'step_slug', v_step, 'task_index', f.i)
-                     FROM fresh AS f ORDER BY f.k),
-               v_delay) WITH ORDINALITY AS m (msg_id, k)
-      )
-      INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
-      SELECT v_flow, start_ready_steps.run_id, v_step, f.i, v_queue, m.msg_id
-      FROM fresh AS f JOIN sent AS m ON m.k = f.k
-      ORDER BY f.i;
+        WITH fresh AS (
+          SELECT g.i, pg_catalog.row_number() OVER (ORDER BY g.i) AS k
+          FROM pg_catalog.generate_series(0, v_tasks - 1) AS g (i)
+          WHERE g.i <> ALL (v_reuse)
+        ), sent AS (
+          SELECT m.msg_id, m.k
+          FROM pgmq.send_batch(
+                 v_queue,
+                 ARRAY(SELECT pg_catalog.jsonb_build_object('flow_slug', v_flow, 'run_id', start_ready_steps.run_id,
+                                                            'step_slug', v_step, 'task_index', f.i)
+                       FROM fresh AS f ORDER BY f.k),
+                 v_delay) WITH ORDINALITY AS m (msg_id, k)
+        )
+        INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+        SELECT v_flow, start_ready_steps.run_id, v_step, f.i, v_queue, m.msg_id
+        FROM fresh AS f JOIN sent AS m ON m.k = f.k
+        ORDER BY f.i;
       END IF;
       INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, status,
                                      attempts_count, started_at)

@@ -257,3 +257,34 @@ def test_resume_reuses_completed_manual_tasks(rt):
     assert rt.task(resumed, "ok")["status"] == "completed"
     assert rt.task(resumed, "ok")["output"] == {"yes": 1}
     assert _queued(rt, resumed) == [("go", 0)]
+
+
+def test_a_resume_of_a_resume_reuses_the_reused_tasks_too(rt):
+    rt.flow("chain", [{"slug": "each", "step_type": "map"}], max_attempts=1, base_delay=0)
+    first = rt.start("chain", [1, 2, 3])
+    _fail_run_at(rt, "chain", {("each", 1), ("each", 2)})  # element 1 fails; 2 is cancelled or failed too
+    second = _resume(rt, first)
+    _fail_run_at(rt, "chain", {("each", 2)})
+    assert rt.run(second)["status"] == "failed"
+    third = _resume(rt, second)
+    assert rt.run(third)["restart_of_run_id"] == second
+    assert _queued(rt, third) == [("each", 2)]
+    assert [t["task_index"] for t in rt.tasks(third, "each") if t["status"] == "completed"] == [0, 1]
+    _fail_run_at(rt, "chain", set())
+    assert rt.run(third)["status"] == "completed"
+
+
+def test_a_run_cancelled_while_only_a_manual_task_waits_resumes_with_nothing_queued(rt):
+    rt.flow("late", [{"slug": "a"}, {"slug": "gate", "deps": ["a"]}], max_attempts=1, base_delay=0)
+    _manual(rt, "late", "gate")
+    source = rt.start("late", {})
+    _fail_run_at(rt, "late", set())
+    rt.one("SELECT * FROM pgflow.complete_manual_task(%s, 'gate', 0, %s)", (source, Jsonb({"ok": True})))
+    assert rt.run(source)["status"] == "completed"
+    # a second run, cancelled while its manual step waits; its only queue-backed task completed
+    other = rt.start("late", {})
+    _fail_run_at(rt, "late", set())
+    rt.one("SELECT * FROM pgflow.cancel_run(%s)", (other,))
+    resumed = rt.one("SELECT * FROM pgflow.resume_run(%s)", (other,))
+    assert (resumed["status"], rt.statuses(resumed["run_id"])) == ("started", {"a": "completed", "gate": "started"})
+    assert _messages_of(rt, rt.queue("late"), resumed["run_id"]) == []

@@ -9,8 +9,7 @@
 -- once and its children start as after any completion. Steps that start later (after a worker
 -- completes a re-run task) reuse the same way. The source is not changed.
 -- Parameters: run_id, the source run.
--- Returns the new run as it is after starting (completed already when the source had completed
--- every task and only its run failed, e.g. a cancel after the last task).
+-- Returns the new run as it is after starting.
 -- Raises: 42501 not an operator; PF006 no such run; PF013 the run is not failed, or the flow was
 -- compiled again after the source started (its outputs may belong to another definition: retry
 -- instead); what start_flow raises.

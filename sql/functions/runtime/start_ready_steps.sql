@@ -103,23 +103,23 @@ BEGIN
       -- the tasks to run again, sent in task_index order; the reused ones, started with no message
       -- and no attempt, complete below
       IF pg_catalog.cardinality(v_reuse) < v_tasks THEN
-      WITH fresh AS (
-        SELECT g.i, pg_catalog.row_number() OVER (ORDER BY g.i) AS k
-        FROM pg_catalog.generate_series(0, v_tasks - 1) AS g (i)
-        WHERE g.i <> ALL (v_reuse)
-      ), sent AS (
-        SELECT m.msg_id, m.k
-        FROM pgmq.send_batch(
-               v_queue,
-               ARRAY(SELECT pg_catalog.jsonb_build_object('flow_slug', v_flow, 'run_id', start_ready_steps.run_id,
-                                                          'step_slug', v_step, 'task_index', f.i)
-                     FROM fresh AS f ORDER BY f.k),
-               v_delay) WITH ORDINALITY AS m (msg_id, k)
-      )
-      INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
-      SELECT v_flow, start_ready_steps.run_id, v_step, f.i, v_queue, m.msg_id
-      FROM fresh AS f JOIN sent AS m ON m.k = f.k
-      ORDER BY f.i;
+        WITH fresh AS (
+          SELECT g.i, pg_catalog.row_number() OVER (ORDER BY g.i) AS k
+          FROM pg_catalog.generate_series(0, v_tasks - 1) AS g (i)
+          WHERE g.i <> ALL (v_reuse)
+        ), sent AS (
+          SELECT m.msg_id, m.k
+          FROM pgmq.send_batch(
+                 v_queue,
+                 ARRAY(SELECT pg_catalog.jsonb_build_object('flow_slug', v_flow, 'run_id', start_ready_steps.run_id,
+                                                            'step_slug', v_step, 'task_index', f.i)
+                       FROM fresh AS f ORDER BY f.k),
+                 v_delay) WITH ORDINALITY AS m (msg_id, k)
+        )
+        INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+        SELECT v_flow, start_ready_steps.run_id, v_step, f.i, v_queue, m.msg_id
+        FROM fresh AS f JOIN sent AS m ON m.k = f.k
+        ORDER BY f.i;
       END IF;
       INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, status,
                                      attempts_count, started_at)
