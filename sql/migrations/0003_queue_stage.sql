@@ -4908,9 +4908,6 @@ BEGIN
   END IF;
 
   started := v_run.status = 'started' AND v_state.status = 'started' AND task.status = 'started';
-  IF NOT started AND NOT (task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN
-    PERFORM pgflow._archive_task_messages(ARRAY[task.run_id], ARRAY[task.step_slug], ARRAY[task.task_index]);
-  END IF;
   IF task.status = 'cancelled' THEN
     -- the handler's result came after its run was cancelled (or failed): refused, and counted, so
     -- an operator can see that work went on after the cancel; the caller returns the task as it
@@ -4919,6 +4916,10 @@ BEGIN
        SET refused_reports = t.refused_reports + 1, last_refused_report_at = pg_catalog.clock_timestamp()
      WHERE t.run_id = task.run_id AND t.step_slug = task.step_slug AND t.task_index = task.task_index
     RETURNING t.* INTO task;
+  END IF;
+  -- (the task row first, its message after: the helpers' rule)
+  IF NOT started AND NOT (task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN
+    PERFORM pgflow._archive_task_messages(ARRAY[task.run_id], ARRAY[task.step_slug], ARRAY[task.task_index]);
   END IF;
 END;
 $$;
