@@ -396,7 +396,7 @@ it is not failed; or its flow was compiled again since it started (retry it inst
 \b
 Examples:
   pgflow runs resume 6f1c2a9e
-  pgflow runs resume 6f1c2a9e && pgflow runs wait <the new run id>"""
+  pgflow runs resume 6f1c2a9e --format json"""
 
 CANCEL_HELP = """Cancel a started run: it ends failed, with the reason recorded.
 
