@@ -90,7 +90,7 @@ def start_runs(conn: psycopg.Connection[Any], flow: FlowRef[Any], inputs: Any) -
 
     Raises:
         As :func:`start_run`; InvalidInput names the 0-based index of a bad element; SchemaMissing on
-        a schema older than 0010 (no ``start_flows``).
+        the baseline schema (no ``start_flows``).
     """
     return [core.run_from_row(row) for row in _execute(conn, core.start_many_statement(flow, inputs))]
 

@@ -241,16 +241,14 @@ class ProtocolV1:
                  flow_slug: str, step_slug: str | None, worker_version: str | None = None) -> None:
         """Insert the worker row (refused with PF001 when the function is fenced).
 
-        ``worker_version`` is recorded where the database has ``workers.worker_version``
-        (schema 0005 and later); older databases register the worker without it.
+        ``worker_version`` is recorded by protocol 2 databases (``workers.worker_version``); the
+        baseline schema has no such column and registers the worker without it.
         """
         params = {"worker_id": worker_id, "function_name": function_name, "queue_name": queue_name,
                   "flow_slug": flow_slug, "step_slug": step_slug, "worker_version": worker_version}
         query = self._sql("register")
         if worker_version is not None and self.version >= 2:
-            supported = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "records_worker_version")).fetchone()
-            if supported and supported[0]:
-                query = sqlfiles.statement("queries/worker_v2.sql", "register_with_version")
+            query = sqlfiles.statement("queries/worker_v2.sql", "register_with_version")
         try:
             conn.execute(query, params)
         except psycopg.Error as exc:
@@ -400,32 +398,26 @@ class ProtocolV2(ProtocolV1):
     version = 2
     v2_queries = "queries/worker_v2.sql"
 
-    _route_heartbeat: bool | None = None
-
     def heartbeat(self, conn: psycopg.Connection, worker_id: str, **route: Any) -> bool:
         """Record liveness for the route this worker registered; True when it has been deprecated.
 
         Args:
-            route: ``function_name``, ``queue_name``, ``flow_slug``, ``step_slug`` of the worker.
-                Databases with schema 0004 check them against the worker row and refuse a
-                heartbeat under an id registered for another route (SQLSTATE PF007: the
-                process is stale); older ones only know the id.
+            route: ``function_name``, ``queue_name``, ``flow_slug``, ``step_slug`` of the worker,
+                checked against the worker row: a heartbeat under an id registered for another
+                route is refused (SQLSTATE PF007: the process is stale). Without them only the id
+                is sent.
 
         Raises:
             psycopg.Error: PF007 when the id belongs to another route.
         """
-        if self._route_heartbeat is None:
-            row = conn.execute(sqlfiles.statement(self.v2_queries, "has_route_heartbeat")).fetchone()
-            self._route_heartbeat = bool(row and row[0])
-        if not self._route_heartbeat or not route:
+        if not route:
             return super().heartbeat(conn, worker_id)
         row = conn.execute(sqlfiles.statement(self.v2_queries, "heartbeat"), {"worker_id": worker_id, **route}).fetchone()
         return bool(row and row[0])
 
     def has_batch_reports(self, conn: psycopg.Connection) -> bool:
-        """Whether the database has ``pgflow.complete_tasks(jsonb)`` and ``pgflow.fail_tasks(jsonb)`` (schema 0010+)."""
-        row = conn.execute(sqlfiles.statement(self.v2_queries, "has_batch_reports")).fetchone()
-        return bool(row and row[0])
+        """Protocol 2 databases always have ``pgflow.complete_tasks(jsonb)`` and ``pgflow.fail_tasks(jsonb)``."""
+        return True
 
     def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> None:
         """Report several successes in one ``pgflow.complete_tasks`` call (one transaction).

@@ -28,7 +28,7 @@ claimed task that still waited longer than its effective timeout is not run (its
 already be visible to others); it stays ``started`` for stalled-task recovery. ``prefetch=False``
 reads only as many messages as there are free slots.
 
-Reports. Where the database has ``pgflow.complete_tasks`` / ``pgflow.fail_tasks`` (schema 0010,
+Reports. Where the database has ``pgflow.complete_tasks`` / ``pgflow.fail_tasks`` (protocol 2,
 found once at startup) and ``batch_reports`` is on, a handler thread queues its report and
 takes the next task; one reporter thread sends everything queued in one call (completions and
 failures in finish order, each consecutive run of one kind in one call), a lone report at once

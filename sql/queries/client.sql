@@ -10,7 +10,7 @@ SELECT r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.compl
 FROM pgflow.start_flow(%(flow_slug)s::text, %(input)s::jsonb, %(run_id)s::uuid) AS r;
 
 --@name start_many
--- One run per element of the JSON array %(inputs)s, in array order (schema 0010 and later).
+-- One run per element of the JSON array %(inputs)s, in array order.
 SELECT r.run_id, r.flow_slug, r.status, r.remaining_steps, r.started_at, r.completed_at, r.failed_at
 FROM pgflow.start_flows(%(flow_slug)s::text, %(inputs)s::jsonb) AS r;
 
