@@ -5753,8 +5753,8 @@ REVOKE ALL ON FUNCTION pgflow.fail_manual_task(uuid, text, integer, text) FROM P
 -- unknown reports and manual tasks are handled as complete_task handles them (_lock_worker_task).
 -- The handler may steer what happens next (both are recorded on the task row with the failure:
 -- step_tasks.requested_retry_delay and step_tasks.failed_now):
---   retry_delay_seconds  seconds (numeric, rounded up to whole seconds: PGMQ's visibility is whole
---                        seconds) before the next attempt may run, used instead of the step's
+--   retry_delay_seconds  seconds (fractions are rounded up: PGMQ's visibility is whole seconds)
+--                        before the next attempt may run, used instead of the step's
 --                        backoff while attempts remain; NULL: the backoff. Ignored once the attempts
 --                        are used up: the task then fails as any exhausted task does;
 --   fail_now             true: the task fails for good now, whatever attempts remain; its step's
@@ -5771,7 +5771,7 @@ REVOKE ALL ON FUNCTION pgflow.fail_manual_task(uuid, text, integer, text) FROM P
 -- NaN, infinite or above 2147483647 (the largest visibility offset PGMQ's integer seconds carry),
 -- and for a retry delay together with fail_now.
 CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text,
-                                            retry_delay_seconds numeric, fail_now boolean DEFAULT false)
+                                            retry_delay_seconds double precision, fail_now boolean DEFAULT false)
 RETURNS SETOF pgflow.step_tasks
 LANGUAGE plpgsql
 VOLATILE
@@ -5788,7 +5788,7 @@ DECLARE
   v_delay integer;
 BEGIN
   IF fail_task.retry_delay_seconds IS NOT NULL THEN
-    IF fail_task.retry_delay_seconds = 'NaN'::numeric
+    IF fail_task.retry_delay_seconds = 'NaN'::double precision
        OR fail_task.retry_delay_seconds NOT BETWEEN 0 AND 2147483647 THEN
       RAISE EXCEPTION 'fail_task(): retry_delay_seconds must be a number of seconds from 0 to 2147483647, not %',
         fail_task.retry_delay_seconds
@@ -5841,7 +5841,7 @@ BEGIN
   RETURN NEXT v_task;
 END;
 $$;
-REVOKE ALL ON FUNCTION pgflow.fail_task(uuid, text, integer, text, numeric, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgflow.fail_task(uuid, text, integer, text, double precision, boolean) FROM PUBLIC;
 
 -- The released four-argument form: a failure without a retry delay or fail-now (the step's
 -- backoff, then when_exhausted), exactly as the form above with retry_delay_seconds NULL. It keeps
@@ -5853,7 +5853,7 @@ LANGUAGE sql
 VOLATILE
 SET search_path = ''
 AS $$
-  SELECT * FROM pgflow.fail_task($1, $2, $3, $4, NULL::numeric, false)
+  SELECT * FROM pgflow.fail_task($1, $2, $3, $4, NULL::double precision, false)
 $$;
 
 -- sql/functions/runtime/fail_tasks.sql
@@ -5879,6 +5879,8 @@ DECLARE
   v_indexes integer[];
   v_errors jsonb[];
   v_element jsonb;
+  v_seconds numeric;
+  v_delay double precision;
   v_at integer;  -- the element being applied (a FOR loop's own variable is not visible in the handler)
   v_task pgflow.step_tasks;
   v_sqlstate text;
@@ -5896,9 +5898,15 @@ BEGIN
     FOR v_i IN 1 .. pg_catalog.cardinality(v_runs) LOOP
       v_at := v_i;
       v_element := fail_tasks.tasks -> (v_i - 1);
+      v_seconds := (v_element ->> 'retry_delay_seconds')::numeric;
+      -- JSON numbers have no range; beyond double precision's they are infinite (and refused as such)
+      -- or, below its smallest magnitude, zero
+      v_delay := CASE WHEN pg_catalog.abs(v_seconds) > 1e300 THEN pg_catalog.sign(v_seconds)::double precision * 'Infinity'
+                      WHEN pg_catalog.abs(v_seconds) < 1e-300 THEN 0
+                      ELSE v_seconds::double precision END;
       SELECT * INTO v_task
-      FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_errors[v_i] #>> '{}',
-                            (v_element ->> 'retry_delay_seconds')::numeric, (v_element ->> 'fail_now')::boolean);
+      FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_errors[v_i] #>> '{}', v_delay,
+                            (v_element ->> 'fail_now')::boolean);
       CONTINUE WHEN NOT FOUND;
       RETURN NEXT v_task;
     END LOOP;
@@ -7009,7 +7017,7 @@ BEGIN
           ('group:complete', '_start_ready_steps_of_runs(uuid[])'),
           ('group:fail', '_lock_worker_task(text, uuid, text, integer)'),
           ('group:fail', '_fail_started_task(uuid, text, integer, text, boolean, jsonb)'),
-          ('group:fail', 'fail_task(uuid, text, integer, text, numeric, boolean)'),
+          ('group:fail', 'fail_task(uuid, text, integer, text, double precision, boolean)'),
           ('group:fail', 'fail_tasks(jsonb)'),
           ('group:fail', '_task_report_elements(text, jsonb, text)'),
           ('group:fail', '_raise_task_report_error(text, integer, text, text, text, text)'),
@@ -7052,7 +7060,7 @@ BEGIN
       'pgflow.complete_tasks(jsonb), pgflow._task_report_elements(text, jsonb, text), '
       'pgflow._raise_task_report_error(text, integer, text, text, text, text), '
       'pgflow._start_ready_steps_of_runs(uuid[]), pgflow.fail_tasks(jsonb), '
-      'pgflow.fail_task(uuid, text, integer, text, numeric, boolean), pgflow._start_runs(text, text, jsonb, uuid), '
+      'pgflow.fail_task(uuid, text, integer, text, double precision, boolean), pgflow._start_runs(text, text, jsonb, uuid), '
       'pgflow.start_flows(text, jsonb), '
       'pgflow.complete_manual_task(uuid, text, integer, jsonb), pgflow.fail_manual_task(uuid, text, integer, text) '
       'FROM %I', v_client);

@@ -2,8 +2,8 @@
 -- unknown reports and manual tasks are handled as complete_task handles them (_lock_worker_task).
 -- The handler may steer what happens next (both are recorded on the task row with the failure:
 -- step_tasks.requested_retry_delay and step_tasks.failed_now):
---   retry_delay_seconds  seconds (numeric, rounded up to whole seconds: PGMQ's visibility is whole
---                        seconds) before the next attempt may run, used instead of the step's
+--   retry_delay_seconds  seconds (fractions are rounded up: PGMQ's visibility is whole seconds)
+--                        before the next attempt may run, used instead of the step's
 --                        backoff while attempts remain; NULL: the backoff. Ignored once the attempts
 --                        are used up: the task then fails as any exhausted task does;
 --   fail_now             true: the task fails for good now, whatever attempts remain; its step's
@@ -20,7 +20,7 @@
 -- NaN, infinite or above 2147483647 (the largest visibility offset PGMQ's integer seconds carry),
 -- and for a retry delay together with fail_now.
 CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text,
-                                            retry_delay_seconds numeric, fail_now boolean DEFAULT false)
+                                            retry_delay_seconds double precision, fail_now boolean DEFAULT false)
 RETURNS SETOF pgflow.step_tasks
 LANGUAGE plpgsql
 VOLATILE
@@ -37,7 +37,7 @@ DECLARE
   v_delay integer;
 BEGIN
   IF fail_task.retry_delay_seconds IS NOT NULL THEN
-    IF fail_task.retry_delay_seconds = 'NaN'::numeric
+    IF fail_task.retry_delay_seconds = 'NaN'::double precision
        OR fail_task.retry_delay_seconds NOT BETWEEN 0 AND 2147483647 THEN
       RAISE EXCEPTION 'fail_task(): retry_delay_seconds must be a number of seconds from 0 to 2147483647, not %',
         fail_task.retry_delay_seconds
@@ -90,7 +90,7 @@ BEGIN
   RETURN NEXT v_task;
 END;
 $$;
-REVOKE ALL ON FUNCTION pgflow.fail_task(uuid, text, integer, text, numeric, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgflow.fail_task(uuid, text, integer, text, double precision, boolean) FROM PUBLIC;
 
 -- The released four-argument form: a failure without a retry delay or fail-now (the step's
 -- backoff, then when_exhausted), exactly as the form above with retry_delay_seconds NULL. It keeps
@@ -102,5 +102,5 @@ LANGUAGE sql
 VOLATILE
 SET search_path = ''
 AS $$
-  SELECT * FROM pgflow.fail_task($1, $2, $3, $4, NULL::numeric, false)
+  SELECT * FROM pgflow.fail_task($1, $2, $3, $4, NULL::double precision, false)
 $$;

@@ -20,6 +20,8 @@ DECLARE
   v_indexes integer[];
   v_errors jsonb[];
   v_element jsonb;
+  v_seconds numeric;
+  v_delay double precision;
   v_at integer;  -- the element being applied (a FOR loop's own variable is not visible in the handler)
   v_task pgflow.step_tasks;
   v_sqlstate text;
@@ -37,9 +39,15 @@ BEGIN
     FOR v_i IN 1 .. pg_catalog.cardinality(v_runs) LOOP
       v_at := v_i;
       v_element := fail_tasks.tasks -> (v_i - 1);
+      v_seconds := (v_element ->> 'retry_delay_seconds')::numeric;
+      -- JSON numbers have no range; beyond double precision's they are infinite (and refused as such)
+      -- or, below its smallest magnitude, zero
+      v_delay := CASE WHEN pg_catalog.abs(v_seconds) > 1e300 THEN pg_catalog.sign(v_seconds)::double precision * 'Infinity'
+                      WHEN pg_catalog.abs(v_seconds) < 1e-300 THEN 0
+                      ELSE v_seconds::double precision END;
       SELECT * INTO v_task
-      FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_errors[v_i] #>> '{}',
-                            (v_element ->> 'retry_delay_seconds')::numeric, (v_element ->> 'fail_now')::boolean);
+      FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_errors[v_i] #>> '{}', v_delay,
+                            (v_element ->> 'fail_now')::boolean);
       CONTINUE WHEN NOT FOUND;
       RETURN NEXT v_task;
     END LOOP;
