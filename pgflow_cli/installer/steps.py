@@ -263,7 +263,8 @@ def conversion_sentence(plan: Plan) -> str:
     first = plan.pending[0]
     return (f"the ledger records migrations 0003-0016 of pgflow-cli {old_levels.OLD_BUILD}: `pgflow migrate "
             f"apply` records them as {first.label} in one transaction, after a catalog comparison proves the schema "
-            "is theirs (functions and grants of the stage replaced, no table scanned or altered)")
+            "is theirs (the stage's later columns added, catalog only; functions and grants of the stage replaced; "
+            "no table scanned or rewritten)")
 
 
 class Conversion:
