@@ -255,3 +255,18 @@ def test_the_released_form_and_the_new_one_are_granted_together(db):
                             "'pgflow.fail_task(uuid, text, integer, text, double precision, boolean)', 'EXECUTE')").fetchone()[0] is False
 
 
+
+
+def test_a_batch_delay_beyond_double_precision_is_infinite_and_one_below_it_is_zero(rt, db):
+    """JSON numbers have no range: 1e400 is refused as infinite, 1e-400 retries at once."""
+    rt.flow("extremes", [{"slug": "s"}], max_attempts=3, base_delay=60)
+    run = rt.start("extremes", {})
+    [task] = rt.poll("extremes")
+    element = '[{"run_id": "%s", "step_slug": "s", "task_index": 0, "error_message": "x", "retry_delay_seconds": %s}]'
+    before = fingerprint(db.conninfo)
+    with raises_sqlstate("PF013", r"^fail_tasks\(\): element 0: fail_task\(\): .*not Infinity"):
+        rt.rows("SELECT * FROM pgflow.fail_tasks(%s::jsonb)", (element % (run, "1e400"),))
+    assert fingerprint(db.conninfo).differences(before) == []
+    [row] = rt.rows("SELECT * FROM pgflow.fail_tasks(%s::jsonb)", (element % (run, "1e-400"),))
+    assert (row["status"], row["requested_retry_delay"]) == ("queued", 0)
+    assert rt.vt_in("extremes", task["msg_id"]) <= 0.5  # the backoff would say 120 s
