@@ -246,11 +246,16 @@ _TRIGGER_TABLE = re.compile(r"^CREATE (?:OR REPLACE )?TRIGGER\s+\w+\s+(?:BEFORE|
                             r"(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)", re.MULTILINE | re.DOTALL)
 
 
-def conversion_locks(functions: str) -> tuple[TableLock, ...]:
-    """The table locks a conversion takes first: ``SHARE ROW EXCLUSIVE`` (what ``CREATE TRIGGER``
-    takes) on every table the ``functions`` section creates a trigger on; replacing a function
-    locks no table."""
-    return merge_locks([TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _TRIGGER_TABLE.finditer(functions)])
+_ALTERED_TABLE = re.compile(r"^ALTER TABLE\s+(?:IF EXISTS\s+)?(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)", re.MULTILINE)
+
+
+def conversion_locks(functions: str, columns: str = "") -> tuple[TableLock, ...]:
+    """The table locks a conversion takes first: ``ACCESS EXCLUSIVE`` (what ``ALTER TABLE ... ADD
+    COLUMN`` takes) on every table the ``columns`` section alters, and ``SHARE ROW EXCLUSIVE`` (what
+    ``CREATE TRIGGER`` takes) on every table the ``functions`` section creates a trigger on;
+    replacing a function locks no table."""
+    return merge_locks([TableLock(m["table"], "ACCESS EXCLUSIVE") for m in _ALTERED_TABLE.finditer(columns)]
+                       + [TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _TRIGGER_TABLE.finditer(functions)])
 
 
 def conversion_sentence(plan: Plan) -> str:
@@ -258,7 +263,8 @@ def conversion_sentence(plan: Plan) -> str:
     first = plan.pending[0]
     return (f"the ledger records migrations 0003-0016 of pgflow-cli {old_levels.OLD_BUILD}: `pgflow migrate "
             f"apply` records them as {first.label} in one transaction, after a catalog comparison proves the schema "
-            "is theirs (functions and grants of the stage replaced, no table scanned or altered)")
+            "is theirs (the stage's later columns added, catalog only; functions and grants of the stage replaced; "
+            "no table scanned or rewritten)")
 
 
 class Conversion:
@@ -284,6 +290,7 @@ class Conversion:
     def run(self, engine: Engine) -> list[Outcome]:
         migration = self.migration
         functions, grants = migration.section("functions"), migration.section("grants")
+        columns = migration.section("columns")
         if engine.rendering:
             engine.review_only(
                 "convert with `pgflow migrate apply`",
@@ -306,6 +313,9 @@ class Conversion:
             session.comment(f"the tool compares the catalog with the schema migrations {old_levels.FIRST:04d}-"
                             f"{old_levels.LAST:04d} of pgflow-cli {old_levels.OLD_BUILD} leave; then the stage's "
                             "functions:")
+            session.comment("the columns the stage has beyond level 16 (catalog only: nullable, or a constant "
+                            "default):")
+            session.run(columns)  # trusted, shipped SQL
             before = _function_rows(session)
             session.run(functions)  # trusted, shipped SQL
             after = _function_rows(session)  # before the grants, which rewrite every function's row
@@ -325,7 +335,7 @@ class Conversion:
                         {"first": old_levels.FIRST, "last": old_levels.LAST})
 
         tally = engine.tally(migration.label)
-        engine.transaction(tally, conversion_locks(functions), body, ledger=[LedgerEntry(migration)], announce=True,
+        engine.transaction(tally, conversion_locks(functions, columns), body, ledger=[LedgerEntry(migration)], announce=True,
                            heading=f"{migration.label}: the conversion of migrations {old_levels.FIRST:04d}-"
                            f"{old_levels.LAST:04d} of pgflow-cli {old_levels.OLD_BUILD}")
         return [Applied(migration=migration, **engine.outcome(tally))]

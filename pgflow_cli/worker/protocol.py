@@ -139,16 +139,22 @@ class StepSettings:
     base_delay: int
 
 
-def failure_report(task: ClaimedTask, failure: TaskFailure) -> dict[str, Any]:
+def failure_report(task: ClaimedTask, failure: TaskFailure, *, directive: bool) -> dict[str, Any]:
     """The arguments of one failure report: ``fail_task``'s named parameters, and one element of
     ``fail_tasks``' JSON array. The one place they are built, for both calls.
 
-    The handler's directive (``failure.retry``: a ``RetryLater``, whose ``delay()`` gives the
-    seconds to wait; ``failure.fail_now``) is not sent yet: the calls take it once the database's
-    ``fail_task`` has a retry delay and a fail-now argument (see ``has_retry_control``).
+    Args:
+        directive: the database takes a handler's directive (``has_retry_control``): then the
+            report has ``retry_delay_seconds`` (a ``RetryLater``'s delay from now, in seconds, else
+            ``None``: the step's backoff) and ``fail_now`` (the handler raised ``FailNow``).
+            Without it the report is ``fail_task``'s four released arguments.
     """
-    return {"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
-            "error_message": failure.message}
+    report = {"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
+              "error_message": failure.message}
+    if directive:
+        report.update(retry_delay_seconds=failure.retry.delay() if failure.retry is not None else None,
+                      fail_now=failure.fail_now)
+    return report
 
 
 @dataclass
@@ -314,12 +320,12 @@ class ProtocolV1:
 
     def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> None:
         """Report a failed attempt (:func:`failure_report`); the database retries or exhausts the task."""
-        conn.execute(self._sql("fail"), failure_report(task, failure))
+        conn.execute(self._sql("fail"), failure_report(task, failure, directive=False))
 
     def has_retry_control(self, conn: psycopg.Connection) -> bool:
         """Whether the database's ``fail_task`` / ``fail_tasks`` take a handler's retry delay and
-        fail-now (``RetryLater``, ``FailNow``). No schema has them yet: they are reported as
-        ordinary failures."""
+        fail-now (``RetryLater``, ``FailNow``). Protocol 1 databases never do: both are reported
+        as ordinary failures."""
         return False
 
     def stopped(self, conn: psycopg.Connection, worker_id: str) -> None:
@@ -415,6 +421,24 @@ class ProtocolV2(ProtocolV1):
         row = conn.execute(sqlfiles.statement(self.v2_queries, "heartbeat"), {"worker_id": worker_id, **route}).fetchone()
         return bool(row and row[0])
 
+    _retry_control: bool | None = None
+
+    def has_retry_control(self, conn: psycopg.Connection) -> bool:
+        """Whether the database has ``fail_task``'s six-argument form (retry delay, fail-now) and
+        ``fail_tasks`` elements that take them (this build's schema 0003); asked once, then
+        remembered. :meth:`fail` and :meth:`fail_many` send a handler's directive only where it is."""
+        if self._retry_control is None:
+            row = conn.execute(sqlfiles.statement(self.v2_queries, "has_retry_control")).fetchone()
+            self._retry_control = bool(row and row[0])
+        return self._retry_control
+
+    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> None:
+        """Report a failed attempt with the handler's directive where the database takes it
+        (:meth:`has_retry_control`), else as protocol 1 does."""
+        if not self.has_retry_control(conn):
+            return super().fail(conn, task, failure)
+        conn.execute(sqlfiles.statement(self.v2_queries, "fail_directed"), failure_report(task, failure, directive=True))
+
     def has_batch_reports(self, conn: psycopg.Connection) -> bool:
         """Protocol 2 databases always have ``pgflow.complete_tasks(jsonb)`` and ``pgflow.fail_tasks(jsonb)``."""
         return True
@@ -444,7 +468,8 @@ class ProtocolV2(ProtocolV1):
         Raises:
             psycopg.Error: the call raised; nothing of the batch was applied.
         """
-        tasks = [failure_report(task, failure) for task, failure in failures]
+        directive = self.has_retry_control(conn)
+        tasks = [failure_report(task, failure, directive=directive) for task, failure in failures]
         conn.execute(sqlfiles.statement(self.v2_queries, "fail_many"), {"tasks": Jsonb(tasks)})
 
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:

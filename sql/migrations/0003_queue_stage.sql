@@ -1650,6 +1650,18 @@ CREATE INDEX IF NOT EXISTS idx_step_tasks_manual_waiting ON pgflow.step_tasks (s
 DROP INDEX pgflow.idx_step_tasks_message_id;
 DROP INDEX pgflow.idx_step_tasks_queued_msg;
 
+-- What a handler asked for with its latest failure (fail_task's retry_delay_seconds and fail_now).
+-- A converted ledger of the earlier build (docs/architecture.md "Databases built by an earlier
+-- build") gets exactly this section too: catalog only (a nullable column, a constant default).
+-- >>> columns
+ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS requested_retry_delay integer;
+ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS failed_now boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN pgflow.step_tasks.requested_retry_delay IS
+  'seconds the handler asked to wait before the next attempt, with the latest failure (fail_task retry_delay_seconds, rounded up); NULL: the step''s backoff; ignored once attempts are used up';
+COMMENT ON COLUMN pgflow.step_tasks.failed_now IS
+  'the latest failure was reported non-retryable (fail_task fail_now): the task failed whatever attempts remained and its step''s when_exhausted applied';
+-- <<< columns
+
 ------------------------------------------------------------------------------------------------
 -- Definitions: queue mode, persisted routes, execution mode, the shared slug rules
 ------------------------------------------------------------------------------------------------
@@ -5168,7 +5180,9 @@ REVOKE ALL ON FUNCTION pgflow._start_runs(text, text, jsonb, uuid) FROM PUBLIC;
 -- The elements of a batch report (complete_tasks, fail_tasks), checked before anything is applied,
 -- with their runs locked: p_tasks must be a JSON array of objects with "run_id" (a UUID string),
 -- "step_slug" (a string), "task_index" (an integer) and p_value_key ('output': any JSON;
--- 'error_message': a string or null). p_function names the entry point in the errors. Then every
+-- 'error_message': a string or null; then optionally "retry_delay_seconds", a number or null, and
+-- "fail_now", true, false or null: fail_task's arguments, which the caller reads from p_tasks).
+-- p_function names the entry point in the errors. Then every
 -- run the batch names is locked FOR UPDATE in run_id order, before any element is applied: the
 -- lock order of claims, so two batches (or a batch and a claim) whose runs overlap take turns and
 -- never deadlock.
@@ -5210,6 +5224,11 @@ BEGIN
                THEN 'task_index is out of range'
              WHEN p_value_key = 'error_message' AND pg_catalog.jsonb_typeof(e.task -> 'error_message') NOT IN ('string', 'null')
                THEN 'error_message is not a string or null'
+             WHEN p_value_key = 'error_message'
+                  AND pg_catalog.jsonb_typeof(e.task -> 'retry_delay_seconds') NOT IN ('number', 'null')
+               THEN 'retry_delay_seconds is not a number or null'
+             WHEN p_value_key = 'error_message' AND pg_catalog.jsonb_typeof(e.task -> 'fail_now') NOT IN ('boolean', 'null')
+               THEN 'fail_now is not true, false or null'
            END AS problem
     FROM pg_catalog.jsonb_array_elements(p_tasks) WITH ORDINALITY AS e (task, n)
   ) AS x
@@ -5732,13 +5751,27 @@ REVOKE ALL ON FUNCTION pgflow.fail_manual_task(uuid, text, integer, text) FROM P
 -- sql/functions/runtime/fail_task.sql
 -- Records a worker task's failure; error_message says why (NULL is allowed). Late, repeated and
 -- unknown reports and manual tasks are handled as complete_task handles them (_lock_worker_task).
--- With attempts left (attempts_count < effective max_attempts) the task is queued again and its
--- message becomes visible after calculate_retry_delay(effective base_delay, attempts_count)
--- seconds. A task whose message no longer exists (a permanently stalled task) cannot be retried and
--- is treated as exhausted. An exhausted task fails for good through _fail_started_task (its step's
+-- The handler may steer what happens next (both are recorded on the task row with the failure:
+-- step_tasks.requested_retry_delay and step_tasks.failed_now):
+--   retry_delay_seconds  seconds (fractions are rounded up: PGMQ's visibility is whole seconds)
+--                        before the next attempt may run, used instead of the step's
+--                        backoff while attempts remain; NULL: the backoff. Ignored once the attempts
+--                        are used up: the task then fails as any exhausted task does;
+--   fail_now             true: the task fails for good now, whatever attempts remain; its step's
+--                        when_exhausted applies as for an exhausted task.
+-- Neither changes how attempts are counted (the claim counts them).
+-- With attempts left (attempts_count < effective max_attempts) and fail_now false the task is
+-- queued again and its message becomes visible after retry_delay_seconds, or else after
+-- calculate_retry_delay(effective base_delay, attempts_count) seconds. A task whose message no
+-- longer exists (a permanently stalled task) cannot be retried and is treated as exhausted. An
+-- exhausted or failed-now task fails for good through _fail_started_task (its step's
 -- when_exhausted decides: fail, skip or skip-cascade), then its message is archived. Returns the
 -- task row.
-CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text)
+-- Raises PF013, before anything is locked or changed, for a retry_delay_seconds that is negative,
+-- NaN, infinite or above 2147483647 (the largest visibility offset PGMQ's integer seconds carry),
+-- and for a retry delay together with fail_now.
+CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text,
+                                            retry_delay_seconds double precision, fail_now boolean DEFAULT false)
 RETURNS SETOF pgflow.step_tasks
 LANGUAGE plpgsql
 VOLATILE
@@ -5751,7 +5784,25 @@ DECLARE
   v_max_attempts integer;
   v_base_delay integer;
   v_error text := fail_task.error_message;
+  v_fail_now boolean := coalesce(fail_task.fail_now, false);
+  v_delay integer;
 BEGIN
+  IF fail_task.retry_delay_seconds IS NOT NULL THEN
+    IF fail_task.retry_delay_seconds = 'NaN'::double precision
+       OR fail_task.retry_delay_seconds NOT BETWEEN 0 AND 2147483647 THEN
+      RAISE EXCEPTION 'fail_task(): retry_delay_seconds must be a number of seconds from 0 to 2147483647, not %',
+        fail_task.retry_delay_seconds
+        USING ERRCODE = 'PF013',
+              HINT = 'pass NULL for the step''s backoff; a handler that wants no retry at all fails now (fail_now => true)';
+    END IF;
+    IF v_fail_now THEN
+      RAISE EXCEPTION 'fail_task(): a failure either sets a retry delay or fails now, not both'
+        USING ERRCODE = 'PF013',
+              HINT = 'pass retry_delay_seconds => NULL with fail_now => true';
+    END IF;
+    v_delay := pg_catalog.ceil(fail_task.retry_delay_seconds)::integer;
+  END IF;
+
   v_report := pgflow._lock_worker_task('fail_task', fail_task.run_id, fail_task.step_slug, fail_task.task_index);
   v_task := v_report.task;
   IF v_task.run_id IS NULL THEN
@@ -5768,32 +5819,54 @@ BEGIN
   JOIN pgflow.flows AS f ON f.flow_slug = s.flow_slug
   WHERE s.flow_slug = v_task.flow_slug AND s.step_slug = fail_task.step_slug;
 
-  IF v_task.attempts_count < v_max_attempts THEN
+  IF v_task.attempts_count < v_max_attempts AND NOT v_fail_now THEN
     UPDATE pgflow.step_tasks AS t
-       SET status = 'queued', started_at = NULL, error_message = v_error
+       SET status = 'queued', started_at = NULL, error_message = v_error,
+           requested_retry_delay = v_delay, failed_now = false
      WHERE t.run_id = fail_task.run_id AND t.step_slug = fail_task.step_slug AND t.task_index = fail_task.task_index
     RETURNING t.* INTO v_task;
     IF pgflow._set_task_messages_vt(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index],
-                                    ARRAY[pgflow.calculate_retry_delay(v_base_delay, v_task.attempts_count)]) > 0 THEN
+                                    ARRAY[coalesce(v_delay, pgflow.calculate_retry_delay(v_base_delay, v_task.attempts_count))]) > 0 THEN
       RETURN NEXT v_task;
       RETURN;
     END IF;
     v_error := v_error || ' (not retried: the task''s queue message no longer exists)';
   END IF;
 
+  UPDATE pgflow.step_tasks AS t
+     SET requested_retry_delay = v_delay, failed_now = v_fail_now
+   WHERE t.run_id = fail_task.run_id AND t.step_slug = fail_task.step_slug AND t.task_index = fail_task.task_index;
   v_task := pgflow._fail_started_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index, v_error, false, NULL);
   PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
   RETURN NEXT v_task;
 END;
 $$;
+REVOKE ALL ON FUNCTION pgflow.fail_task(uuid, text, integer, text, double precision, boolean) FROM PUBLIC;
+
+-- The released four-argument form: a failure without a retry delay or fail-now (the step's
+-- backoff, then when_exhausted), exactly as the form above with retry_delay_seconds NULL. It keeps
+-- its own signature (and so every grant on it) because a defaulted retry delay on the form above
+-- would make every four-argument call ambiguous between the two.
+CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text)
+RETURNS SETOF pgflow.step_tasks
+LANGUAGE sql
+VOLATILE
+SET search_path = ''
+AS $$
+  SELECT * FROM pgflow.fail_task($1, $2, $3, $4, NULL::double precision, false)
+$$;
 
 -- sql/functions/runtime/fail_tasks.sql
 -- Fails many worker tasks in one call. tasks: a JSON array of {"run_id", "step_slug",
--- "task_index", "error_message"} objects (error_message a string or null). Each element is one
--- fail_task call, in array order, in the caller's transaction: retry with backoff, or exhaustion
--- (when_exhausted decides), each archiving or deferring its own message as fail_task does. Checks,
--- run lock order and errors as complete_tasks ("fail_tasks(): element <index>: ..."); nothing of
--- the batch is applied when one element fails. Returns the task rows in array order.
+-- "task_index", "error_message"} objects (error_message a string or null), each optionally with
+-- "retry_delay_seconds" (a number or null) and "fail_now" (true, false or null): fail_task's
+-- arguments of those names; a missing key is NULL, as in fail_task's four-argument form. Each
+-- element is one fail_task call, in array order, in the caller's transaction: retry after the
+-- element's delay or the step's backoff, or exhaustion or fail-now (when_exhausted decides), each
+-- archiving or deferring its own message as fail_task does. Checks, run lock order and errors as
+-- complete_tasks ("fail_tasks(): element <index>: ..."), fail_task's PF013 for an element's
+-- retry directive included; nothing of the batch is applied when one element fails. Returns the
+-- task rows in array order.
 CREATE OR REPLACE FUNCTION pgflow.fail_tasks(tasks jsonb)
 RETURNS SETOF pgflow.step_tasks
 LANGUAGE plpgsql
@@ -5805,6 +5878,9 @@ DECLARE
   v_steps text[];
   v_indexes integer[];
   v_errors jsonb[];
+  v_element jsonb;
+  v_seconds numeric;
+  v_delay double precision;
   v_at integer;  -- the element being applied (a FOR loop's own variable is not visible in the handler)
   v_task pgflow.step_tasks;
   v_sqlstate text;
@@ -5821,7 +5897,16 @@ BEGIN
   BEGIN
     FOR v_i IN 1 .. pg_catalog.cardinality(v_runs) LOOP
       v_at := v_i;
-      SELECT * INTO v_task FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_errors[v_i] #>> '{}');
+      v_element := fail_tasks.tasks -> (v_i - 1);
+      v_seconds := (v_element ->> 'retry_delay_seconds')::numeric;
+      -- JSON numbers have no range; beyond double precision's they are infinite (and refused as such)
+      -- or, below its smallest magnitude, zero
+      v_delay := CASE WHEN pg_catalog.abs(v_seconds) > 1e300 THEN pg_catalog.sign(v_seconds)::double precision * 'Infinity'
+                      WHEN pg_catalog.abs(v_seconds) < 1e-300 THEN 0
+                      ELSE v_seconds::double precision END;
+      SELECT * INTO v_task
+      FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_errors[v_i] #>> '{}', v_delay,
+                            (v_element ->> 'fail_now')::boolean);
       CONTINUE WHEN NOT FOUND;
       RETURN NEXT v_task;
     END LOOP;
@@ -6932,6 +7017,7 @@ BEGIN
           ('group:complete', '_start_ready_steps_of_runs(uuid[])'),
           ('group:fail', '_lock_worker_task(text, uuid, text, integer)'),
           ('group:fail', '_fail_started_task(uuid, text, integer, text, boolean, jsonb)'),
+          ('group:fail', 'fail_task(uuid, text, integer, text, double precision, boolean)'),
           ('group:fail', 'fail_tasks(jsonb)'),
           ('group:fail', '_task_report_elements(text, jsonb, text)'),
           ('group:fail', '_raise_task_report_error(text, integer, text, text, text, text)'),
@@ -6973,7 +7059,8 @@ BEGIN
       'pgflow._fail_started_task(uuid, text, integer, text, boolean, jsonb), '
       'pgflow.complete_tasks(jsonb), pgflow._task_report_elements(text, jsonb, text), '
       'pgflow._raise_task_report_error(text, integer, text, text, text, text), '
-      'pgflow._start_ready_steps_of_runs(uuid[]), pgflow.fail_tasks(jsonb), pgflow._start_runs(text, text, jsonb, uuid), '
+      'pgflow._start_ready_steps_of_runs(uuid[]), pgflow.fail_tasks(jsonb), '
+      'pgflow.fail_task(uuid, text, integer, text, double precision, boolean), pgflow._start_runs(text, text, jsonb, uuid), '
       'pgflow.start_flows(text, jsonb), '
       'pgflow.complete_manual_task(uuid, text, integer, jsonb), pgflow.fail_manual_task(uuid, text, integer, text) '
       'FROM %I', v_client);

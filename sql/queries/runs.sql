@@ -67,6 +67,9 @@ SELECT t.step_slug, t.task_index, t.status, t.attempts_count, t.requeued_count, 
        t.message_id, t.last_worker_id, t.queued_at, t.started_at, t.completed_at, t.failed_at,
        t.permanently_stalled_at,
        coalesce(pg_catalog.to_jsonb(t) ->> 'execution_mode', 'queue') AS execution_mode,
+       -- what the handler asked for with the latest failure (absent before schema 0003: NULL, false)
+       (pg_catalog.to_jsonb(t) ->> 'requested_retry_delay')::integer AS requested_retry_delay,
+       coalesce((pg_catalog.to_jsonb(t) ->> 'failed_now')::boolean, false) AS failed_now,
        CASE WHEN %(show_output)s::boolean THEN t.output END AS output,
        pg_catalog.count(*) OVER ()::integer AS total
 FROM pgflow.step_tasks AS t

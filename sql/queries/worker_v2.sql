@@ -22,8 +22,19 @@ SELECT pgflow.register_worker(%(worker_id)s, %(function_name)s, %(queue_name)s, 
 SELECT count(*) FROM pgflow.complete_tasks(%(tasks)s::jsonb);
 
 --@name fail_many
--- tasks: a JSON array of {run_id, step_slug, task_index, error_message}, applied in array order, all or nothing.
+-- tasks: a JSON array of {run_id, step_slug, task_index, error_message, retry_delay_seconds, fail_now},
+-- applied in array order, all or nothing.
 SELECT count(*) FROM pgflow.fail_tasks(%(tasks)s::jsonb);
+
+--@name has_retry_control
+-- True where fail_task takes a handler's retry delay and fail-now (and fail_tasks elements do).
+SELECT pg_catalog.to_regprocedure('pgflow.fail_task(uuid, text, integer, text, double precision, boolean)') IS NOT NULL;
+
+--@name fail_directed
+-- retry_delay_seconds: seconds before the next attempt instead of the step's backoff (NULL: the
+-- backoff); fail_now: the task fails for good now. Both are ignored once the attempts are used up.
+SELECT count(*) FROM pgflow.fail_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(error_message)s,
+                                      %(retry_delay_seconds)s, %(fail_now)s);
 
 --@name claimed_attempts
 -- The attempt each task of one claim batch is in (attempts_count after the claim), by the claimed

@@ -10,6 +10,7 @@ finish with, and nothing changes.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import psycopg
@@ -51,7 +52,14 @@ def _assert_same_catalog(conninfo: str, reference: str) -> None:
         assert mine[part] == theirs[part], part
 
 
-def test_the_frozen_schema_of_level_16_is_the_fixtures_and_what_0003_builds(level_16, db):
+def _stage_columns() -> list[str]:
+    """``table.column`` of every column 0003's ``columns`` section adds (what the stage has beyond
+    level 16, added by the conversion too)."""
+    section = next(m for m in installer.available_migrations() if m.version == 3).section("columns")
+    return [f"{m[1]}.{m[2]}" for m in re.finditer(r"ALTER TABLE pgflow\.(\w+) ADD COLUMN IF NOT EXISTS (\w+)", section)]
+
+
+def test_the_frozen_schema_of_level_16_is_the_fixtures_and_what_0003_builds_but_its_columns_section(level_16, db):
     with level_16.connect() as conn:
         assert read_schema_facts(conn) == old_levels.LEVEL_16_SCHEMA
         functions = [r[0] for r in conn.execute("SELECT p.oid::regprocedure::text FROM pg_proc AS p "
@@ -61,7 +69,11 @@ def test_the_frozen_schema_of_level_16_is_the_fixtures_and_what_0003_builds(leve
             "SELECT version, name, checksum FROM pgflow.schema_migrations WHERE version >= 3")} == {
             v: (name, checksums[0]) for v, (name, checksums) in old_levels.OLD_MIGRATIONS.items()}
     with db.connect() as conn:
-        assert read_schema_facts(conn) == old_levels.LEVEL_16_SCHEMA
+        fresh = read_schema_facts(conn)
+    added = _stage_columns()
+    assert added and all(fresh["column"].pop(column, None) is not None for column in added), added
+    assert all(column not in old_levels.LEVEL_16_SCHEMA["column"] for column in added)
+    assert fresh == old_levels.LEVEL_16_SCHEMA
 
 
 def test_level_16_is_converted_in_one_transaction_and_then_equals_a_fresh_install(level_16, db):
