@@ -70,7 +70,7 @@ def prune(
     with where.connected() as (conn, target):
         if output_format.human:
             err.print(render.text(f"{'counting' if dry_run or interactive else 'pruning'} history older than "
-                                  f"{render.span(seconds)} on {target.describe()}", "dim"))
+                                  f"{older_than} on {target.describe()}", "dim"))
         if interactive:
             preview = _run(conn, seconds, batch_size, True, lock_timeout, err, show_progress)
             _render(preview, render.Page(output_format.value) if output_format.human else None, err)

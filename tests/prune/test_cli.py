@@ -72,3 +72,57 @@ def test_through_pgbouncer_in_transaction_mode(rt, db, pooled):
     assert result.code == 0, result.output
     assert json.loads(result.stdout)["deleted"]["runs"] == len(history.gone)
     assert rt.val("SELECT count(*) FROM pgflow.runs") == len(history.kept)
+
+
+def _on_terminal(db, typed: str) -> tuple[int, str, str]:
+    """Run `pgflow prune --older-than 30d` with a pseudo-terminal as stdin and stderr, type ``typed`` at
+    the prompt; returns the exit code, stdout and everything written to the terminal."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    import threading
+
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "DATABASE_URL"}
+    env.update(COLUMNS="200", TERM="xterm")
+    proc = subprocess.Popen([sys.executable, "-m", "pgflow_cli", "prune", "--older-than", "30d", "--batch-size", "1",
+                             "--dsn", db.conninfo], stdin=slave, stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    screen = bytearray()
+    prompted = threading.Event()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                return
+            if not chunk:
+                return
+            screen.extend(chunk)
+            if b"to prune" in screen and not prompted.is_set():
+                prompted.set()
+                os.write(master, (typed + "\n").encode())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    code = proc.wait(timeout=120)
+    reader.join(10)
+    os.close(master)
+    return code, out, screen.decode(errors="replace")
+
+
+def test_on_a_terminal_it_counts_shows_progress_and_asks_for_the_duration_again(rt, db):
+    history = build_history(rt)
+    code, out, screen = _on_terminal(db, "30 days")
+    assert code == ExitCode.INTERRUPTED, screen
+    assert "would be deleted (dry run" in out and "pgflow.runs (completed 3, failed 1)" in out
+    assert "runs scanned" in screen, screen  # the progress line
+    assert "Type the duration (30d) to prune" in screen and "did not match" in screen
+    assert rt.val("SELECT count(*) FROM pgflow.runs WHERE run_id = ANY (%s)", (history.gone,)) == len(history.gone)
+    code, out, screen = _on_terminal(db, "30d")
+    assert code == ExitCode.OK, screen
+    assert "deleted" in out and "pgflow.runs (completed 3, failed 1)" in out
+    assert rt.val("SELECT count(*) FROM pgflow.runs WHERE run_id = ANY (%s)", (history.gone,)) == 0
