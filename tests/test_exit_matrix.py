@@ -54,6 +54,7 @@ MATRIX: dict[tuple[str, ...], Case] = {
     ("coverage",): Case(("coverage",), (3, 0, 0)),
     ("status",): Case(("status",), (3, 0, 0)),
     ("drop-flow",): Case(("drop-flow", "nope", "--dry-run"), (3, 3, 6)),
+    ("prune",): Case(("prune", "--older-than", "30d", "--dry-run"), (3, 3, 0)),
     ("worker",): Case(("worker", "{flows}:hello", "--heartbeat-interval", "0.2"), (3, 6, 0), until_registered=True),
     ("migrate", "status"): Case(("migrate", "status"), (0, 0, 0)),
     ("migrate", "plan"): Case(("migrate", "plan"), (0, 0, 0)),
