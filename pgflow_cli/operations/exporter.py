@@ -252,12 +252,11 @@ def _migration_metrics(level: MigrationLevel, now: dt.datetime) -> Iterator[Metr
     running = _gauge("pgflow_migration_in_progress", "1 while a phased migration has committed some phases but not "
                      "the last (an upgrade in progress)")
     running.add_metric([], 1.0 if level.in_progress else 0.0)
-    yield from (current, pending, running)
+    age = _gauge("pgflow_migration_in_progress_age_seconds", "Seconds since the migration in progress last "
+                 "committed a phase (absent when none is in progress)")
     if level.in_progress_since is not None:
-        age = _gauge("pgflow_migration_in_progress_age_seconds", "Seconds since the migration in progress last "
-                     "committed a phase")
         age.add_metric([], max(0.0, (now - level.in_progress_since).total_seconds()))
-        yield age
+    yield from (current, pending, running, age)
 
 
 class SnapshotCollector(Collector):

@@ -129,22 +129,19 @@ class _WorkerGauges(Collector):
         for name in STATES:
             state.add_metric([*values, name], 1.0 if name == current else 0.0)
         yield state
-        if worker is None:
-            return
         in_flight = GaugeMetricFamily("pgflow_worker_tasks_in_flight", "Claimed tasks whose handler has not "
                                       "finished (waiting for a slot or running)", labels=names)
-        in_flight.add_metric(values, float(worker.tasks_in_flight()))
-        yield in_flight
         slots = GaugeMetricFamily("pgflow_worker_slots", "Handler slots (tasks that may run at once: "
                                   "WorkerOptions.max_concurrent, --concurrency)", labels=names)
-        slots.add_metric(values, float(worker.options.max_concurrent))
-        yield slots
+        age = GaugeMetricFamily("pgflow_worker_heartbeat_age_seconds", "Seconds since the database last "
+                                "recorded this worker's heartbeat (absent before the first one)", labels=names)
+        if worker is not None:
+            in_flight.add_metric(values, float(worker.tasks_in_flight()))
+            slots.add_metric(values, float(worker.options.max_concurrent))
         last = observer.last_heartbeat
         if last is not None:
-            age = GaugeMetricFamily("pgflow_worker_heartbeat_age_seconds", "Seconds since the database last "
-                                    "recorded this worker's heartbeat", labels=names)
             age.add_metric(values, time.monotonic() - last)
-            yield age
+        yield from (in_flight, slots, age)
 
 
 class PrometheusObserver(Observer):
