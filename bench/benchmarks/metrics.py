@@ -8,6 +8,10 @@ started in one transaction; timed from its commit until the driver (checking eve
 run completed. With metrics on (``metrics_port=0``) a scraper thread reads ``/metrics`` over HTTP
 once a second during the whole sample, so the exposition's cost is in it too. Off and on are
 measured alternately (off, on, off, ...), ``ctx.repeat`` times each. Issue 27's goal: on >= 0.97x.
+The same window's CPU time of the whole process (``time.process_time``: every thread, the driver's
+checks included) per 1,000 tasks is reported too (**lower is better**): on a machine whose load
+moves the wall-clock rate by more than the few percent in question, the CPU the metrics add is the
+steadier figure.
 
 Exporter. The history databases of ``claim_scaling`` (1,000 runs taken through read, claim and
 complete, then copied 99 times for 100,000; ``ANALYZE``), plus 100 started runs queued. Timed: one
@@ -51,8 +55,10 @@ def _get(url: str) -> bytes:
         return body
 
 
-def worker_sample(ctx: Context, tasks: int, metrics: bool) -> float:
-    """Tasks/s of one timed run with the worker's metrics on or off."""
+def worker_sample(ctx: Context, tasks: int, metrics: bool, cpu: list[float]) -> float:
+    """Tasks/s of one timed run with the worker's metrics on or off; appends to ``cpu`` the process's
+    CPU milliseconds per 1,000 tasks of the same window (every thread of the worker, the driver's
+    checks and the scraper included: the same in both but the scraper)."""
     with ctx.database("metrics_worker") as conninfo, psycopg.connect(conninfo, autocommit=True) as conn:
         worker = Worker(Flow(FLOW).map("each", _noop), conninfo, function_name="bench-metrics",
                         options=WorkerOptions(max_concurrent=10, batch_size=10, application_name="pgflow-bench",
@@ -73,9 +79,10 @@ def worker_sample(ctx: Context, tasks: int, metrics: bool) -> float:
             wait_run_ended(conn, start_run(conn, FLOW, list(range(WARMUP))))
             with conn.transaction():
                 run_id = start_run(conn, FLOW, list(range(tasks)))
-                began = time.perf_counter()
+                began, began_cpu = time.perf_counter(), time.process_time()
             wait_run_ended(conn, run_id)
             seconds = time.perf_counter() - began
+            cpu.append((time.process_time() - began_cpu) * 1000 * 1000 / tasks)
         finally:
             done.set()
             if scraper is not None:
@@ -113,8 +120,10 @@ def scrape_seconds(ctx: Context, runs: int) -> tuple[float, int]:
 
 def run(ctx: Context) -> list[Result]:
     tasks = ctx.size(TASKS)
-    off, on = alternate(ctx, "metrics", lambda: worker_sample(ctx, tasks, metrics=False),
-                        lambda: worker_sample(ctx, tasks, metrics=True),
+    cpu_off: list[float] = []
+    cpu_on: list[float] = []
+    off, on = alternate(ctx, "metrics", lambda: worker_sample(ctx, tasks, False, cpu_off),
+                        lambda: worker_sample(ctx, tasks, True, cpu_on),
                         lambda a, b: f"worker metrics off {a:.0f} tasks/s, on {b:.0f} tasks/s ({b / a:.3f}x)")
     small_runs, big_runs = ctx.size(1000, 1000), ctx.size(100_000, 2000)
     sizes: dict[str, int] = {}
@@ -131,10 +140,14 @@ def run(ctx: Context) -> list[Result]:
     small_label = f"exporter scrape (cache off), {small_runs} finished runs"
     growth = big_runs / small_runs
     paired = statistics.median(b / s for b, s in zip(big, small, strict=True))
+    cpu_label = "worker process CPU per 1,000 tasks, metrics off"
     return [
         Result(off_label, "tasks/s", off, work=tasks),
         Result("worker, metrics on (scraped every second)", "tasks/s", on, work=tasks, baseline=off_label,
                details={"goal": ">= 0.97x"}),
+        Result(cpu_label, "CPU ms", cpu_off, work=tasks),
+        Result("worker process CPU per 1,000 tasks, metrics on", "CPU ms", cpu_on, work=tasks, baseline=cpu_label,
+               details={"lower_is_better": True}),
         Result(small_label, "ms", small, details={"queued_runs": QUEUED_RUNS, **sizes}),
         Result(f"exporter scrape (cache off), {big_runs} finished runs", "ms", big, baseline=small_label,
                details={"runs_ratio": growth, "ratio_to_linear": round(paired / growth, 4),

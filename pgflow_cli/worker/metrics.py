@@ -193,6 +193,7 @@ class PrometheusObserver(Observer):
                                   "connection was lost)", [*route, "operation", "sqlstate_class"],
                                   registry=self.registry)
         self._route = tuple(self.route_labels.values())
+        self._children: dict[tuple[Any, ...], Any] = {}
         self._polls_child = self._polls.labels(*self._route)
         self._empty_child = self._empty_polls.labels(*self._route)
         self.registry.register(_WorkerGauges(self))
@@ -244,24 +245,32 @@ class PrometheusObserver(Observer):
         """The poll loop waited for a free slot instead of reading: it is alive all the same."""
         self.last_round = time.monotonic()
 
+    def _child(self, metric: Any, step: str, *more: str) -> Any:
+        """The series of ``metric`` for ``step`` (and ``more`` labels), looked up once: a worker has a
+        handful of steps, and ``labels()`` takes a lock and builds a key on every call."""
+        key = (id(metric), step, *more)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children.setdefault(key, metric.labels(self._route[0], step, self._route[2], *more))
+        return child
+
     def claimed(self, step: str) -> None:
-        self._claimed.labels(self._route[0], step, self._route[2]).inc()
+        self._child(self._claimed, step).inc()
 
     def handler_finished(self, step: str, seconds: float) -> None:
-        self._duration.labels(self._route[0], step, self._route[2]).observe(seconds)
+        self._child(self._duration, step).observe(seconds)
 
     def reported(self, step: str, ok: bool, failure: Any = None) -> None:
-        flow, queue = self._route[0], self._route[2]
         if ok:
-            self._completed.labels(flow, step, queue).inc()
+            self._child(self._completed, step).inc()
             return
         final = bool(getattr(failure, "final", False))
-        self._failed.labels(flow, step, queue, "final" if final else "retry").inc()
+        self._child(self._failed, step, "final" if final else "retry").inc()
         if not final and getattr(failure, "retry", None) is not None:
-            self._retry_later.labels(flow, step, queue).inc()
+            self._child(self._retry_later, step).inc()
 
     def report_batch(self, ok: bool, size: int) -> None:
-        self._batch.labels(*self._route, "complete" if ok else "fail").observe(size)
+        self._child(self._batch, self._route[1], "complete" if ok else "fail").observe(size)
 
     def database_error(self, operation: str, exc: BaseException) -> None:
         self._db_errors.labels(*self._route, operation, sqlstate_class(exc)).inc()
