@@ -8,6 +8,8 @@ are waited for by scraping until they show.
 from __future__ import annotations
 
 import json
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -16,8 +18,10 @@ import uuid
 
 import pytest
 
+from pgflow_cli import db as pgdb
+from pgflow_cli.operations import exporter as exporter_op
 from pgflow_cli.worker import Flow, MetricsUnavailable, RetryLater
-from tests.observability.scrape import Scrape, get, scrape_until
+from tests.observability.scrape import Scrape, get, scrape, scrape_until
 from tests.worker.helpers import REPO, wait_until
 
 SECRET = "in-put-7d1f0c"
@@ -99,6 +103,21 @@ def test_counters_match_the_database_rows(env):
     for run_id in run_ids:
         assert run_id not in s.text
     assert SECRET not in s.text
+    # nor in the exporter's, though inputs, outputs and error texts hold it now
+    assert env.val("SELECT count(*) FROM pgflow.runs WHERE run_id = ANY(%s::uuid[]) AND output::text LIKE %s",
+                   (run_ids, f"%{SECRET}%")) == rows["completed"]
+    target = pgdb.Target(env.conninfo, "test")
+    exporter = exporter_op.Exporter(lambda: pgdb.connect(target), host="127.0.0.1", port=0)
+    try:
+        exported = scrape(exporter.address)
+    finally:
+        exporter.close()
+    assert exported.value("pgflow_exporter_up") == 1
+    assert exported.value("pgflow_flow_runs", flow="obsmix", state="completed") == rows["completed"]
+    assert exported.value("pgflow_flow_runs", flow="obsmix", state="failed") == rows["failed"]
+    assert SECRET not in exported.text and "always fails" not in exported.text
+    for run_id in run_ids:
+        assert run_id not in exported.text
 
     # drain: a blocked handler keeps the worker draining; the endpoint says so and /healthz turns 503
     blocked = start_runs(env, "obsmix", ["block"])
@@ -185,3 +204,38 @@ def test_without_a_port_nothing_of_prometheus_client_is_imported(env):
     assert done.stdout.split() == ["False", "None"]
     wait_until(lambda: env.val("SELECT stopped_at IS NOT NULL FROM pgflow.workers WHERE function_name = "
                                "'obsoff-worker'"), "the worker row's stop")
+
+
+FLOWS = """
+from pgflow_cli.worker import Flow
+
+hello = Flow("obscli").step("greet", lambda value, ctx: {"hi": value["secret"]})
+"""
+
+
+def test_the_worker_command_serves_metrics_on_the_port_it_logs(env, tmp_path):
+    flows = tmp_path / "obs_flows.py"
+    flows.write_text(FLOWS)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgflow_cli", "worker", f"{flows}:hello", "--metrics-port", "0",
+         "--heartbeat-interval", "0.3", "--dsn", env.conninfo],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(line.rstrip() for line in proc.stderr), daemon=True).start()
+    try:
+        found = wait_until(lambda: next((m for m in (re.search(r"metrics on http://([0-9.]+):([0-9]+)/metrics", line)
+                                                      for line in list(lines)) if m), None),
+                           "the logged metrics address", describe=lambda: "\n".join(lines))
+        address = (found.group(1), int(found.group(2)))
+        route = {"flow": "obscli", "step": "", "queue": "obscli"}
+        scrape_until(address, lambda s: s.value("pgflow_worker_state", **route, state="running") == 1, "running")
+        run_ids = env.start_runs("obscli", [{"secret": SECRET}] * 3)
+        env.wait_runs_finished(run_ids)
+        s = scrape_until(address, lambda s: s.value("pgflow_worker_tasks_completed_total") == 3, "3 completions")
+        assert SECRET not in s.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
