@@ -55,6 +55,11 @@ is already queued for reporting is sent (briefly), the worker row is marked stop
 tasks still running stay ``started`` for stalled-task recovery (requeued once their step
 timeout + 30 s have passed since the claim). ``run()`` then returns 130.
 
+Metrics. With ``options.metrics_port`` the worker serves Prometheus metrics and ``/healthz`` from
+its own registry (:mod:`pgflow_cli.worker.metrics`, started before registration, closed once the
+worker has stopped); every event goes to an observer that does nothing without a port
+(:mod:`pgflow_cli.worker.observe`). Completions and failures count once their report call returned.
+
 Logs carry flow, step, run, task index, queue and message ids only, never inputs, outputs or
 message bodies. A failed attempt is logged at WARNING when the database will retry it (attempt
 k/n, in how many seconds, the exception's type and message) and at ERROR when it ends the task;
