@@ -75,6 +75,7 @@ class Snapshot:
         coverage: every route with its state (:func:`pgflow_cli.operations.coverage.check_coverage`).
         status: every flow (:func:`pgflow_cli.operations.status.collect`).
         fences: the active fences, or None where the database has no fence record.
+        drain: what the fenced functions still run (``pgflow fence status``'s drain), None without fences.
         migrations: the ledger's level.
         read_seconds: how long the queries took, seconds.
         taken_at: when the refresh ended (``time.monotonic()``).
@@ -83,6 +84,7 @@ class Snapshot:
     coverage: coverage.CoverageReport
     status: status.StatusReport
     fences: list[fence.ActiveFence] | None
+    drain: fence.DrainProgress | None
     migrations: MigrationLevel
     read_seconds: float
     taken_at: float
@@ -159,9 +161,11 @@ def read_snapshot(conn: psycopg.Connection, *, heartbeat_window: float, statemen
     flows = status.collect(conn, heartbeat_window=heartbeat_window, statement_timeout=statement_timeout)
     installed = bool(db.scalar(conn.execute(sqlfiles.statement(fence.QUERIES, "installed"))))
     fences = fence.active_fences(conn) if installed else None
+    drain = fence.drain_progress(conn, [f.function_name for f in fences], window=heartbeat_window, task_limit=1) \
+        if fences else None
     migrations = migration_level(conn)
     ended = time.monotonic()
-    return Snapshot(routes, flows, fences, migrations, ended - began, ended)
+    return Snapshot(routes, flows, fences, drain, migrations, ended - began, ended)
 
 
 def _gauge(name: str, documentation: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -196,7 +200,7 @@ def snapshot_metrics(snapshot: Snapshot, now: dt.datetime | None = None) -> Iter
             workers.add_metric([*labels, state], float(count))
     yield from (route_state, waiting, backlog, visible, oldest, workers)
     yield from _flow_metrics(snapshot.status)
-    yield from _fence_metrics(snapshot.fences)
+    yield from _fence_metrics(snapshot.fences, snapshot.drain)
     yield from _migration_metrics(snapshot.migrations, now or dt.datetime.now(dt.timezone.utc))
 
 
@@ -229,18 +233,30 @@ def _flow_metrics(report: status.StatusReport) -> Iterator[Metric]:
     yield from (runs, tasks, queued_age, stalled, given_up, manual, workers)
 
 
-def _fence_metrics(fences: list[fence.ActiveFence] | None) -> Iterator[Metric]:
+def _fence_metrics(fences: list[fence.ActiveFence] | None, drain: fence.DrainProgress | None) -> Iterator[Metric]:
     if fences is None:
         return
     count = _gauge("pgflow_fences_active", "Active rollout fences (pgflow fence status)")
     count.add_metric([], float(len(fences)))
-    age = _gauge("pgflow_fence_age_seconds", "Seconds since the function's active fence was set", ("function",))
-    disabled = _gauge("pgflow_fence_function_enabled", "1 when the fenced function is enabled again (changed since "
-                      "the fence), 0 while it stays disabled", ("function",))
+    age, disabled, live, in_flight, stranded = (_gauge(name, text, ("function",)) for name, text in (
+        ("pgflow_fence_age_seconds", "Seconds since the function's active fence was set"),
+        ("pgflow_fence_function_enabled", "1 when the fenced function is enabled again (changed since the fence), "
+         "0 while it stays disabled"),
+        ("pgflow_fence_live_workers", "Workers of the fenced function still heartbeating within the window "
+         "(draining: deprecated, finishing their tasks)"),
+        ("pgflow_fence_tasks_in_flight", "Started tasks of the fenced function's workers whose worker still "
+         "heartbeats (the drain waits for them)"),
+        ("pgflow_fence_tasks_stranded", "Started tasks of the fenced function's workers whose worker stopped "
+         "heartbeating (stalled recovery requeues them)")))
     for active in fences:
-        age.add_metric([active.function_name], active.age_seconds)
-        disabled.add_metric([active.function_name], 1.0 if active.enabled else 0.0)
-    yield from (count, age, disabled)
+        name = active.function_name
+        age.add_metric([name], active.age_seconds)
+        disabled.add_metric([name], 1.0 if active.enabled else 0.0)
+        if drain is not None:
+            live.add_metric([name], float(sum(1 for w in drain.workers if w.function_name == name)))
+            in_flight.add_metric([name], float(sum(s.in_flight for s in drain.steps if s.function_name == name)))
+            stranded.add_metric([name], float(sum(s.stranded for s in drain.steps if s.function_name == name)))
+    yield from (count, age, disabled, live, in_flight, stranded)
 
 
 def _migration_metrics(level: MigrationLevel, now: dt.datetime) -> Iterator[Metric]:

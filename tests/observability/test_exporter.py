@@ -21,6 +21,7 @@ from psycopg import sql
 
 from pgflow_cli import db as pgdb
 from pgflow_cli.operations import exporter as exporter_op
+from pgflow_cli.worker import Flow
 from tests.observability.scrape import get, scrape, scrape_until
 from tests.support.cli import run_cli
 from tests.worker.flows import PROC_FLOW
@@ -184,4 +185,42 @@ def test_concurrent_scrapes_share_one_read(db):
         assert results == [1.0] * len(threads)  # one read served every scrape
         assert scrape(served.address).value("pgflow_exporter_refreshes_total") == 1  # and the next, from the cache
     finally:
+        served.close()
+
+
+def test_a_fence_and_its_drain(env):
+    gate = threading.Event()
+
+    def work(value, ctx):
+        gate.wait(60)
+        return value
+
+    worker = env.start_worker(Flow("obsfence").step("work", work), function_name="obsfence-worker")
+    run_ids = env.start_runs("obsfence", [{"n": 1}])
+    wait_until(lambda: env.val("SELECT count(*) FROM pgflow.step_tasks WHERE flow_slug = 'obsfence' "
+                               "AND status = 'started'") == 1, "the task to start")
+    target = pgdb.Target(env.conninfo, "test")
+    served = exporter_op.Exporter(lambda: pgdb.connect(target), host="127.0.0.1", port=0, cache_seconds=0)
+    function = {"function": "obsfence-worker"}
+    try:
+        assert scrape(served.address).value("pgflow_fences_active") == 0
+        env.val("SELECT count(*) FROM pgflow.fence_disable(ARRAY['obsfence-worker'], 'test rollout')")
+        s = scrape_until(served.address, lambda s: s.value("pgflow_fences_active") == 1, "the fence")
+        assert s.has("pgflow_fence_age_seconds", **function)
+        assert s.value("pgflow_fence_function_enabled", **function) == 0
+        # the deprecated worker drains: it still heartbeats and holds its started task
+        started = env.val("SELECT count(*) FROM pgflow.step_tasks WHERE last_worker_id = %s AND status = 'started'",
+                          (worker.worker_id,))
+        assert started == 1
+        assert s.value("pgflow_fence_live_workers", **function) == 1
+        assert s.value("pgflow_fence_tasks_in_flight", **function) == started
+        assert s.value("pgflow_fence_tasks_stranded", **function) == 0
+        gate.set()
+        env.wait_runs_finished(run_ids)
+        assert worker.join(60)
+        s = scrape_until(served.address, lambda s: s.value("pgflow_fence_live_workers", **function) == 0, "the drain")
+        assert s.value("pgflow_fence_tasks_in_flight", **function) == 0
+        assert s.value("pgflow_fences_active") == 1  # drained, not restored
+    finally:
+        gate.set()
         served.close()
