@@ -184,8 +184,19 @@ def snapshot_metrics(snapshot: Snapshot, now: dt.datetime | None = None) -> Iter
                     "(absent when the queue is empty)", ROUTE_LABELS)
     workers = _gauge("pgflow_route_workers", "Unstopped worker rows serving the route, by liveness (live, draining: "
                      "deprecated but heartbeating, stale: no heartbeat within the window)", (*ROUTE_LABELS, "state"))
+    stalled, given_up = (_gauge(name, text, ROUTE_LABELS) for name, text in (
+        ("pgflow_route_stalled_tasks", "Started tasks of the route the next pgflow.requeue_stalled_tasks() call "
+         "takes back (their worker is gone or late)"),
+        ("pgflow_route_given_up_tasks", "Started tasks of the route stalled recovery gave up on: nobody will "
+         "finish them")))
+    flows = {flow.flow_slug: flow for flow in snapshot.status.flows}
     for route in snapshot.coverage.routes:
         labels = [route.flow_slug, route.step_slug or "", route.queue_name]
+        flow = flows.get(route.flow_slug)
+        if flow is not None and flow.stalled is not None:  # known where the schema has stalled recovery
+            counts = [c for step, c in flow.stalled_by_step.items() if route.step_slug in (None, step)]
+            stalled.add_metric(labels, float(sum(c[0] for c in counts)))
+            given_up.add_metric(labels, float(sum(c[1] for c in counts)))
         for state in coverage.STATES:
             route_state.add_metric([*labels, state], 1.0 if route.state == state else 0.0)
         waiting.add_metric(labels, 1.0 if route.work_waiting else 0.0)
@@ -198,7 +209,7 @@ def snapshot_metrics(snapshot: Snapshot, now: dt.datetime | None = None) -> Iter
         for state, count in (("live", route.live_workers), ("draining", route.draining_workers),
                              ("stale", route.stale_workers)):
             workers.add_metric([*labels, state], float(count))
-    yield from (route_state, waiting, backlog, visible, oldest, workers)
+    yield from (route_state, waiting, backlog, visible, oldest, workers, stalled, given_up)
     yield from _flow_metrics(snapshot.status)
     yield from _fence_metrics(snapshot.fences, snapshot.drain)
     yield from _migration_metrics(snapshot.migrations, now or dt.datetime.now(dt.timezone.utc))

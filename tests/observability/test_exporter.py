@@ -120,6 +120,16 @@ def test_a_killed_workers_route_shows_not_covered_with_its_backlog(env, tmp_path
         assert s.value("pgflow_flow_tasks", flow=PROC_FLOW, state="queued") == env.val(
             "SELECT count(*) FROM pgflow.step_tasks WHERE flow_slug = %s AND status = 'queued'", (PROC_FLOW,))
         assert s.value("pgflow_flow_workers", flow=PROC_FLOW, state="stale") == 1
+        # its started tasks, once past their timeout + 30 s (moved back rather than waited for), are stalled
+        moved = env.val("WITH m AS (UPDATE pgflow.step_tasks SET queued_at = queued_at - interval '60 seconds', "
+                        "started_at = started_at - interval '60 seconds' "
+                        "WHERE flow_slug = %s AND status = 'started' RETURNING 1) SELECT count(*) FROM m", (PROC_FLOW,))
+        assert moved > 0
+        s = scrape_until(address, lambda s: s.value("pgflow_route_stalled_tasks", **route) == moved, "stalled tasks")
+        assert s.value("pgflow_flow_stalled_tasks", flow=PROC_FLOW) == moved
+        assert s.value("pgflow_route_given_up_tasks", **route) == env.val(
+            "SELECT count(*) FROM pgflow.step_tasks WHERE flow_slug = %s AND permanently_stalled_at IS NOT NULL",
+            (PROC_FLOW,))
         level = env.val("SELECT max(version) FROM pgflow.schema_migrations WHERE state = 'applied'")
         assert s.value("pgflow_migration_level") == level
         assert s.value("pgflow_migration_in_progress") == 0
