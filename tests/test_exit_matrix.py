@@ -73,6 +73,9 @@ MATRIX: dict[tuple[str, ...], Case] = {
     ("runs", "wait"): Case(("runs", "wait", ZERO_RUN), (3, 6, 6)),
     ("workers", "list"): Case(("workers", "list"), (3, 0, 0)),
     ("workers", "forget"): Case(("workers", "forget", "--stale-for", "1d", "--yes"), (3, 0, 0)),
+    # the matrix connects as a superuser, whom the exporter refuses wherever pgflow's tables exist;
+    # serving and stopping with exit 0 are tested in tests/observability/test_exporter.py
+    ("exporter",): Case(("exporter", "--listen", "127.0.0.1:0"), (3, 2, 2)),
 }
 """Every database command. The codes are docs/exit-codes.md's: 3 where the level lacks what the command
 reads, 6 for a name that matches nothing (a flow, a task, a fence, a migration in progress), 6 for a

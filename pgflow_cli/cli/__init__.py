@@ -65,6 +65,8 @@ COMMANDS = (
     LazyCommand("workers", "pgflow_cli.cli.workers",
                 "Worker rows (pgflow.workers): which worker serves which route, its heartbeat and its tasks in "
                 "flight; and deleting the rows of workers that died without saying so.", section="inspect"),
+    LazyCommand("exporter", "pgflow_cli.cli.exporter",
+                "Serve the database's state as Prometheus metrics, for dashboards and alerts.", section="inspect"),
     LazyCommand("sandbox", "pgflow_cli.cli.sandbox",
                 "A private local PostgreSQL (Unix socket only) with real PGMQ and the pgflow schema, so every command "
                 "runs without a database of your own.", section="develop"),
