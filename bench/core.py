@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from pgflow_cli import installer
 from pgflow_cli.sandbox import LocalServer
@@ -165,3 +166,29 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     value = fn()
     return time.perf_counter() - start, value
+
+
+def start_run(conn: psycopg.Connection, flow_slug: str, run_input: Any) -> str:
+    """Start one run of ``flow_slug`` (``pgflow.start_flow``) on ``conn``; returns its run id."""
+    row = conn.execute("SELECT run_id FROM pgflow.start_flow(%s, %s)", (flow_slug, Jsonb(run_input))).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def wait_run_ended(conn: psycopg.Connection, run_id: str) -> None:
+    """Return once the run is no longer ``started`` (checked every 10 ms: the timing resolution)."""
+    while conn.execute("SELECT status FROM pgflow.runs WHERE run_id = %s", (run_id,)).fetchone() == ("started",):
+        time.sleep(0.01)
+
+
+def alternate(ctx: Context, label: str, first: Callable[[], float], second: Callable[[], float],
+              describe: Callable[[float, float], str]) -> tuple[list[float], list[float]]:
+    """Measure ``first`` and ``second`` alternately (first, second, first, ...), ``ctx.repeat`` times
+    each, logging ``describe(first_value, second_value)`` after every pair; returns both lists."""
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(ctx.repeat):
+        a.append(first())
+        b.append(second())
+        ctx.log(f"{label} {i + 1}/{ctx.repeat}: {describe(a[-1], b[-1])}")
+    return a, b

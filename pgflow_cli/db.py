@@ -825,6 +825,7 @@ PGFLOW_SQLSTATES: dict[str, type[PgflowError]] = {
     "PF010": StateConflict,  # execution mode mismatch: manual API on a queue task, worker API on a manual task
     "PF011": StateConflict,  # manual task no longer active
     "PF012": StateConflict,  # manual task already has another outcome
+    "PF013": UsageError,  # a failure's retry delay out of range, or a retry delay with fail-now
 }
 """Exit-code class of each pgflow SQLSTATE (docs/architecture.md "Errors raised by pgflow SQL")."""
 

@@ -54,6 +54,7 @@ MATRIX: dict[tuple[str, ...], Case] = {
     ("coverage",): Case(("coverage",), (3, 0, 0)),
     ("status",): Case(("status",), (3, 0, 0)),
     ("drop-flow",): Case(("drop-flow", "nope", "--dry-run"), (3, 3, 6)),
+    ("prune",): Case(("prune", "--older-than", "30d", "--dry-run"), (3, 3, 0)),
     ("worker",): Case(("worker", "{flows}:hello", "--heartbeat-interval", "0.2"), (3, 6, 0), until_registered=True),
     ("migrate", "status"): Case(("migrate", "status"), (0, 0, 0)),
     ("migrate", "plan"): Case(("migrate", "plan"), (0, 0, 0)),
@@ -75,6 +76,9 @@ MATRIX: dict[tuple[str, ...], Case] = {
     ("runs", "resume"): Case(("runs", "resume", ZERO_RUN), (3, 3, 6)),
     ("workers", "list"): Case(("workers", "list"), (3, 0, 0)),
     ("workers", "forget"): Case(("workers", "forget", "--stale-for", "1d", "--yes"), (3, 0, 0)),
+    # the matrix connects as a superuser, whom the exporter refuses wherever pgflow's tables exist;
+    # serving and stopping with exit 0 are tested in tests/observability/test_exporter.py
+    ("exporter",): Case(("exporter", "--listen", "127.0.0.1:0"), (3, 2, 2)),
 }
 """Every database command. The codes are docs/exit-codes.md's: 3 where the level lacks what the command
 reads, 6 for a name that matches nothing (a flow, a task, a fence, a migration in progress), 6 for a

@@ -26,9 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from bench.core import Context, Result
+from bench.core import Context, Result, start_run, wait_run_ended
 from pgflow_cli.worker import Flow, Worker, WorkerOptions
 
 FLOW = "benchAsync"
@@ -53,12 +52,10 @@ def sample(ctx: Context, tasks: int, handler: Callable[..., Any]) -> tuple[float
     """One timed run of ``tasks`` tasks; returns tasks/s and the worker's counters of the window."""
     with ctx.database("async_handlers") as conninfo, psycopg.connect(conninfo, autocommit=True) as conn:
         def start(n: int) -> str:
-            return str(conn.execute("SELECT run_id FROM pgflow.start_flow(%s, %s)",
-                                    (FLOW, Jsonb(list(range(n))))).fetchone()[0])
+            return start_run(conn, FLOW, list(range(n)))
 
         def finished(run_id: str) -> None:
-            while conn.execute("SELECT status FROM pgflow.runs WHERE run_id = %s", (run_id,)).fetchone()[0] == "started":
-                time.sleep(0.01)
+            wait_run_ended(conn, run_id)
 
         worker = Worker(Flow(FLOW).map("each", handler), conninfo, function_name="bench-async",
                         options=WorkerOptions(max_concurrent=SLOTS, batch_size=SLOTS, application_name="pgflow-bench"))

@@ -9,7 +9,8 @@ Steps: ``fetch`` (a ``def`` handler that fails on its first attempt), ``pages`` 
 map step reading the run input), ``summary`` (the deadline, and the run input from a dependent
 step), ``notify`` (an ``async def`` step that watches the stop signal), ``items`` and ``enrich`` (a
 rate-limited provider answered with ``RetryLater``, a missing item with ``FailNow``; the step is
-skipped rather than failing the run when an item fails for good).
+skipped rather than failing the run when an item fails for good, and its other tasks with it: the
+rate-limited item, still waiting for its retry five seconds later, is skipped too).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def enrich(item: str, ctx: TaskContext) -> dict[str, str]:
         raise FailNow(f"item {item!r} does not exist")  # no retry can fix it
     if _count(f"{ctx.run_id}/{ctx.task_index}") == 1:
         try:
-            raise RateLimited(retry_after=1)  # e.g. HTTP 429 with Retry-After: 1
+            raise RateLimited(retry_after=5)  # e.g. HTTP 429 with Retry-After: 5
         except RateLimited as exc:
             raise RetryLater(exc.retry_after) from exc
     return {"item": item, "entity": item.upper()}

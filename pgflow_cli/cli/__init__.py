@@ -45,6 +45,10 @@ COMMANDS = (
                 "Delete one concrete flow for good: its runs, step states and tasks, its definition, and its private "
                 "PGMQ queues with their archives, in one transaction and in the runtime's lock order.",
                 section="deploy"),
+    LazyCommand("prune", "pgflow_cli.cli.prune",
+                "Delete history older than DURATION, in short batches: finished runs (completed or failed before the "
+                "cutoff) with their step states and tasks, worker rows without a heartbeat since the cutoff and without "
+                "a task in flight, and the PGMQ archive rows of pgflow's queues archived before it.", section="deploy"),
     LazyCommand("worker", "pgflow_cli.cli.worker", "Run the reference worker for a flow defined in your Python module.",
                 section="run"),
     LazyCommand("task", "pgflow_cli.cli.task",
@@ -61,6 +65,8 @@ COMMANDS = (
     LazyCommand("workers", "pgflow_cli.cli.workers",
                 "Worker rows (pgflow.workers): which worker serves which route, its heartbeat and its tasks in "
                 "flight; and deleting the rows of workers that died without saying so.", section="inspect"),
+    LazyCommand("exporter", "pgflow_cli.cli.exporter",
+                "Serve the database's state as Prometheus metrics, for dashboards and alerts.", section="inspect"),
     LazyCommand("sandbox", "pgflow_cli.cli.sandbox",
                 "A private local PostgreSQL (Unix socket only) with real PGMQ and the pgflow schema, so every command "
                 "runs without a database of your own.", section="develop"),

@@ -353,6 +353,11 @@ def _task_state(task: dict[str, Any]) -> str:
         state += " (stalled, given up)"
     if task["execution_mode"] == "manual":
         state += " (manual)"
+    if task.get("failed_now"):
+        state += " (fail-now)"
+    elif task.get("requested_retry_delay") is not None and task["status"] in ("queued", "failed"):
+        # asked with the latest failure; on the last attempt it was not applied
+        state += f" (retry in {task['requested_retry_delay']}s asked)"
     if task.get("refused_reports"):
         state += f" ({task['refused_reports']} late report(s) refused)"
     return state

@@ -43,10 +43,15 @@ Exit 3: cannot connect. Exit 6: startup refused by the database: function fenced
 mismatch (PF002), the flow exists with another shape or routing, or a queue collision (PF004).
 Exit 130: stopped now by a second signal. Details: docs/handlers.md, docs/step-queues.md.
 
+--metrics-port serves Prometheus metrics per route (tasks claimed, completed, failed, handler
+durations, polls, report batches, database errors, heartbeat age, state) and /healthz (200 while
+the worker polls, 503 otherwise); a port in use, or the metrics extra missing, exits 2.
+
 \b
 Examples:
   pgflow worker myapp.flows:scrape --concurrency 20
-  pgflow worker ./flows.py:scrape_queued --step parse --sandbox"""
+  pgflow worker ./flows.py:scrape_queued --step parse --sandbox
+  pgflow worker myapp.flows:scrape --metrics-port 9464 --metrics-host 0.0.0.0"""
 
 
 class LogLevel(str, enum.Enum):
@@ -102,6 +107,13 @@ def worker(
     store_tracebacks: Annotated[bool, typer.Option(
         "--store-tracebacks", help="The task's stored error carries the handler's traceback after the message "
         "(shortened to its innermost frames; shown by `pgflow runs show`).")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=0, max=65535, metavar="PORT", show_default=False,
+        help="Serve Prometheus metrics on /metrics and a health check on /healthz at this port (0: any free port, "
+        "logged at start). Needs the metrics extra: pip install 'pgflow-cli[metrics]'. docs/observability.md.")] = None,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", metavar="ADDR", help="Address the metrics server listens on (0.0.0.0: every interface, "
+        "for a scraper on another machine).")] = "127.0.0.1",
 ) -> None:
     worker_op.configure_logging(log_level.value, log_format.value)
     plan = worker_op.plan_worker(target, step_slug=step, function_name=function)
@@ -116,7 +128,7 @@ def worker(
         max_concurrent=concurrency, batch_size=min(concurrency, 10), connect_timeout=options.connect_timeout,
         heartbeat_interval=heartbeat_interval, drain_timeout=drain_timeout, worker_version=worker_version,
         application_name=f"pgflow-worker {plan.function_name}"[:63], log_tracebacks=log_tracebacks,
-        store_tracebacks=store_tracebacks,
+        store_tracebacks=store_tracebacks, metrics_port=metrics_port, metrics_host=metrics_host,
     ))
     log.info("pgflow worker %s: flow=%s step=%s queue=%s mode=%s function=%s concurrency=%d version=%s database=%s",
              runner.worker_id, plan.flow.slug, plan.step_slug or "-", plan.queue_name, plan.queue_mode,

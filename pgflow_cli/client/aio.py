@@ -83,7 +83,8 @@ async def cancel_run_async(conn: psycopg.AsyncConnection[Any], run: RunRef[Any],
                            ) -> Run[Any]:
     """:func:`pgflow_cli.client.cancel_run` on an asyncio connection."""
     run_id = core.run_id_of(run)
-    return core.run_from_row((await _execute(conn, core.cancel_statement(run_id, reason), run_id=run_id))[0])
+    row = (await _execute(conn, core.cancel_statement(run_id, reason), run_id=run_id))[0]
+    return core.run_from_row(row, (await _execute(conn, core.cancel_record_statement(run_id), run_id=run_id))[0])
 
 
 async def get_run_async(conn: psycopg.AsyncConnection[Any], run: RunRef[Any]) -> RunState[Any]:

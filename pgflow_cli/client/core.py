@@ -368,11 +368,14 @@ def poll_statement(run_ids: Sequence[str]) -> Statement:
     return Statement("poll", {"run_ids": list(run_ids)})
 
 
-def run_from_row(row: Sequence[Any]) -> Run[Any]:
-    """A :class:`Run` from a ``start``/``start_many`` row (``retry``/``resume``/``cancel`` rows also
-    carry ``restart_of_run_id`` and ``cancel_reason``)."""
+def run_from_row(row: Sequence[Any], record: Sequence[Any] | None = None) -> Run[Any]:
+    """A :class:`Run` from a ``start``/``start_many`` row (``retry``/``resume`` rows also carry
+    ``restart_of_run_id`` and ``cancel_reason``; a ``cancel`` row has them in ``record``, the
+    ``cancel_record`` row read after it)."""
     run_id, flow_slug, status, remaining_steps, started_at = row[:5]
     restart_of, reason = (row[7], row[8]) if len(row) > 8 else (None, None)
+    if record is not None:
+        restart_of, reason = record[0], record[1]
     return Run(str(run_id), flow_slug, status, remaining_steps, started_at,
                str(restart_of) if restart_of is not None else None, reason)
 
@@ -389,6 +392,10 @@ def cancel_statement(run: RunRef[Any], reason: str | None) -> Statement:
     if reason is not None and len(reason) > MAX_CANCEL_REASON:
         raise UsageError(f"the cancel reason is {len(reason)} characters long; at most {MAX_CANCEL_REASON} are kept")
     return Statement("cancel", {"run_id": run_id_of(run), "reason": reason})
+
+
+def cancel_record_statement(run: RunRef[Any]) -> Statement:
+    return Statement("cancel_record", {"run_id": run_id_of(run)})
 
 
 MAX_CANCEL_REASON = 1000

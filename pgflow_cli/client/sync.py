@@ -90,7 +90,7 @@ def start_runs(conn: psycopg.Connection[Any], flow: FlowRef[Any], inputs: Any) -
 
     Raises:
         As :func:`start_run`; InvalidInput names the 0-based index of a bad element; SchemaMissing on
-        a schema older than 0010 (no ``start_flows``).
+        the baseline schema (no ``start_flows``).
     """
     return [core.run_from_row(row) for row in _execute(conn, core.start_many_statement(flow, inputs))]
 
@@ -159,7 +159,8 @@ def cancel_run(conn: psycopg.Connection[Any], run: RunRef[Any], reason: str | No
         SchemaMissing, psycopg.errors.InsufficientPrivilege: as :func:`retry_run`.
     """
     run_id = core.run_id_of(run)
-    return core.run_from_row(_execute(conn, core.cancel_statement(run_id, reason), run_id=run_id)[0])
+    row = _execute(conn, core.cancel_statement(run_id, reason), run_id=run_id)[0]
+    return core.run_from_row(row, _execute(conn, core.cancel_record_statement(run_id), run_id=run_id)[0])
 
 
 def get_run(conn: psycopg.Connection[Any], run: RunRef[Any]) -> RunState[Any]:

@@ -246,17 +246,19 @@ _TRIGGER_TABLE = re.compile(r"^CREATE (?:OR REPLACE )?TRIGGER\s+\w+\s+(?:BEFORE|
                             r"(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)", re.MULTILINE | re.DOTALL)
 
 
-_ALTERED_TABLE = re.compile(r"^(?:ALTER TABLE|CREATE (?:UNIQUE )?INDEX\s+\w+\s+ON)\s+(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)",
-                            re.MULTILINE)
+_ALTERED_TABLE = re.compile(r"^ALTER TABLE\s+(?:IF EXISTS\s+)?(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)", re.MULTILINE)
+_REFERENCED_TABLE = re.compile(r"\bREFERENCES\s+(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)")
 
 
 def conversion_locks(functions: str, additions: str = "") -> tuple[TableLock, ...]:
-    """The table locks a conversion takes first: ``SHARE ROW EXCLUSIVE`` (what ``CREATE TRIGGER``
-    takes) on every table the ``functions`` section creates a trigger on, and ``ACCESS EXCLUSIVE``
-    (what ``ALTER TABLE ... ADD COLUMN`` takes) on every table the ``additions`` section alters or
-    indexes; replacing a function locks no table."""
-    return merge_locks([TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _TRIGGER_TABLE.finditer(functions)]
-                       + [TableLock(m["table"], "ACCESS EXCLUSIVE") for m in _ALTERED_TABLE.finditer(additions)])
+    """The table locks a conversion takes first: ``ACCESS EXCLUSIVE`` (what ``ALTER TABLE ... ADD
+    COLUMN`` takes) on every table the ``additions`` section alters, ``SHARE ROW EXCLUSIVE`` (what a
+    new foreign key takes on the table it references) on every table a table it creates references,
+    and ``SHARE ROW EXCLUSIVE`` (what ``CREATE TRIGGER`` takes) on every table the ``functions``
+    section creates a trigger on; creating a table or replacing a function locks no other table."""
+    return merge_locks([TableLock(m["table"], "ACCESS EXCLUSIVE") for m in _ALTERED_TABLE.finditer(additions)]
+                       + [TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _REFERENCED_TABLE.finditer(additions)]
+                       + [TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _TRIGGER_TABLE.finditer(functions)])
 
 
 def conversion_sentence(plan: Plan) -> str:
@@ -264,7 +266,8 @@ def conversion_sentence(plan: Plan) -> str:
     first = plan.pending[0]
     return (f"the ledger records migrations 0003-0016 of pgflow-cli {old_levels.OLD_BUILD}: `pgflow migrate "
             f"apply` records them as {first.label} in one transaction, after a catalog comparison proves the schema "
-            "is theirs (the stage's additions since those migrations, its functions and grants; no table scanned)")
+            "is theirs (the stage's later columns and tables added, catalog only; functions and grants of the stage "
+            "replaced; no table scanned or rewritten)")
 
 
 class Conversion:
@@ -315,7 +318,8 @@ class Conversion:
             session.comment(f"the tool compares the catalog with the schema migrations {old_levels.FIRST:04d}-"
                             f"{old_levels.LAST:04d} of pgflow-cli {old_levels.OLD_BUILD} leave; then the stage's "
                             "functions:")
-            session.comment("what the stage gained since that build (catalog only):")
+            session.comment("the columns and tables the stage has beyond level 16 (catalog only: nullable columns, "
+                            "constant defaults, new empty tables):")
             session.run(additions)  # trusted, shipped SQL
             before = _function_rows(session)
             session.run(functions)  # trusted, shipped SQL

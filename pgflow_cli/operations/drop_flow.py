@@ -161,12 +161,7 @@ class DropResult:
 
 def require_installed(conn: psycopg.Connection) -> None:
     """Raise :class:`SchemaMissing` (exit 3) when the database lacks ``pgflow.drop_flow``."""
-    try:
-        row = conn.execute(sqlfiles.statement(QUERIES, "installed")).fetchone()
-    except psycopg.errors.InvalidSchemaName:
-        row = None
-    if not row or not row[0]:
-        raise schema.missing_feature(conn, "whole-flow deletion (pgflow.drop_flow)")
+    schema.require_objects(conn, QUERIES, "whole-flow deletion (pgflow.drop_flow)")
 
 
 def plan(conn: psycopg.Connection, flow_slug: str) -> DropPlan:

@@ -263,10 +263,11 @@ def show_run(conn: psycopg.Connection, run_id: str, *, show_output: bool = False
         run = cur.execute(sqlfiles.statement(QUERIES, "run"), params).fetchone()
         if run is None:
             raise StateConflict(f"no run {canonical}", hint="`pgflow runs list` shows the run ids")
+        restarts = bool(scalar(conn.execute(sqlfiles.statement(QUERIES, "has_restarts"))))
+        run.update(_run_record(cur, canonical, restarts))
         steps = cur.execute(sqlfiles.statement(QUERIES, "steps"), params).fetchall()
         tasks = cur.execute(sqlfiles.statement(QUERIES, "tasks"), params).fetchall()
-        restarted_as = (cur.execute(sqlfiles.statement(QUERIES, "restarted_as"), params).fetchall()
-                        if scalar(conn.execute(sqlfiles.statement(QUERIES, "has_restarts"))) else [])
+        restarted_as = cur.execute(sqlfiles.statement(QUERIES, "restarted_as"), params).fetchall() if restarts else []
     total = tasks[0]["total"] if tasks else 0
     for task in tasks:
         del task["total"]
@@ -276,6 +277,18 @@ def show_run(conn: psycopg.Connection, run_id: str, *, show_output: bool = False
         for item in (run, *steps, *tasks):
             item.pop("output", None)
     return RunDetail(_ids(run), steps, tasks, total, show_output, [_ids(r) for r in restarted_as])
+
+
+RUN_RECORD = ("restart_of_run_id", "restart_kind", "cancelled_at", "cancel_reason", "cancelled_by")
+"""A run's lineage and cancel record, kept beside ``pgflow.runs`` (whose row type is upstream's)."""
+
+
+def _run_record(cur: psycopg.Cursor[dict[str, Any]], run_id: str, restarts: bool) -> dict[str, Any]:
+    """The :data:`RUN_RECORD` fields of a run: its ``pgflow.run_restarts`` and
+    ``pgflow.run_cancellations`` rows, each field None where there is none (and before migration
+    0003, ``restarts`` false, where those tables do not exist)."""
+    row = cur.execute(sqlfiles.statement(QUERIES, "run_record"), {"run_id": run_id}).fetchone() if restarts else None
+    return {key: (row or {}).get(key) for key in RUN_RECORD}
 
 
 def _ids(row: dict[str, Any]) -> dict[str, Any]:
@@ -558,13 +571,15 @@ def cancel_run(conn: psycopg.Connection, run_id: str, reason: str | None) -> Can
         StateConflict: no such run, or RunStateConflict: it already completed or failed (exit 6).
         UsageError: a reason too long (exit 2); SchemaMissing: before migration 0003 (exit 3).
     """
+    require_run_operations(conn)
     with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
         record = sqlfiles.statement(QUERIES, "cancel_record")
         before = cur.execute(record, {"run_id": run_id}).fetchone()
         client.cancel_run(conn, run_id, reason)
         row = cur.execute(sqlfiles.statement(QUERIES, "run"), {"run_id": run_id, "show_output": False}).fetchone()
         after = cur.execute(record, {"run_id": run_id}).fetchone()
-    assert row is not None and after is not None
+        assert row is not None and after is not None
+        row.update(_run_record(cur, run_id, True))
     return CancelReport({"run_id": str(row["run_id"]), "flow_slug": row["flow_slug"], "status": row["status"],
                          "cancelled_at": row["cancelled_at"], "cancel_reason": row["cancel_reason"],
                          "cancelled_by": row["cancelled_by"]},

@@ -13,7 +13,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import errors as pgerrors
 
-from pgflow_cli import installer
+from pgflow_cli import installer, sqlfiles
 from pgflow_cli.db import first_line
 from pgflow_cli.errors import SchemaMissing
 
@@ -88,3 +88,19 @@ def explain(conn: psycopg.Connection, exc: psycopg.Error) -> SchemaMissing | Non
     if error.reason == "object_missing" and not isinstance(exc, (pgerrors.UndefinedTable, pgerrors.InvalidSchemaName)):
         return None
     return error
+
+
+def require_objects(conn: psycopg.Connection, queries: str, feature: str) -> None:
+    """Raise :func:`missing_feature` (exit 3) unless the ``installed`` statement of ``queries`` says yes.
+
+    Args:
+        conn: an autocommit connection, no transaction in progress.
+        queries: a query file (``queries/drop_flow.sql``) whose ``installed`` statement returns one boolean.
+        feature: what the command needs, in words, for the message.
+    """
+    try:
+        row = conn.execute(sqlfiles.statement(queries, "installed")).fetchone()
+    except psycopg.errors.InvalidSchemaName:
+        row = None
+    if not row or not row[0]:
+        raise missing_feature(conn, feature)

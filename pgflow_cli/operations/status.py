@@ -102,6 +102,8 @@ class FlowStatus:
         stalled: tasks the next ``requeue_stalled_tasks()`` call would requeue or give up on; None
             where the schema has no stalled recovery (upstream-installed: not analysed).
         permanently_stalled: started tasks stalled recovery gave up on (nobody will finish them); None as above.
+        stalled_by_step: ``{step_slug: (stalled, permanently_stalled)}`` for the steps with started
+            tasks (the same counts per step; empty where stalled counts are unknown).
         oldest_stalled_started_at: claim time of the oldest stalled task, None when none.
         workers: ``live``, ``deprecated`` (told to stop, still heartbeating), ``stale`` (no heartbeat
             within the window, not stopped) -> count of worker rows; None where the schema's worker rows
@@ -118,6 +120,7 @@ class FlowStatus:
     stalled: int | None = None
     permanently_stalled: int | None = None
     oldest_stalled_started_at: dt.datetime | None = None
+    stalled_by_step: dict[str, tuple[int, int]] = field(default_factory=dict)
     workers: dict[str, int] | None = None
     queues: list[QueueBacklog] = field(default_factory=list)
     waiting: int | None = None
@@ -262,8 +265,12 @@ def collect(
             flow_status.stalled = flow_status.permanently_stalled = 0
         for row in rows(stalled_rule) if capabilities["stalled_recovery"] else ():
             entry = flows[row["flow_slug"]]
-            entry.stalled, entry.permanently_stalled = row["stalled"], row["permanently_stalled"]
-            entry.oldest_stalled_started_at = row["oldest_stalled_started_at"]
+            entry.stalled_by_step[row["step_slug"]] = (row["stalled"], row["permanently_stalled"])
+            entry.stalled = (entry.stalled or 0) + row["stalled"]
+            entry.permanently_stalled = (entry.permanently_stalled or 0) + row["permanently_stalled"]
+            oldest = row["oldest_stalled_started_at"]
+            if oldest is not None and (entry.oldest_stalled_started_at is None or oldest < entry.oldest_stalled_started_at):
+                entry.oldest_stalled_started_at = oldest
         other: list[QueueBacklog] = []
         for row in rows("queues"):
             queue = QueueBacklog(**{**row, "aliases": list(row["aliases"] or [])})

@@ -29,7 +29,7 @@ Importing it imports neither the command line (typer) nor its rendering (rich, t
 
 from pgflow_cli.worker.context import STOP_DRAINING, StopSignal, TaskContext
 from pgflow_cli.worker.control import MAX_RETRY_DELAY, FailNow, RetryLater
-from pgflow_cli.worker.errors import DefinitionError, InvalidRetryDelay, WorkerError
+from pgflow_cli.worker.errors import DefinitionError, InvalidRetryDelay, MetricsUnavailable, WorkerError
 from pgflow_cli.worker.factories import flow_worker, step_worker
 from pgflow_cli.worker.flow import Flow, StepDefinition, StepQueuedFlow, with_step_queues
 from pgflow_cli.worker.options import WorkerOptions
@@ -55,6 +55,7 @@ __all__ = [
     "Flow",
     "FlowShapeMismatch",
     "InvalidRetryDelay",
+    "MetricsUnavailable",
     "ProtocolMismatch",
     "ProtocolV1",
     "ProtocolV2",

@@ -19,10 +19,13 @@ when it is created: a negative, non-finite or too long delay, or a datetime with
 raises :class:`~pgflow_cli.worker.errors.InvalidRetryDelay` instead, which fails the attempt like
 any other exception, before any database call.
 
-What the database does with them: a retry delay replaces the step's backoff for the next
-attempt while attempts remain; fail-now ends the task at once whatever attempts remain. Both need
-the ``fail_task`` extension of a later schema; until a database has it, the worker reports them as
-ordinary failures (the step's backoff and attempt count apply) and says so in its log.
+What the database does with them (``fail_task``'s ``retry_delay_seconds`` and ``fail_now``,
+docs/runtime.md "Retry delay and fail-now"): a retry delay replaces the step's backoff for the
+next attempt while attempts remain (whole seconds, rounded up) and is ignored on the last attempt;
+fail-now ends the task at once whatever attempts remain, and the step's ``when_exhausted`` applies.
+Attempts are counted as for any failure. A database whose ``fail_task`` lacks them (an older
+schema) gets them as ordinary failures (the step's backoff and attempt count apply), and the worker
+says so in its log.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
     WorkerError                       every error below
     ├── DefinitionError               a flow, step, handler or worker option that cannot work
     ├── InvalidRetryDelay             a RetryLater whose delay or time cannot be used
+    ├── MetricsUnavailable            a metrics port without prometheus-client, or that cannot be bound
     └── WorkerStartupError            the database refused the worker's start (protocol.py)
         ├── ProtocolMismatch, WorkerFenced, FlowShapeMismatch
 
@@ -46,3 +47,13 @@ class InvalidRetryDelay(WorkerError, ValueError):
     Raised where the handler raises ``RetryLater``; the worker then reports the attempt as an
     ordinary failure with this error's text, before any database call.
     """
+
+
+class MetricsUnavailable(WorkerError):
+    """The worker was asked to serve metrics (``WorkerOptions.metrics_port``) and cannot: the
+    ``metrics`` extra (prometheus-client) is not installed, or the address cannot be bound (in use,
+    no such interface). Raised by ``Worker.start()`` before anything is registered; the ``pgflow
+    worker`` command exits 2 with it.
+    """
+
+    exit_code = ExitCode.USAGE

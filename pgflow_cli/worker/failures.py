@@ -43,6 +43,9 @@ class TaskFailure:
         retry: the handler's ``RetryLater``, if it raised one.
         fail_now: the handler raised ``FailNow``.
         traceback: the formatted traceback, when there was an exception (for logs).
+        final: whether this failure ends the task (no attempt left, or fail-now), as the worker
+            judged it when the attempt failed (:meth:`RetryPolicy.next_attempt_in`); ``None`` when not
+            judged (a failure the worker made of a refused report). Counted by the worker's metrics.
     """
 
     message: str
@@ -51,6 +54,7 @@ class TaskFailure:
     retry: RetryLater | None = None
     fail_now: bool = False
     traceback: str | None = None
+    final: bool | None = None
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, store_traceback: bool = False) -> TaskFailure:

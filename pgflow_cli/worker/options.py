@@ -47,9 +47,15 @@ class WorkerOptions:
             characters (the innermost frames are kept).
         run_inputs_cached: runs whose input the worker keeps after a handler asked for it
             (``TaskContext.flow_input``), most recently used first.
+        metrics_port: serve Prometheus metrics and ``/healthz`` on this TCP port (0: any free
+            port, see ``Worker.metrics_address``); ``None``: no metrics, and ``prometheus_client``
+            (the ``metrics`` extra) is not imported. docs/observability.md lists the metrics.
+        metrics_host: the address the metrics server listens on (``127.0.0.1``: this machine
+            only; ``0.0.0.0``: every interface, for a scraper elsewhere).
 
     Raises:
-        DefinitionError: a count below 1, a negative or non-finite duration.
+        DefinitionError: a count below 1, a negative or non-finite duration, a metrics port outside
+            0-65535.
     """
 
     max_concurrent: int = 10
@@ -67,6 +73,8 @@ class WorkerOptions:
     log_tracebacks: bool = False
     store_tracebacks: bool = False
     run_inputs_cached: int = 1024
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent", "batch_size", "poll_vt", "max_poll_seconds", "run_inputs_cached"):
@@ -77,5 +85,11 @@ class WorkerOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise DefinitionError(f"worker option {name} must be a finite number of at least 0, got {value!r}")
+        port = self.metrics_port
+        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
+            raise DefinitionError(f"worker option metrics_port must be a TCP port from 0 to 65535 (0: any free "
+                                  f"port) or None, got {port!r}")
+        if not isinstance(self.metrics_host, str) or not self.metrics_host:
+            raise DefinitionError(f"worker option metrics_host must be an address to listen on, got {self.metrics_host!r}")
         if self.heartbeat_interval == 0:
             raise DefinitionError("worker option heartbeat_interval must be more than 0 seconds")

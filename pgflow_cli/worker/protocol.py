@@ -145,16 +145,22 @@ def _refused(cursor: psycopg.Cursor[Any]) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
-def failure_report(task: ClaimedTask, failure: TaskFailure) -> dict[str, Any]:
+def failure_report(task: ClaimedTask, failure: TaskFailure, *, directive: bool) -> dict[str, Any]:
     """The arguments of one failure report: ``fail_task``'s named parameters, and one element of
     ``fail_tasks``' JSON array. The one place they are built, for both calls.
 
-    The handler's directive (``failure.retry``: a ``RetryLater``, whose ``delay()`` gives the
-    seconds to wait; ``failure.fail_now``) is not sent yet: the calls take it once the database's
-    ``fail_task`` has a retry delay and a fail-now argument (see ``has_retry_control``).
+    Args:
+        directive: the database takes a handler's directive (``has_retry_control``): then the
+            report has ``retry_delay_seconds`` (a ``RetryLater``'s delay from now, in seconds, else
+            ``None``: the step's backoff) and ``fail_now`` (the handler raised ``FailNow``).
+            Without it the report is ``fail_task``'s four released arguments.
     """
-    return {"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
-            "error_message": failure.message}
+    report = {"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index,
+              "error_message": failure.message}
+    if directive:
+        report.update(retry_delay_seconds=failure.retry.delay() if failure.retry is not None else None,
+                      fail_now=failure.fail_now)
+    return report
 
 
 @dataclass
@@ -247,16 +253,14 @@ class ProtocolV1:
                  flow_slug: str, step_slug: str | None, worker_version: str | None = None) -> None:
         """Insert the worker row (refused with PF001 when the function is fenced).
 
-        ``worker_version`` is recorded where the database has ``workers.worker_version``
-        (schema 0005 and later); older databases register the worker without it.
+        ``worker_version`` is recorded by protocol 2 databases (``workers.worker_version``); the
+        baseline schema has no such column and registers the worker without it.
         """
         params = {"worker_id": worker_id, "function_name": function_name, "queue_name": queue_name,
                   "flow_slug": flow_slug, "step_slug": step_slug, "worker_version": worker_version}
         query = self._sql("register")
         if worker_version is not None and self.version >= 2:
-            supported = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "records_worker_version")).fetchone()
-            if supported and supported[0]:
-                query = sqlfiles.statement("queries/worker_v2.sql", "register_with_version")
+            query = sqlfiles.statement("queries/worker_v2.sql", "register_with_version")
         try:
             conn.execute(query, params)
         except psycopg.Error as exc:
@@ -331,12 +335,12 @@ class ProtocolV1:
         Returns:
             1 when the report was refused (as :meth:`complete`); else 0.
         """
-        return _refused(conn.execute(self._sql("fail"), failure_report(task, failure)))
+        return _refused(conn.execute(self._sql("fail"), failure_report(task, failure, directive=False)))
 
     def has_retry_control(self, conn: psycopg.Connection) -> bool:
         """Whether the database's ``fail_task`` / ``fail_tasks`` take a handler's retry delay and
-        fail-now (``RetryLater``, ``FailNow``). No schema has them yet: they are reported as
-        ordinary failures."""
+        fail-now (``RetryLater``, ``FailNow``). Protocol 1 databases never do: both are reported
+        as ordinary failures."""
         return False
 
     def stopped(self, conn: psycopg.Connection, worker_id: str) -> None:
@@ -403,7 +407,18 @@ class ProtocolV1:
             "task_indexes": [task.task_index for task, _ in running],
             "attempts": [attempt for _, attempt in running],
         }).fetchall()
-        return {int(r[0]) - 1: (str(r[1]), bool(r[2])) for r in rows}
+        ended = {int(r[0]) - 1: (str(r[1]), bool(r[2])) for r in rows}
+        failed = {int(r[0]) - 1: str(running[int(r[0]) - 1][0].run_id) for r in rows
+                  if r[3] == "failed" and not r[2]}
+        if failed and _refused(conn.execute(sqlfiles.statement("queries/worker_v2.sql", "has_cancellations"))):
+            # a failed run's cancel, if any, is kept beside the run (pgflow.run_cancellations)
+            reasons = {str(run_id): reason for run_id, reason in conn.execute(
+                sqlfiles.statement("queries/worker_v2.sql", "cancel_reasons"),
+                {"run_ids": sorted(set(failed.values()))}).fetchall()}
+            for position, run_id in failed.items():
+                if run_id in reasons and ended[position][0] == "the run failed":
+                    ended[position] = (f"the run was cancelled: {reasons[run_id]}", False)
+        return ended
 
 
 class ProtocolV2(ProtocolV1):
@@ -415,32 +430,46 @@ class ProtocolV2(ProtocolV1):
     version = 2
     v2_queries = "queries/worker_v2.sql"
 
-    _route_heartbeat: bool | None = None
-
     def heartbeat(self, conn: psycopg.Connection, worker_id: str, **route: Any) -> bool:
         """Record liveness for the route this worker registered; True when it has been deprecated.
 
         Args:
-            route: ``function_name``, ``queue_name``, ``flow_slug``, ``step_slug`` of the worker.
-                Databases with schema 0004 check them against the worker row and refuse a
-                heartbeat under an id registered for another route (SQLSTATE PF007: the
-                process is stale); older ones only know the id.
+            route: ``function_name``, ``queue_name``, ``flow_slug``, ``step_slug`` of the worker,
+                checked against the worker row: a heartbeat under an id registered for another
+                route is refused (SQLSTATE PF007: the process is stale). Without them only the id
+                is sent.
 
         Raises:
             psycopg.Error: PF007 when the id belongs to another route.
         """
-        if self._route_heartbeat is None:
-            row = conn.execute(sqlfiles.statement(self.v2_queries, "has_route_heartbeat")).fetchone()
-            self._route_heartbeat = bool(row and row[0])
-        if not self._route_heartbeat or not route:
+        if not route:
             return super().heartbeat(conn, worker_id)
         row = conn.execute(sqlfiles.statement(self.v2_queries, "heartbeat"), {"worker_id": worker_id, **route}).fetchone()
         return bool(row and row[0])
 
+    _retry_control: bool | None = None
+
+    def has_retry_control(self, conn: psycopg.Connection) -> bool:
+        """Whether the database has ``fail_task``'s six-argument form (retry delay, fail-now) and
+        ``fail_tasks`` elements that take them (this build's schema 0003); asked once, then
+        remembered. :meth:`fail` and :meth:`fail_many` send a handler's directive only where it is."""
+        if self._retry_control is None:
+            row = conn.execute(sqlfiles.statement(self.v2_queries, "has_retry_control")).fetchone()
+            self._retry_control = bool(row and row[0])
+        return self._retry_control
+
+    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> int:
+        """Report a failed attempt with the handler's directive where the database takes it
+        (:meth:`has_retry_control`), else as protocol 1 does; returns 1 when it was refused (as
+        :meth:`complete`), else 0."""
+        if not self.has_retry_control(conn):
+            return super().fail(conn, task, failure)
+        return _refused(conn.execute(sqlfiles.statement(self.v2_queries, "fail_directed"),
+                                     failure_report(task, failure, directive=True)))
+
     def has_batch_reports(self, conn: psycopg.Connection) -> bool:
-        """Whether the database has ``pgflow.complete_tasks(jsonb)`` and ``pgflow.fail_tasks(jsonb)`` (schema 0010+)."""
-        row = conn.execute(sqlfiles.statement(self.v2_queries, "has_batch_reports")).fetchone()
-        return bool(row and row[0])
+        """Protocol 2 databases always have ``pgflow.complete_tasks(jsonb)`` and ``pgflow.fail_tasks(jsonb)``."""
+        return True
 
     def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> int:
         """Report several successes in one ``pgflow.complete_tasks`` call (one transaction).
@@ -471,7 +500,8 @@ class ProtocolV2(ProtocolV1):
         Raises:
             psycopg.Error: the call raised; nothing of the batch was applied.
         """
-        tasks = [failure_report(task, failure) for task, failure in failures]
+        directive = self.has_retry_control(conn)
+        tasks = [failure_report(task, failure, directive=directive) for task, failure in failures]
         return _refused(conn.execute(sqlfiles.statement(self.v2_queries, "fail_many"), {"tasks": Jsonb(tasks)}))
 
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:

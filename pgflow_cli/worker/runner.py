@@ -28,7 +28,7 @@ claimed task that still waited longer than its effective timeout is not run (its
 already be visible to others); it stays ``started`` for stalled-task recovery. ``prefetch=False``
 reads only as many messages as there are free slots.
 
-Reports. Where the database has ``pgflow.complete_tasks`` / ``pgflow.fail_tasks`` (schema 0010,
+Reports. Where the database has ``pgflow.complete_tasks`` / ``pgflow.fail_tasks`` (protocol 2,
 found once at startup) and ``batch_reports`` is on, a handler thread queues its report and
 takes the next task; one reporter thread sends everything queued in one call (completions and
 failures in finish order, each consecutive run of one kind in one call), a lone report at once
@@ -55,6 +55,11 @@ is already queued for reporting is sent (briefly), the worker row is marked stop
 tasks still running stay ``started`` for stalled-task recovery (requeued once their step
 timeout + 30 s have passed since the claim). ``run()`` then returns 130.
 
+Metrics. With ``options.metrics_port`` the worker serves Prometheus metrics and ``/healthz`` from
+its own registry (:mod:`pgflow_cli.worker.metrics`, started before registration, closed once the
+worker has stopped); every event goes to an observer that does nothing without a port
+(:mod:`pgflow_cli.worker.observe`). Completions and failures count once their report call returned.
+
 Logs carry flow, step, run, task index, queue and message ids only, never inputs, outputs or
 message bodies. A failed attempt is logged at WARNING when the database will retry it (attempt
 k/n, in how many seconds, the exception's type and message) and at ERROR when it ends the task;
@@ -64,6 +69,7 @@ k/n, in how many seconds, the exception's type and message) and at ERROR when it
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import itertools
 import logging
@@ -81,9 +87,11 @@ from psycopg_pool import ConnectionPool
 from pgflow_cli import db
 from pgflow_cli.db import first_line
 from pgflow_cli.worker.context import STOP_DRAINING, RunInputs, TaskContext
+from pgflow_cli.worker.errors import MetricsUnavailable
 from pgflow_cli.worker.execution import DaemonThreads, EventLoopThread, Slots
 from pgflow_cli.worker.failures import GENERIC_FAILURE, RetryPolicy, TaskFailure
 from pgflow_cli.worker.flow import FlowDefinition, StepDefinition
+from pgflow_cli.worker.observe import Observer
 from pgflow_cli.worker.options import WorkerOptions
 from pgflow_cli.worker.protocol import (
     LATEST,
@@ -202,6 +210,9 @@ class Worker:
     Attributes:
         reports_batched: after :meth:`start`, whether reports go through the batch entry points.
         retry_control: after :meth:`start`, whether the database honours ``RetryLater`` / ``FailNow``.
+        metrics_address: after :meth:`start` with ``options.metrics_port`` set, the ``(host, port)``
+            its metrics server listens on (the port chosen when ``metrics_port`` was 0); else ``None``.
+        paused: a fatal claim outcome paused the worker's function (the worker then stops).
 
     Raises:
         DefinitionError: the flow and ``step_slug`` do not fit together (see
@@ -233,6 +244,9 @@ class Worker:
         self.fatal: str | None = None
         self.reports_batched = False
         self.retry_control = False
+        self.metrics_address: tuple[str, int] | None = None
+        self.paused = False
+        self._observer = Observer()
         self.left_running = 0
         """Tasks still running when the worker stopped (left to stalled-task recovery)."""
         self._steps: dict[str, StepDefinition] = {step.slug: step for step in flow.steps}
@@ -286,6 +300,7 @@ class Worker:
             raise RuntimeError(f"worker already {self.state}")
         self.state = "starting"
         try:
+            self._serve_metrics()
             with db.connect(self._target(), application_name=self.options.application_name,
                             connect_timeout=self.options.connect_timeout) as startup:
                 self.protocol.check_version(startup)
@@ -300,6 +315,7 @@ class Worker:
                 self._settings = self.protocol.step_settings(startup, self.flow.slug, self.step_slug)
         except BaseException:
             # Nothing was registered; the worker is finished, not stuck in 'starting'.
+            self._observer.close()
             self.state = "stopped"
             self.stop_reason = self.stop_reason or "startup failed"
             self._stopped.set()
@@ -330,12 +346,43 @@ class Worker:
             # blocking work of async handlers (their reports, a run input's first read) runs here
             self._side = DaemonThreads(max(2, min(self.options.max_concurrent, 8)), "pgflow-side")
         self._started_at = time.monotonic()
+        self._observer.start(self)
         self.state = "running"
         if self.reports_batched:
             self._reporter = threading.Thread(target=self._report_loop, name="pgflow-report", daemon=True)
             self._reporter.start()
         self._thread = threading.Thread(target=self._main_loop, name="pgflow-poll", daemon=True)
         self._thread.start()
+
+    def _serve_metrics(self) -> None:
+        """Start the metrics server when ``options.metrics_port`` is set (imports ``prometheus_client``
+        only then).
+
+        Raises:
+            MetricsUnavailable: the ``metrics`` extra is not installed, or the address cannot be bound.
+        """
+        port = self.options.metrics_port
+        if port is None:
+            return
+        try:
+            from pgflow_cli.worker.metrics import PrometheusObserver
+        except ImportError as exc:
+            raise MetricsUnavailable(
+                f"metrics need the prometheus-client package, which is not installed ({exc})",
+                hint="pip install 'pgflow-cli[metrics]', or start the worker without a metrics port") from None
+        host = self.options.metrics_host
+        try:
+            observer = PrometheusObserver(
+                flow_slug=self.flow.slug, step_slug=self.step_slug, queue_name=self.queue_name, host=host, port=port,
+                health_window=max(10.0, 3 * self.options.heartbeat_interval) + self.options.max_poll_seconds)
+        except OSError as exc:
+            raise MetricsUnavailable(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}",
+                                     hint="pick another --metrics-port (0: any free port) or --metrics-host") from None
+        self._observer = observer
+        self.metrics_address = observer.address
+        log.info("worker %s: metrics on %s/metrics, health on %s/healthz", self.worker_id, observer.server.url,
+                 observer.server.url, extra={"event": "metrics_serving", "worker_id": self.worker_id,
+                                             "metrics_host": observer.address[0], "metrics_port": observer.address[1]})
 
     def _target(self) -> db.Target:
         return db.Target(self.conninfo, f"worker {self.function_name}")
@@ -412,7 +459,9 @@ class Worker:
                     now = time.monotonic()
                     if now >= next_heartbeat:
                         with self._pool.connection() as conn:
-                            if self.protocol.heartbeat(conn, self.worker_id, **self._route()):
+                            deprecated = self.protocol.heartbeat(conn, self.worker_id, **self._route())
+                            self._observer.heartbeat()
+                            if deprecated:
                                 log.info("worker %s deprecated: stops polling and drains", self.worker_id)
                                 self.stop("deprecated")
                                 break
@@ -421,10 +470,12 @@ class Worker:
                     capacity = self._capacity()
                     if capacity == 0:
                         self._wait_for_capacity(min(self.options.heartbeat_interval, 1.0))
+                        self._observer.round()
                         continue
                     self._poll_once(min(capacity, self.options.batch_size))
                     backoff = 0.5
                 except psycopg.Error as exc:
+                    self._observer.database_error("poll", exc)
                     if getattr(exc, "sqlstate", None) == SQLSTATE_PROTOCOL:
                         # The database was upgraded under this worker: retrying can never succeed,
                         # and every retry would hide a batch of messages from the new workers.
@@ -461,6 +512,7 @@ class Worker:
                 poll_interval_ms=self.options.poll_interval_ms,
             )
             self.stats.add(polls=1, messages_read=len(message_ids))
+            self._observer.polled(len(message_ids))
             if not message_ids:
                 return
             if self._stop.is_set():
@@ -485,8 +537,11 @@ class Worker:
         for message_id in outcome.archived_foreign:
             log.warning("worker %s: archived foreign message %s in queue %s (not pgflow work)",
                         self.worker_id, message_id, self.queue_name)
+        for task in outcome.claimed:
+            self._observer.claimed(task.step_slug)
         if outcome.fatal_reason:
             self.fatal = outcome.fatal_reason
+            self.paused = True
             log.error(
                 "worker %s: FATAL unsupported work in queue %s (messages %s): %s. Nothing was claimed; the batch "
                 "was made visible again and function %s is paused. Stopping.",
@@ -706,10 +761,13 @@ class Worker:
         if step is None or step.handler is None:
             return self._failed(task, context, TaskFailure.plain(
                 f"worker has no handler for step {task.step_slug!r}", "MissingHandler"))
+        began = time.perf_counter()
         try:
             output = step.call(self._handler_input(task, step), context)
         except BaseException as exc:  # the handler's failure is the task's failure, whatever it raised
+            self._observer.handler_finished(task.step_slug, time.perf_counter() - began)
             return self._failed(task, context, self._failure(exc), exc)
+        self._observer.handler_finished(task.step_slug, time.perf_counter() - began)
         if inspect.isawaitable(output):
             if inspect.iscoroutine(output):
                 output.close()  # never awaited, on purpose: no "was never awaited" warning
@@ -723,15 +781,19 @@ class Worker:
         """Run an ``async def`` handler; returns ``(True, output)`` or ``(False, TaskFailure)``."""
         step = self._steps[task.step_slug]
         assert step.handler is not None
+        began = time.perf_counter()
         try:
             output = await step.call(self._handler_input(task, step), context)
         except asyncio.CancelledError:
             if self._force.is_set():
                 raise  # the forced stop: the task is left to stalled-task recovery
+            self._observer.handler_finished(task.step_slug, time.perf_counter() - began)
             return self._failed(task, context, TaskFailure.plain(
                 "CancelledError: the handler was cancelled", "CancelledError"))
         except BaseException as exc:
+            self._observer.handler_finished(task.step_slug, time.perf_counter() - began)
             return self._failed(task, context, self._failure(exc), exc)
+        self._observer.handler_finished(task.step_slug, time.perf_counter() - began)
         return self._stored(task, context, output)
 
     def _failure(self, exc: BaseException) -> TaskFailure:
@@ -777,7 +839,7 @@ class Worker:
             log.error("task failed %s; the step's when_exhausted=%s applies: flow=%s step=%s run=%s task=%s msg=%s: "
                       "%s%s", ending, policy.when_exhausted, *where, failure.summary, note,
                       exc_info=traceback, extra=fields)
-        return False, failure
+        return False, dataclasses.replace(failure, final=retry_in is None)
 
     def _fields(self, task: ClaimedTask, context: TaskContext | None, **more: Any) -> dict[str, Any]:
         """A task's log fields (``extra``; :mod:`pgflow_cli.worker.logs`)."""
@@ -865,9 +927,12 @@ class Worker:
                     self._log_refused([task])
                 else:
                     self.stats.add(completed=1) if ok else self.stats.add(failed=1)
+                    self._observer.report_batch(ok, 1)
+                    self._observer.reported(task.step_slug, ok, payload)
                 return
             except psycopg.OperationalError as exc:
                 self.stats.add(report_errors=1)
+                self._observer.database_error("report", exc)
                 log.warning("could not report task %s/%s/%s (attempt %d): %s", task.run_id, task.step_slug,
                             task.task_index, attempt, type(exc).__name__)
                 time.sleep(min(0.2 * 2 ** attempt, 5))
@@ -883,6 +948,7 @@ class Worker:
                 # rolled back (nothing recorded): the same report again is safe and succeeds.
                 reshaped += 1
                 self.stats.add(report_errors=1)
+                self._observer.database_error("report", exc)
                 log.warning("task %s/%s/%s: the task table changed during the report (%s); sending it again",
                             task.run_id, task.step_slug, task.task_index, first_line(exc))
             except Exception as exc:  # refused by the server (DataError, ...) or unsendable by the client
@@ -903,6 +969,8 @@ class Worker:
         """Count and log a report the database refused; False when nothing is left to try (the
         generic failure itself was refused)."""
         self.stats.add(report_errors=1)
+        if isinstance(exc, psycopg.Error):
+            self._observer.database_error("report", exc)
         log.warning("task %s/%s/%s: %s", task.run_id, task.step_slug, task.task_index, self._reason(ok, exc),
                     extra={"event": "report_refused", "worker_id": self.worker_id, "flow": task.flow_slug,
                            "step": task.step_slug, "run_id": task.run_id, "task_index": task.task_index})
@@ -970,6 +1038,9 @@ class Worker:
             self.stats.add(report_batches=1, batch_reported=len(reports))
             recorded = len(reports) - refused
             self.stats.add(completed=recorded) if ok else self.stats.add(failed=recorded)
+            self._observer.report_batch(ok, len(reports))
+            for report in reports:
+                self._observer.reported(report.task.step_slug, ok, report.payload)
 
     def _send_batch(self, ok: bool, reports: list[PendingReport]) -> int:
         """One ``complete_tasks`` or ``fail_tasks`` call; lost connections are retried (the calls are
@@ -993,6 +1064,7 @@ class Worker:
                 return refused
             except psycopg.OperationalError as exc:
                 self.stats.add(report_errors=1)
+                self._observer.database_error("report", exc)
                 if attempt == 3:
                     raise
                 log.warning("worker %s: could not send a batch of %d reports (attempt %d): %s", self.worker_id,
@@ -1008,7 +1080,10 @@ class Worker:
             if self._pool:
                 with self._pool.connection(timeout=5) as conn:
                     self.protocol.heartbeat(conn, self.worker_id, **self._route())
+                self._observer.heartbeat()
         except Exception as exc:  # best effort: the handlers' reports matter more
+            if isinstance(exc, psycopg.Error):
+                self._observer.database_error("heartbeat", exc)
             log.warning("worker %s: heartbeat while draining failed: %s", self.worker_id, type(exc).__name__)
 
     def _drain(self) -> None:
@@ -1060,6 +1135,7 @@ class Worker:
             if self._loop is not None:
                 self._loop.close()
             self.state = "stopped"
+            self._observer.close()
             log.info("%s", self.summary(), extra={"event": "worker_stopped", "worker_id": self.worker_id,
                                                   "reason": self.stop_reason, "left_running": self.left_running})
             self._stopped.set()

@@ -1650,6 +1650,58 @@ CREATE INDEX IF NOT EXISTS idx_step_tasks_manual_waiting ON pgflow.step_tasks (s
 DROP INDEX pgflow.idx_step_tasks_message_id;
 DROP INDEX pgflow.idx_step_tasks_queued_msg;
 
+-- What the stage has beyond an earlier build's level 16, written by hand. A converted ledger of
+-- that build (docs/architecture.md "Databases built by an earlier build") gets exactly this section
+-- too: catalog only (nullable columns, constant defaults, new empty tables). `runs`' row type stays
+-- upstream's: a start_flow in flight while this commits returns rows of the type it planned with.
+-- >>> additions
+-- What a handler asked for with its latest failure (fail_task's retry_delay_seconds and fail_now).
+ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS requested_retry_delay integer;
+ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS failed_now boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN pgflow.step_tasks.requested_retry_delay IS
+  'seconds the handler asked to wait before the next attempt, with the latest failure (fail_task retry_delay_seconds, rounded up); NULL: the step''s backoff; ignored once attempts are used up';
+COMMENT ON COLUMN pgflow.step_tasks.failed_now IS
+  'the latest failure was reported non-retryable (fail_task fail_now): the task failed whatever attempts remained and its step''s when_exhausted applied';
+
+-- Worker reports refused because the task was cancelled with its run (docs/runtime.md "Retry,
+-- resume, cancel").
+ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS refused_reports integer NOT NULL DEFAULT 0;
+ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS last_refused_report_at timestamptz;
+ALTER TABLE pgflow.step_tasks ADD CONSTRAINT refused_reports_nonnegative CHECK (refused_reports >= 0);
+COMMENT ON COLUMN pgflow.step_tasks.refused_reports IS
+  'worker reports (complete or fail) that arrived after the task was cancelled with its run: refused, nothing recorded but this count';
+
+-- A restarted run's lineage (retry_run, resume_run), one row per run that restarts another.
+-- restart_of_run_id has no foreign key: pruning may remove the source while its restart stays.
+CREATE TABLE pgflow.run_restarts (
+  run_id             uuid PRIMARY KEY REFERENCES pgflow.runs (run_id) ON DELETE CASCADE,
+  restart_of_run_id  uuid NOT NULL,
+  restart_kind       text NOT NULL,
+  CONSTRAINT restart_kind_is_valid CHECK (restart_kind IN ('retry', 'resume'))
+);
+COMMENT ON TABLE pgflow.run_restarts IS
+  'runs that restart another run (retry_run, resume_run); a run without a row here is no restart';
+COMMENT ON COLUMN pgflow.run_restarts.restart_of_run_id IS
+  'the run this run restarts: the immediate source, not the root of a chain; no foreign key, so it may name a run pruned since';
+COMMENT ON COLUMN pgflow.run_restarts.restart_kind IS
+  'retry: a fresh run of the same input; resume: a run that reused every completed task of its source';
+-- "restarted as": the runs that restart a given run
+CREATE INDEX idx_run_restarts_restart_of_run_id ON pgflow.run_restarts (restart_of_run_id);
+REVOKE ALL ON pgflow.run_restarts FROM PUBLIC;
+
+-- An operator's cancel of a run (cancel_run): the run itself ended failed.
+CREATE TABLE pgflow.run_cancellations (
+  run_id        uuid        PRIMARY KEY REFERENCES pgflow.runs (run_id) ON DELETE CASCADE,
+  cancelled_at  timestamptz NOT NULL,
+  reason        text        NOT NULL,
+  cancelled_by  text        NOT NULL
+);
+COMMENT ON TABLE pgflow.run_cancellations IS
+  'runs an operator cancelled (cancel_run): when, why and by whom; the run ended failed';
+COMMENT ON COLUMN pgflow.run_cancellations.reason IS 'why an operator cancelled the run (cancel_run)';
+REVOKE ALL ON pgflow.run_cancellations FROM PUBLIC;
+-- <<< additions
+
 ------------------------------------------------------------------------------------------------
 -- Definitions: queue mode, persisted routes, execution mode, the shared slug rules
 ------------------------------------------------------------------------------------------------
@@ -1725,38 +1777,6 @@ COMMENT ON TABLE pgflow.fences IS
 COMMENT ON COLUMN pgflow.fences.function_created_at IS 'worker_functions.created_at when fenced: a deleted and recreated row is a conflict';
 COMMENT ON COLUMN pgflow.fences.enabled_changes IS 'worker_functions.enabled_changes right after the fence wrote enabled';
 REVOKE ALL ON pgflow.fences FROM PUBLIC;
-
-------------------------------------------------------------------------------------------------
--- Restarted and cancelled runs, refused late reports (docs/runtime.md "Retry, resume, cancel").
--- Written by hand; the conversion of an earlier build's ledger runs this section too (its schema
--- has none of it). Catalog only: nullable columns and a constant default rewrite nothing.
-------------------------------------------------------------------------------------------------
-
--- >>> additions: written by hand; also run by the conversion of an earlier build's ledger
-ALTER TABLE pgflow.runs ADD COLUMN restart_of_run_id uuid;
-ALTER TABLE pgflow.runs ADD COLUMN restart_kind text;
-ALTER TABLE pgflow.runs ADD COLUMN cancelled_at timestamptz;
-ALTER TABLE pgflow.runs ADD COLUMN cancel_reason text;
-ALTER TABLE pgflow.runs ADD COLUMN cancelled_by text;
-ALTER TABLE pgflow.runs ADD CONSTRAINT restart_kind_is_valid CHECK (
-  (restart_of_run_id IS NULL AND restart_kind IS NULL)
-  OR (restart_of_run_id IS NOT NULL AND restart_kind IN ('retry', 'resume')));
-ALTER TABLE pgflow.runs ADD CONSTRAINT cancelled_only_when_failed CHECK (
-  cancelled_at IS NULL OR (status = 'failed' AND cancel_reason IS NOT NULL));
-COMMENT ON COLUMN pgflow.runs.restart_of_run_id IS
-  'the run this run restarts (retry_run, resume_run): the immediate source, not the root of a chain; no foreign key, so it may name a run pruned since';
-COMMENT ON COLUMN pgflow.runs.restart_kind IS
-  'retry: a fresh run of the same input; resume: a run that reused every completed task of its source';
-COMMENT ON COLUMN pgflow.runs.cancel_reason IS 'why an operator cancelled the run (cancel_run); the run ended failed';
--- "restarted as": the runs that restart a given run
-CREATE INDEX idx_runs_restart_of_run_id ON pgflow.runs (restart_of_run_id) WHERE restart_of_run_id IS NOT NULL;
-
-ALTER TABLE pgflow.step_tasks ADD COLUMN refused_reports integer NOT NULL DEFAULT 0;
-ALTER TABLE pgflow.step_tasks ADD COLUMN last_refused_report_at timestamptz;
-ALTER TABLE pgflow.step_tasks ADD CONSTRAINT refused_reports_nonnegative CHECK (refused_reports >= 0);
-COMMENT ON COLUMN pgflow.step_tasks.refused_reports IS
-  'worker reports (complete or fail) that arrived after the task was cancelled with its run: refused, nothing recorded but this count';
--- <<< additions
 
 ------------------------------------------------------------------------------------------------
 -- Check constraints get released pgflow's names (docs/compatibility.md item 8). A rename runs
@@ -3878,6 +3898,61 @@ CROSS JOIN LATERAL (
 END;
 $$;
 
+-- sql/functions/maintenance/prune_archive.sql
+-- One batch of `pgflow prune` for one queue's PGMQ archive (docs/commands/prune.md): deletes up to
+-- p_batch_size rows of pgmq.a_<queue> archived before p_cutoff, oldest first, in the caller's
+-- transaction.
+--
+--   p_queue_name  a queue some step routes to (pgflow.steps.queue_name); any other name is refused,
+--                 so this never reaches a queue pgflow does not use;
+--   p_cutoff      rows with archived_at before this moment go;
+--   p_batch_size  rows per batch, 1 to 100000;
+--   p_dry_run     count every row older than the cutoff (not only one batch); delete nothing.
+--
+-- Archive rows are written once (pgmq.archive inserts them) and never locked by a worker, so this
+-- waits for nobody and nobody waits for it; it reads the archive's archived_at index.
+-- Returns the number of rows deleted (dry run: that would be); 0 when the queue has no archive table.
+-- Errors: 22023 a NULL cutoff, a batch size outside 1..100000, or a queue no step routes to.
+CREATE OR REPLACE FUNCTION pgflow.prune_archive(p_queue_name text, p_cutoff timestamptz, p_batch_size integer,
+                                                p_dry_run boolean DEFAULT false)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_table text;
+  v_count bigint;
+BEGIN
+  IF p_cutoff IS NULL OR p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 100000 THEN
+    RAISE EXCEPTION 'prune_archive(): the cutoff must be a time and the batch size 1 to 100000, got % and %',
+      coalesce(p_cutoff::text, 'NULL'), coalesce(p_batch_size::text, 'NULL')
+      USING ERRCODE = '22023';
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pgflow.steps AS s WHERE s.queue_name = p_queue_name) THEN
+    RAISE EXCEPTION 'prune_archive(): no step routes to queue %', coalesce(pg_catalog.quote_literal(p_queue_name), 'NULL')
+      USING ERRCODE = '22023', HINT = 'pgflow prunes only the archives of the queues its steps route to';
+  END IF;
+  v_table := pgmq.format_table_name(p_queue_name, 'a');
+  IF pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', v_table)) IS NULL THEN
+    RETURN 0;
+  END IF;
+  IF p_dry_run THEN
+    EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM pgmq.%I AS a WHERE a.archived_at < $1', v_table)
+      INTO v_count USING p_cutoff;
+  ELSE
+    EXECUTE pg_catalog.format(
+      'DELETE FROM pgmq.%1$I AS a WHERE a.msg_id IN ('
+      'SELECT o.msg_id FROM pgmq.%1$I AS o WHERE o.archived_at < $1 ORDER BY o.archived_at LIMIT $2)', v_table)
+      USING p_cutoff, p_batch_size;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+  END IF;
+  RETURN v_count;
+END;
+$$;
+
+REVOKE ALL ON FUNCTION pgflow.prune_archive(text, timestamptz, integer, boolean) FROM PUBLIC;
+
 -- sql/functions/maintenance/prune_data_older_than.sql (installed on request: replaced where installed)
 DO $optional$
 BEGIN
@@ -3985,6 +4060,132 @@ $optional_sql$;
   END IF;
 END
 $optional$;
+
+-- sql/functions/maintenance/prune_runs.sql
+-- One batch of `pgflow prune` (docs/commands/prune.md): the next page of runs by primary key after
+-- p_after, and of those the finished ones that ended before p_cutoff, deleted with their step
+-- states and tasks in the caller's transaction (one short transaction per batch).
+--
+--   p_cutoff      runs that completed or failed before this moment go (a started run never does);
+--   p_after       the last run_id of the previous batch (the keyset cursor), NULL to start;
+--   p_batch_size  runs per page, 1 to 10000; a page holds runs of every state, so a batch deletes at
+--                 most this many runs with all their step states and tasks;
+--   p_dry_run     count what this page would delete; change and lock nothing.
+--
+-- Locks, in the runtime's order (docs/runtime.md "Lock order"): the page's finished runs
+-- FOR UPDATE SKIP LOCKED (a run a late report or a claim holds is left for the next prune and
+-- counted in skipped_locked: pruning never waits for a worker, and a worker waits at most one
+-- batch for a run being pruned), then the tasks and step states of those runs as they are deleted.
+-- No queue row is touched: a finished run has no message left in a queue (docs/runtime.md
+-- "Invariants"); a finished run that still has a queued or started task (data written before the
+-- truthful-terminal-state fixes) is kept and counted in kept_open_tasks, never deleted.
+--
+-- Resumable: a batch deletes whole runs (or nothing, when its transaction is rolled back), so a
+-- prune that was stopped is simply run again; pages already pruned are found empty at once.
+--
+-- Returns jsonb {"last_run_id": the page's last run_id (the next p_after) or NULL when the page
+-- was empty, "scanned": runs in the page, "runs", "step_states", "step_tasks": rows deleted (or,
+-- dry run, that would be), "runs_by_status": {"completed": n, "failed": n}, "skipped_locked",
+-- "kept_open_tasks", "done": true when no run is left after this page}.
+-- Errors: 22023 a NULL cutoff or a batch size outside 1..10000.
+CREATE OR REPLACE FUNCTION pgflow.prune_runs(p_cutoff timestamptz, p_after uuid, p_batch_size integer,
+                                             p_dry_run boolean DEFAULT false)
+RETURNS jsonb
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_page uuid[];
+  v_last uuid;
+  v_ended uuid[];
+  v_open uuid[];
+  v_runs uuid[];
+  v_tasks integer := 0;
+  v_states integer := 0;
+  v_completed integer := 0;
+  v_failed integer := 0;
+BEGIN
+  IF p_cutoff IS NULL OR p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 10000 THEN
+    RAISE EXCEPTION 'prune_runs(): the cutoff must be a time and the batch size 1 to 10000, got % and %',
+      coalesce(p_cutoff::text, 'NULL'), coalesce(p_batch_size::text, 'NULL')
+      USING ERRCODE = '22023';
+  END IF;
+
+  -- The keyset page: walking the primary key visits every run once however many are started, so a
+  -- whole prune reads the table once and each batch reads at most p_batch_size runs.
+  SELECT pg_catalog.array_agg(p.run_id ORDER BY p.run_id) INTO v_page
+  FROM (SELECT r.run_id FROM pgflow.runs AS r
+        WHERE p_after IS NULL OR r.run_id > p_after
+        ORDER BY r.run_id
+        LIMIT p_batch_size) AS p;
+  IF v_page IS NULL THEN
+    RETURN pg_catalog.jsonb_build_object(
+      'last_run_id', NULL, 'scanned', 0, 'runs', 0, 'step_states', 0, 'step_tasks', 0,
+      'runs_by_status', pg_catalog.jsonb_build_object('completed', 0, 'failed', 0),
+      'skipped_locked', 0, 'kept_open_tasks', 0, 'done', true);
+  END IF;
+  v_last := v_page[pg_catalog.array_length(v_page, 1)];
+
+  -- Finished before the cutoff, as seen now (no lock).
+  SELECT pg_catalog.array_agg(r.run_id ORDER BY r.run_id) INTO v_ended
+  FROM pgflow.runs AS r
+  WHERE r.run_id = ANY (v_page)
+    AND ((r.status = 'completed' AND r.completed_at < p_cutoff) OR (r.status = 'failed' AND r.failed_at < p_cutoff));
+
+  -- Of those, the ones with a task still queued or started stay (see the header).
+  SELECT pg_catalog.array_agg(DISTINCT t.run_id) INTO v_open
+  FROM pgflow.step_tasks AS t
+  WHERE t.run_id = ANY (v_ended) AND t.status IN ('queued', 'started');
+
+  IF p_dry_run THEN
+    SELECT pg_catalog.array_agg(e.run_id) INTO v_runs
+    FROM pg_catalog.unnest(v_ended) AS e (run_id)
+    WHERE NOT e.run_id = ANY (coalesce(v_open, '{}'));
+  ELSE
+    -- The recheck of FOR UPDATE reads each row's newest version: a run is deleted only if it is
+    -- still finished before the cutoff once locked.
+    SELECT pg_catalog.array_agg(x.run_id ORDER BY x.run_id) INTO v_runs
+    FROM (SELECT r.run_id FROM pgflow.runs AS r
+          WHERE r.run_id = ANY (v_ended) AND NOT r.run_id = ANY (coalesce(v_open, '{}'))
+            AND ((r.status = 'completed' AND r.completed_at < p_cutoff)
+                 OR (r.status = 'failed' AND r.failed_at < p_cutoff))
+          ORDER BY r.run_id
+          FOR UPDATE SKIP LOCKED) AS x;
+  END IF;
+
+  IF v_runs IS NOT NULL THEN
+    SELECT pg_catalog.count(*) FILTER (WHERE r.status = 'completed'),
+           pg_catalog.count(*) FILTER (WHERE r.status = 'failed')
+      INTO v_completed, v_failed
+    FROM pgflow.runs AS r WHERE r.run_id = ANY (v_runs);
+    IF p_dry_run THEN
+      SELECT pg_catalog.count(*) INTO v_tasks FROM pgflow.step_tasks AS t WHERE t.run_id = ANY (v_runs);
+      SELECT pg_catalog.count(*) INTO v_states FROM pgflow.step_states AS ss WHERE ss.run_id = ANY (v_runs);
+    ELSE
+      DELETE FROM pgflow.step_tasks AS t WHERE t.run_id = ANY (v_runs);
+      GET DIAGNOSTICS v_tasks = ROW_COUNT;
+      DELETE FROM pgflow.step_states AS ss WHERE ss.run_id = ANY (v_runs);
+      GET DIAGNOSTICS v_states = ROW_COUNT;
+      DELETE FROM pgflow.runs AS r WHERE r.run_id = ANY (v_runs);
+    END IF;
+  END IF;
+
+  RETURN pg_catalog.jsonb_build_object(
+    'last_run_id', v_last,
+    'scanned', pg_catalog.array_length(v_page, 1),
+    'runs', v_completed + v_failed,
+    'step_states', v_states,
+    'step_tasks', v_tasks,
+    'runs_by_status', pg_catalog.jsonb_build_object('completed', v_completed, 'failed', v_failed),
+    'skipped_locked', coalesce(pg_catalog.array_length(v_ended, 1), 0) - coalesce(pg_catalog.array_length(v_open, 1), 0)
+                      - coalesce(pg_catalog.array_length(v_runs, 1), 0),
+    'kept_open_tasks', coalesce(pg_catalog.array_length(v_open, 1), 0),
+    'done', pg_catalog.array_length(v_page, 1) < p_batch_size);
+END;
+$$;
+
+REVOKE ALL ON FUNCTION pgflow.prune_runs(timestamptz, uuid, integer, boolean) FROM PUBLIC;
 
 -- sql/functions/maintenance/requeue_stalled_tasks.sql
 -- Gives stalled tasks back to the queue. A queue-backed task (manual tasks are ignored: no worker,
@@ -5082,7 +5283,7 @@ REVOKE ALL ON FUNCTION pgflow._start_manual_tasks(uuid, text) FROM PUBLIC;
 -- does not exist. Then the step states are started with one UPDATE and every task's message goes
 -- out in one pgmq.send_batch, in the order the calls per run would send them (runs in array
 -- order, steps by slug, tasks by index), and the tasks are created with one INSERT. A resumed run
--- (restart_kind 'resume') reuses tasks as its steps start, which only start_ready_steps does: with
+-- (run_restarts.restart_kind 'resume') reuses tasks as its steps start, which only start_ready_steps does: with
 -- one among the runs, as with a manual step among the steps, it changes nothing. Otherwise it
 -- changes nothing and returns false (the caller starts the runs one by one). The caller holds
 -- every run's row lock or created the runs (_start_runs). Returns true when it started the runs'
@@ -5101,10 +5302,11 @@ DECLARE
 BEGIN
   SELECT pg_catalog.count(DISTINCT s.queue_name), pg_catalog.count(DISTINCT coalesce(s.opt_start_delay, 0)),
          pg_catalog.min(s.queue_name), pg_catalog.min(coalesce(s.opt_start_delay, 0)),
-         pg_catalog.bool_or(s.execution_mode <> 'queue' OR r.restart_kind = 'resume')
+         pg_catalog.bool_or(s.execution_mode <> 'queue' OR rr.run_id IS NOT NULL)
   INTO v_queues, v_delays, v_queue, v_delay, v_manual
   FROM pg_catalog.unnest(_start_ready_steps_of_runs.run_ids) AS u (run_id)
   JOIN pgflow.runs AS r ON r.run_id = u.run_id AND r.status = 'started'
+  LEFT JOIN pgflow.run_restarts AS rr ON rr.run_id = u.run_id AND rr.restart_kind = 'resume'
   JOIN pgflow.step_states AS ss
     ON ss.run_id = u.run_id AND ss.status = 'created' AND ss.remaining_deps = 0 AND ss.initial_tasks > 0
   JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug;
@@ -5155,7 +5357,7 @@ REVOKE ALL ON FUNCTION pgflow._start_ready_steps_of_runs(uuid[]) FROM PUBLIC;
 -- array of run inputs), created in array order; p_run_id, when given, is the first run's id.
 -- p_function names the entry point in errors; start_flows' per-element errors name the element's
 -- 0-based index. p_restart_of_run_id and p_restart_kind ('retry' or 'resume') mark the runs as
--- restarts of that run (retry_run, resume_run); a resumed run reuses its source's completed tasks as
+-- restarts of that run (retry_run, resume_run: a row of pgflow.run_restarts each); a resumed run reuses its source's completed tasks as
 -- its steps start (start_ready_steps). Under the flow advisory lock in shared mode (no run starts while its flow is
 -- being recompiled or deleted), set-based: one insert of the runs, one of their step states.
 -- Then, per run in array order, what start_flow always did: run:started (when realtime.send
@@ -5229,10 +5431,15 @@ BEGIN
     RETURN;
   END IF;
 
-  INSERT INTO pgflow.runs (run_id, flow_slug, input, remaining_steps, restart_of_run_id, restart_kind)
-  SELECT u.run_id, p_flow_slug, u.input, v_steps, p_restart_of_run_id, p_restart_kind
+  INSERT INTO pgflow.runs (run_id, flow_slug, input, remaining_steps)
+  SELECT u.run_id, p_flow_slug, u.input, v_steps
   FROM ROWS FROM (pg_catalog.unnest(v_run_ids), pg_catalog.unnest(v_inputs)) WITH ORDINALITY AS u (run_id, input, n)
   ORDER BY u.n;
+  -- the lineage before any step starts: start_ready_steps reads it to reuse a resumed run's work
+  IF p_restart_of_run_id IS NOT NULL THEN
+    INSERT INTO pgflow.run_restarts (run_id, restart_of_run_id, restart_kind)
+    SELECT u.run_id, p_restart_of_run_id, p_restart_kind FROM pg_catalog.unnest(v_run_ids) AS u (run_id);
+  END IF;
 
   INSERT INTO pgflow.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   SELECT s.flow_slug, u.run_id, s.step_slug, s.deps_count,
@@ -5282,7 +5489,9 @@ REVOKE ALL ON FUNCTION pgflow._start_runs(text, text, jsonb, uuid, uuid, text) F
 -- The elements of a batch report (complete_tasks, fail_tasks), checked before anything is applied,
 -- with their runs locked: p_tasks must be a JSON array of objects with "run_id" (a UUID string),
 -- "step_slug" (a string), "task_index" (an integer) and p_value_key ('output': any JSON;
--- 'error_message': a string or null). p_function names the entry point in the errors. Then every
+-- 'error_message': a string or null; then optionally "retry_delay_seconds", a number or null, and
+-- "fail_now", true, false or null: fail_task's arguments, which the caller reads from p_tasks).
+-- p_function names the entry point in the errors. Then every
 -- run the batch names is locked FOR UPDATE in run_id order, before any element is applied: the
 -- lock order of claims, so two batches (or a batch and a claim) whose runs overlap take turns and
 -- never deadlock.
@@ -5324,6 +5533,11 @@ BEGIN
                THEN 'task_index is out of range'
              WHEN p_value_key = 'error_message' AND pg_catalog.jsonb_typeof(e.task -> 'error_message') NOT IN ('string', 'null')
                THEN 'error_message is not a string or null'
+             WHEN p_value_key = 'error_message'
+                  AND pg_catalog.jsonb_typeof(e.task -> 'retry_delay_seconds') NOT IN ('number', 'null')
+               THEN 'retry_delay_seconds is not a number or null'
+             WHEN p_value_key = 'error_message' AND pg_catalog.jsonb_typeof(e.task -> 'fail_now') NOT IN ('boolean', 'null')
+               THEN 'fail_now is not true, false or null'
            END AS problem
     FROM pg_catalog.jsonb_array_elements(p_tasks) WITH ORDINALITY AS e (task, n)
   ) AS x
@@ -5493,8 +5707,8 @@ $$;
 
 -- sql/functions/runtime/cancel_run.sql
 -- Cancels a started run on an operator's word: the run ends failed with the reason recorded
--- (cancelled_at, cancel_reason, cancelled_by); every step with work in flight (started) fails with
--- the error "[CANCELLED] <reason>"; every queued or started task of the run, manual ones included,
+-- (a row of pgflow.run_cancellations: cancelled_at, reason, cancelled_by); every step with work
+-- in flight (started) fails with the error "[CANCELLED] <reason>"; every queued or started task of the run, manual ones included,
 -- becomes cancelled and the messages of the queue-backed ones are archived; the step and run
 -- events go out (realtime). Steps that never started stay created, as when a run fails.
 -- Locks in the runtime's order: the run row FOR UPDATE (so it takes turns with every report,
@@ -5534,7 +5748,8 @@ BEGIN
     RAISE EXCEPTION 'run % does not exist', cancel_run.run_id
       USING ERRCODE = 'PF006', HINT = 'pgflow runs list shows the runs';
   END IF;
-  IF v_run.cancelled_at IS NOT NULL THEN
+  -- the run's row lock orders cancels: a second one finds the first's row and changes nothing
+  IF EXISTS (SELECT 1 FROM pgflow.run_cancellations AS c WHERE c.run_id = v_run.run_id) THEN
     RETURN v_run;
   END IF;
   IF v_run.status <> 'started' THEN
@@ -5548,10 +5763,11 @@ BEGIN
   -- the cancel committed before this moment, so cancelled_at orders them truthfully
   v_now := pg_catalog.clock_timestamp();
   UPDATE pgflow.runs AS r
-     SET status = 'failed', failed_at = v_now, cancelled_at = v_now,
-         cancel_reason = v_reason, cancelled_by = current_user
+     SET status = 'failed', failed_at = v_now
    WHERE r.run_id = v_run.run_id
   RETURNING r.* INTO v_run;
+  INSERT INTO pgflow.run_cancellations (run_id, cancelled_at, reason, cancelled_by)
+  VALUES (v_run.run_id, v_now, v_reason, current_user);
 
   WITH failed AS (
     UPDATE pgflow.step_states AS ss
@@ -5935,13 +6151,27 @@ REVOKE ALL ON FUNCTION pgflow.fail_manual_task(uuid, text, integer, text) FROM P
 -- sql/functions/runtime/fail_task.sql
 -- Records a worker task's failure; error_message says why (NULL is allowed). Late, repeated and
 -- unknown reports and manual tasks are handled as complete_task handles them (_lock_worker_task).
--- With attempts left (attempts_count < effective max_attempts) the task is queued again and its
--- message becomes visible after calculate_retry_delay(effective base_delay, attempts_count)
--- seconds. A task whose message no longer exists (a permanently stalled task) cannot be retried and
--- is treated as exhausted. An exhausted task fails for good through _fail_started_task (its step's
+-- The handler may steer what happens next (both are recorded on the task row with the failure:
+-- step_tasks.requested_retry_delay and step_tasks.failed_now):
+--   retry_delay_seconds  seconds (fractions are rounded up: PGMQ's visibility is whole seconds)
+--                        before the next attempt may run, used instead of the step's
+--                        backoff while attempts remain; NULL: the backoff. Ignored once the attempts
+--                        are used up: the task then fails as any exhausted task does;
+--   fail_now             true: the task fails for good now, whatever attempts remain; its step's
+--                        when_exhausted applies as for an exhausted task.
+-- Neither changes how attempts are counted (the claim counts them).
+-- With attempts left (attempts_count < effective max_attempts) and fail_now false the task is
+-- queued again and its message becomes visible after retry_delay_seconds, or else after
+-- calculate_retry_delay(effective base_delay, attempts_count) seconds. A task whose message no
+-- longer exists (a permanently stalled task) cannot be retried and is treated as exhausted. An
+-- exhausted or failed-now task fails for good through _fail_started_task (its step's
 -- when_exhausted decides: fail, skip or skip-cascade), then its message is archived. Returns the
 -- task row.
-CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text)
+-- Raises PF013, before anything is locked or changed, for a retry_delay_seconds that is negative,
+-- NaN, infinite or above 2147483647 (the largest visibility offset PGMQ's integer seconds carry),
+-- and for a retry delay together with fail_now.
+CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text,
+                                            retry_delay_seconds double precision, fail_now boolean DEFAULT false)
 RETURNS SETOF pgflow.step_tasks
 LANGUAGE plpgsql
 VOLATILE
@@ -5954,7 +6184,25 @@ DECLARE
   v_max_attempts integer;
   v_base_delay integer;
   v_error text := fail_task.error_message;
+  v_fail_now boolean := coalesce(fail_task.fail_now, false);
+  v_delay integer;
 BEGIN
+  IF fail_task.retry_delay_seconds IS NOT NULL THEN
+    IF fail_task.retry_delay_seconds = 'NaN'::double precision
+       OR fail_task.retry_delay_seconds NOT BETWEEN 0 AND 2147483647 THEN
+      RAISE EXCEPTION 'fail_task(): retry_delay_seconds must be a number of seconds from 0 to 2147483647, not %',
+        fail_task.retry_delay_seconds
+        USING ERRCODE = 'PF013',
+              HINT = 'pass NULL for the step''s backoff; a handler that wants no retry at all fails now (fail_now => true)';
+    END IF;
+    IF v_fail_now THEN
+      RAISE EXCEPTION 'fail_task(): a failure either sets a retry delay or fails now, not both'
+        USING ERRCODE = 'PF013',
+              HINT = 'pass retry_delay_seconds => NULL with fail_now => true';
+    END IF;
+    v_delay := pg_catalog.ceil(fail_task.retry_delay_seconds)::integer;
+  END IF;
+
   v_report := pgflow._lock_worker_task('fail_task', fail_task.run_id, fail_task.step_slug, fail_task.task_index);
   v_task := v_report.task;
   IF v_task.run_id IS NULL THEN
@@ -5971,32 +6219,54 @@ BEGIN
   JOIN pgflow.flows AS f ON f.flow_slug = s.flow_slug
   WHERE s.flow_slug = v_task.flow_slug AND s.step_slug = fail_task.step_slug;
 
-  IF v_task.attempts_count < v_max_attempts THEN
+  IF v_task.attempts_count < v_max_attempts AND NOT v_fail_now THEN
     UPDATE pgflow.step_tasks AS t
-       SET status = 'queued', started_at = NULL, error_message = v_error
+       SET status = 'queued', started_at = NULL, error_message = v_error,
+           requested_retry_delay = v_delay, failed_now = false
      WHERE t.run_id = fail_task.run_id AND t.step_slug = fail_task.step_slug AND t.task_index = fail_task.task_index
     RETURNING t.* INTO v_task;
     IF pgflow._set_task_messages_vt(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index],
-                                    ARRAY[pgflow.calculate_retry_delay(v_base_delay, v_task.attempts_count)]) > 0 THEN
+                                    ARRAY[coalesce(v_delay, pgflow.calculate_retry_delay(v_base_delay, v_task.attempts_count))]) > 0 THEN
       RETURN NEXT v_task;
       RETURN;
     END IF;
     v_error := v_error || ' (not retried: the task''s queue message no longer exists)';
   END IF;
 
+  UPDATE pgflow.step_tasks AS t
+     SET requested_retry_delay = v_delay, failed_now = v_fail_now
+   WHERE t.run_id = fail_task.run_id AND t.step_slug = fail_task.step_slug AND t.task_index = fail_task.task_index;
   v_task := pgflow._fail_started_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index, v_error, false, NULL);
   PERFORM pgflow._archive_task_messages(ARRAY[v_task.run_id], ARRAY[v_task.step_slug], ARRAY[v_task.task_index]);
   RETURN NEXT v_task;
 END;
 $$;
+REVOKE ALL ON FUNCTION pgflow.fail_task(uuid, text, integer, text, double precision, boolean) FROM PUBLIC;
+
+-- The released four-argument form: a failure without a retry delay or fail-now (the step's
+-- backoff, then when_exhausted), exactly as the form above with retry_delay_seconds NULL. It keeps
+-- its own signature (and so every grant on it) because a defaulted retry delay on the form above
+-- would make every four-argument call ambiguous between the two.
+CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text)
+RETURNS SETOF pgflow.step_tasks
+LANGUAGE sql
+VOLATILE
+SET search_path = ''
+AS $$
+  SELECT * FROM pgflow.fail_task($1, $2, $3, $4, NULL::double precision, false)
+$$;
 
 -- sql/functions/runtime/fail_tasks.sql
 -- Fails many worker tasks in one call. tasks: a JSON array of {"run_id", "step_slug",
--- "task_index", "error_message"} objects (error_message a string or null). Each element is one
--- fail_task call, in array order, in the caller's transaction: retry with backoff, or exhaustion
--- (when_exhausted decides), each archiving or deferring its own message as fail_task does. Checks,
--- run lock order and errors as complete_tasks ("fail_tasks(): element <index>: ..."); nothing of
--- the batch is applied when one element fails. Returns the task rows in array order.
+-- "task_index", "error_message"} objects (error_message a string or null), each optionally with
+-- "retry_delay_seconds" (a number or null) and "fail_now" (true, false or null): fail_task's
+-- arguments of those names; a missing key is NULL, as in fail_task's four-argument form. Each
+-- element is one fail_task call, in array order, in the caller's transaction: retry after the
+-- element's delay or the step's backoff, or exhaustion or fail-now (when_exhausted decides), each
+-- archiving or deferring its own message as fail_task does. Checks, run lock order and errors as
+-- complete_tasks ("fail_tasks(): element <index>: ..."), fail_task's PF013 for an element's
+-- retry directive included; nothing of the batch is applied when one element fails. Returns the
+-- task rows in array order.
 CREATE OR REPLACE FUNCTION pgflow.fail_tasks(tasks jsonb)
 RETURNS SETOF pgflow.step_tasks
 LANGUAGE plpgsql
@@ -6008,6 +6278,9 @@ DECLARE
   v_steps text[];
   v_indexes integer[];
   v_errors jsonb[];
+  v_element jsonb;
+  v_seconds numeric;
+  v_delay double precision;
   v_at integer;  -- the element being applied (a FOR loop's own variable is not visible in the handler)
   v_task pgflow.step_tasks;
   v_sqlstate text;
@@ -6024,7 +6297,16 @@ BEGIN
   BEGIN
     FOR v_i IN 1 .. pg_catalog.cardinality(v_runs) LOOP
       v_at := v_i;
-      SELECT * INTO v_task FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_errors[v_i] #>> '{}');
+      v_element := fail_tasks.tasks -> (v_i - 1);
+      v_seconds := (v_element ->> 'retry_delay_seconds')::numeric;
+      -- JSON numbers have no range; beyond double precision's they are infinite (and refused as such)
+      -- or, below its smallest magnitude, zero
+      v_delay := CASE WHEN pg_catalog.abs(v_seconds) > 1e300 THEN pg_catalog.sign(v_seconds)::double precision * 'Infinity'
+                      WHEN pg_catalog.abs(v_seconds) < 1e-300 THEN 0
+                      ELSE v_seconds::double precision END;
+      SELECT * INTO v_task
+      FROM pgflow.fail_task(v_runs[v_i], v_steps[v_i], v_indexes[v_i], v_errors[v_i] #>> '{}', v_delay,
+                            (v_element ->> 'fail_now')::boolean);
       CONTINUE WHEN NOT FOUND;
       RETURN NEXT v_task;
     END LOOP;
@@ -6234,7 +6516,7 @@ REVOKE ALL ON FUNCTION pgflow.start_flows(text, jsonb) FROM PUBLIC;
 -- each becomes started with remaining_tasks = initial_tasks, and gets one task per task_index; a
 -- queue-backed step's tasks are sent to its queue in one pgmq.send_batch (with the step's start
 -- delay), a manual step's are created started with no message (_start_manual_tasks).
--- A resumed run (restart_kind 'resume', resume_run) reuses its source's work: of a starting step,
+-- A resumed run (run_restarts.restart_kind 'resume', resume_run) reuses its source's work: of a starting step,
 -- every task the source completed at the same task index is created completed with the source
 -- task's output (attempts_count 0, no message), when the step's dependencies ended exactly as in
 -- the source (same state, equal output: the task's input is then the source task's) and the step
@@ -6268,7 +6550,7 @@ DECLARE
   v_reused_modes text[] := '{}';
   v_realtime boolean := pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL;
 BEGIN
-  SELECT r.flow_slug, CASE WHEN r.restart_kind = 'resume' THEN r.restart_of_run_id END INTO v_flow, v_source
+  SELECT r.flow_slug INTO v_flow
   FROM pgflow.runs AS r
   WHERE r.run_id = start_ready_steps.run_id AND r.status = 'started';
   IF v_flow IS NULL THEN
@@ -6287,6 +6569,10 @@ BEGIN
   IF v_started IS NULL THEN
     RETURN;
   END IF;
+  -- only when steps start: one primary-key probe for a resumed run's source
+  SELECT rr.restart_of_run_id INTO v_source
+  FROM pgflow.run_restarts AS rr
+  WHERE rr.run_id = start_ready_steps.run_id AND rr.restart_kind = 'resume';
 
   FOREACH v_step IN ARRAY v_started LOOP
     SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0), s.queue_name, s.execution_mode
@@ -7288,6 +7574,7 @@ BEGIN
           ('group:complete', '_start_ready_steps_of_runs(uuid[])'),
           ('group:fail', '_lock_worker_task(text, uuid, text, integer)'),
           ('group:fail', '_fail_started_task(uuid, text, integer, text, boolean, jsonb)'),
+          ('group:fail', 'fail_task(uuid, text, integer, text, double precision, boolean)'),
           ('group:fail', 'fail_tasks(jsonb)'),
           ('group:fail', '_task_report_elements(text, jsonb, text)'),
           ('group:fail', '_raise_task_report_error(text, integer, text, text, text, text)'),
@@ -7312,7 +7599,26 @@ BEGIN
     EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I', v_grant.fn, v_grant.rolname);
   END LOOP;
 
+  -- The records kept beside a run (its restart, its cancel) are read wherever the run is: every
+  -- run start and step start looks for a restart. A role gets on them what it holds on
+  -- pgflow.runs, so a role granted before this migration keeps working.
+  FOR v_grant IN
+    SELECT r.rolname::text AS rolname, p.privilege
+    FROM pg_catalog.pg_roles AS r
+    CROSS JOIN (VALUES ('SELECT'), ('INSERT'), ('UPDATE'), ('DELETE')) AS p (privilege)
+    WHERE NOT r.rolsuper AND r.rolname <> current_user AND r.rolname !~ '^pg_'
+      AND r.rolname NOT IN ('anon', 'authenticated')
+      AND pg_catalog.has_table_privilege(r.oid, 'pgflow.runs'::regclass, p.privilege)
+    ORDER BY 1, 2
+  LOOP
+    EXECUTE pg_catalog.format('GRANT %s ON pgflow.run_restarts, pgflow.run_cancellations TO %I',
+                              v_grant.privilege, v_grant.rolname);
+  END LOOP;
+
   -- Supabase's client roles: nothing of the stage, whatever they held or default privileges gave
+  FOR v_client IN SELECT r.rolname FROM pg_catalog.pg_roles AS r WHERE r.rolname IN ('anon', 'authenticated') ORDER BY 1 LOOP
+    EXECUTE pg_catalog.format('REVOKE ALL ON pgflow.run_restarts, pgflow.run_cancellations FROM %I', v_client);
+  END LOOP;
   FOR v_client IN SELECT r.rolname FROM pg_catalog.pg_roles AS r WHERE r.rolname IN ('anon', 'authenticated') ORDER BY 1 LOOP
     EXECUTE pg_catalog.format(
       'REVOKE ALL ON FUNCTION pgflow.claim_tasks(text, bigint[], uuid, text, text), '
@@ -7329,7 +7635,9 @@ BEGIN
       'pgflow._fail_started_task(uuid, text, integer, text, boolean, jsonb), '
       'pgflow.complete_tasks(jsonb), pgflow._task_report_elements(text, jsonb, text), '
       'pgflow._raise_task_report_error(text, integer, text, text, text, text), '
-      'pgflow._start_ready_steps_of_runs(uuid[]), pgflow.fail_tasks(jsonb), pgflow._start_runs(text, text, jsonb, uuid, uuid, text), '
+      'pgflow._start_ready_steps_of_runs(uuid[]), pgflow.fail_tasks(jsonb), '
+      'pgflow.fail_task(uuid, text, integer, text, double precision, boolean), '
+      'pgflow._start_runs(text, text, jsonb, uuid, uuid, text), '
       'pgflow.start_flows(text, jsonb), '
       'pgflow.complete_manual_task(uuid, text, integer, jsonb), pgflow.fail_manual_task(uuid, text, integer, text), '
       'pgflow.cancel_run(uuid, text), pgflow.retry_run(uuid), pgflow.resume_run(uuid), pgflow._require_operator(text), '

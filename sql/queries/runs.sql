@@ -34,16 +34,18 @@ ORDER BY r.run_id
 LIMIT %(limit)s::integer;
 
 --@name run
--- The restart and cancel columns arrive with migration 0003: read by name from the row's JSON, so
--- the same text runs on older schemas (NULL there).
 SELECT r.run_id, r.flow_slug, r.status, r.started_at, r.completed_at, r.failed_at, r.remaining_steps,
-       (x.j ->> 'restart_of_run_id')::uuid AS restart_of_run_id, x.j ->> 'restart_kind' AS restart_kind,
-       (x.j ->> 'cancelled_at')::timestamptz AS cancelled_at, x.j ->> 'cancel_reason' AS cancel_reason,
-       x.j ->> 'cancelled_by' AS cancelled_by,
        CASE WHEN %(show_output)s::boolean THEN r.output END AS output
 FROM pgflow.runs AS r
-CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(r) - 'input' - 'output' AS j) AS x
 WHERE r.run_id = %(run_id)s::uuid;
+
+--@name run_record
+-- A run's lineage and its cancel's record (migration 0003: tables beside pgflow.runs, keyed by
+-- run_id; NULL where there is none): one primary-key probe each.
+SELECT rr.restart_of_run_id, rr.restart_kind, c.cancelled_at, c.reason AS cancel_reason, c.cancelled_by
+FROM (SELECT %(run_id)s::uuid AS run_id) AS k
+LEFT JOIN pgflow.run_restarts AS rr ON rr.run_id = k.run_id
+LEFT JOIN pgflow.run_cancellations AS c ON c.run_id = k.run_id;
 
 --@name has_run_operations
 -- Whether this schema can cancel and restart runs (migration 0003).
@@ -51,15 +53,17 @@ SELECT pg_catalog.to_regprocedure('pgflow.cancel_run(uuid,text)') IS NOT NULL
        AND pg_catalog.to_regprocedure('pgflow.resume_run(uuid)') IS NOT NULL;
 
 --@name has_restarts
--- Whether this schema records restarts (migration 0003: runs.restart_of_run_id).
-SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
-               WHERE a.attrelid = 'pgflow.runs'::regclass AND a.attname = 'restart_of_run_id' AND NOT a.attisdropped);
+-- Whether this schema records restarts and cancels (migration 0003: pgflow.run_restarts,
+-- pgflow.run_cancellations).
+SELECT pg_catalog.to_regclass('pgflow.run_restarts') IS NOT NULL
+       AND pg_catalog.to_regclass('pgflow.run_cancellations') IS NOT NULL;
 
 --@name restarted_as
 -- The runs that restart this one (retry_run, resume_run), oldest first, at most 20.
-SELECT r.run_id, r.restart_kind, r.status, r.started_at
-FROM pgflow.runs AS r
-WHERE r.restart_of_run_id = %(run_id)s::uuid
+SELECT r.run_id, rr.restart_kind, r.status, r.started_at
+FROM pgflow.run_restarts AS rr
+JOIN pgflow.runs AS r ON r.run_id = rr.run_id
+WHERE rr.restart_of_run_id = %(run_id)s::uuid
 ORDER BY r.started_at, r.run_id
 LIMIT 20;
 
@@ -75,7 +79,7 @@ WHERE t.run_id = %(run_id)s::uuid AND t.status IN ('queued', 'started');
 
 --@name cancel_record
 -- Whether the run is cancelled, and how many of its tasks are (read before and after a cancel).
-SELECT (pg_catalog.to_jsonb(r) ->> 'cancelled_at') IS NOT NULL AS cancelled,
+SELECT EXISTS (SELECT 1 FROM pgflow.run_cancellations AS c WHERE c.run_id = r.run_id) AS cancelled,
        (SELECT pg_catalog.count(*) FROM pgflow.step_tasks AS t
         WHERE t.run_id = r.run_id AND t.status = 'cancelled')::integer AS tasks_cancelled
 FROM pgflow.runs AS r
@@ -118,6 +122,9 @@ SELECT t.step_slug, t.task_index, t.status, t.attempts_count, t.requeued_count, 
        t.permanently_stalled_at,
        coalesce(pg_catalog.to_jsonb(t) ->> 'execution_mode', 'queue') AS execution_mode,
        coalesce((pg_catalog.to_jsonb(t) ->> 'refused_reports')::integer, 0) AS refused_reports,
+       -- what the handler asked for with the latest failure (absent before schema 0003: NULL, false)
+       (pg_catalog.to_jsonb(t) ->> 'requested_retry_delay')::integer AS requested_retry_delay,
+       coalesce((pg_catalog.to_jsonb(t) ->> 'failed_now')::boolean, false) AS failed_now,
        CASE WHEN %(show_output)s::boolean THEN t.output END AS output,
        pg_catalog.count(*) OVER ()::integer AS total
 FROM pgflow.step_tasks AS t

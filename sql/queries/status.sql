@@ -81,7 +81,7 @@ WITH candidates AS (
       AND ss.status = 'started'
       AND t.started_at < pg_catalog.now() - pg_catalog.make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout) + 30)
 )
---@include fragments/stalled_by_flow.sql
+--@include fragments/stalled_by_step.sql
 
 --@name stalled_before_manual_tasks
 -- The same on the baseline (no step_tasks.execution_mode): the rule without its manual-task line,
@@ -99,7 +99,7 @@ WITH candidates AS (
       AND ss.status = 'started'
       AND t.started_at < pg_catalog.now() - pg_catalog.make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout) + 30)
 )
---@include fragments/stalled_by_flow.sql
+--@include fragments/stalled_by_step.sql
 
 --@name queues
 -- Every PGMQ queue (pgmq.meta) with the numbers pgmq.metrics() gives, counted straight from its

@@ -9,25 +9,13 @@ SELECT pgflow.ensure_flow_compiled(%(flow_slug)s, %(shape)s::jsonb, protocol_ver
 --@name claim
 SELECT outcome, message_id, reason, flow_slug, run_id, step_slug, task_index, input, flow_input
 FROM pgflow.claim_tasks(%(queue_name)s, %(msg_ids)s::bigint[], %(worker_id)s, %(flow_slug)s, %(step_slug)s);
---@name has_route_heartbeat
--- Schema 0004 and later check heartbeats against the route the worker registered.
-SELECT to_regprocedure('pgflow.send_heartbeat(uuid, text, text, text, text)') IS NOT NULL AS available;
 
 --@name heartbeat
 SELECT pgflow.send_heartbeat(%(worker_id)s, %(function_name)s, %(queue_name)s, %(flow_slug)s, %(step_slug)s) AS deprecated;
 
---@name records_worker_version
--- True where register_worker takes the worker's version (schema 0005 and later).
-SELECT pg_catalog.to_regprocedure('pgflow.register_worker(uuid, text, text, text, text, text)') IS NOT NULL;
-
 --@name register_with_version
 SELECT pgflow.register_worker(%(worker_id)s, %(function_name)s, %(queue_name)s, %(flow_slug)s, %(step_slug)s,
                               worker_version => %(worker_version)s);
-
---@name has_batch_reports
--- True where the database has the batch report entry points (schema 0010 and later).
-SELECT pg_catalog.to_regprocedure('pgflow.complete_tasks(jsonb)') IS NOT NULL
-   AND pg_catalog.to_regprocedure('pgflow.fail_tasks(jsonb)') IS NOT NULL AS available;
 
 --@name complete_many
 -- tasks: a JSON array of {run_id, step_slug, task_index, output}, applied in array order, all or nothing.
@@ -35,9 +23,32 @@ SELECT pg_catalog.to_regprocedure('pgflow.complete_tasks(jsonb)') IS NOT NULL
 SELECT count(*) FILTER (WHERE status = 'cancelled')::integer FROM pgflow.complete_tasks(%(tasks)s::jsonb);
 
 --@name fail_many
--- tasks: a JSON array of {run_id, step_slug, task_index, error_message}, applied in array order, all or nothing.
--- Returns how many were refused (as complete_many).
+-- tasks: a JSON array of {run_id, step_slug, task_index, error_message, retry_delay_seconds, fail_now},
+-- applied in array order, all or nothing. Returns how many were refused (as complete_many).
 SELECT count(*) FILTER (WHERE status = 'cancelled')::integer FROM pgflow.fail_tasks(%(tasks)s::jsonb);
+
+--@name has_retry_control
+-- True where fail_task takes a handler's retry delay and fail-now (and fail_tasks elements do).
+SELECT pg_catalog.to_regprocedure('pgflow.fail_task(uuid, text, integer, text, double precision, boolean)') IS NOT NULL;
+
+--@name fail_directed
+-- retry_delay_seconds: seconds before the next attempt instead of the step's backoff (NULL: the
+-- backoff); fail_now: the task fails for good now. Both are ignored once the attempts are used up.
+-- Returns 1 when the report was refused (the task came back cancelled), else 0.
+SELECT count(*) FILTER (WHERE status = 'cancelled')::integer
+FROM pgflow.fail_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(error_message)s,
+                      %(retry_delay_seconds)s, %(fail_now)s);
+
+--@name has_cancellations
+-- 1 where this schema records cancels (migration 0003: pgflow.run_cancellations) and this role may
+-- read them; else 0 (the reason is then "the run failed").
+SELECT (pg_catalog.to_regclass('pgflow.run_cancellations') IS NOT NULL
+        AND pg_catalog.has_table_privilege(pg_catalog.to_regclass('pgflow.run_cancellations'), 'SELECT'))::integer;
+
+--@name cancel_reasons
+-- Why an operator cancelled each of these failed runs (one primary-key probe per run id; a run
+-- that failed on its own has no row).
+SELECT c.run_id, c.reason FROM pgflow.run_cancellations AS c WHERE c.run_id = ANY (%(run_ids)s::uuid[]);
 
 --@name claimed_attempts
 -- The attempt each task of one claim batch is in (attempts_count after the claim), by the claimed
@@ -79,22 +90,18 @@ SELECT k.n,
               THEN 'another worker took the task over (attempt ' || t.attempts_count || ')'
             WHEN t.status = 'started' AND t.attempts_count <> k.attempt
               THEN 'a newer claim of the task runs (attempt ' || t.attempts_count || ')'
-            WHEN r.cancel_reason IS NOT NULL THEN 'the run was cancelled: ' || r.cancel_reason
             WHEN r.status IS DISTINCT FROM 'started' THEN 'the run ' || coalesce(r.status, 'is gone')
             WHEN s.status IS DISTINCT FROM 'started'
               THEN 'the step ' || CASE s.status WHEN 'skipped' THEN 'was skipped' ELSE coalesce(s.status, 'is gone') END
             ELSE 'the task is no longer this attempt (' || coalesce(t.status, 'gone') || ')'
        END AS reason,
        coalesce(t.status = 'started' AND (t.attempts_count <> k.attempt OR t.last_worker_id IS DISTINCT FROM %(worker_id)s),
-                false) AS taken_over
+                false) AS taken_over,
+       r.status AS run_status
 FROM ROWS FROM (pg_catalog.unnest(%(run_ids)s::uuid[]), pg_catalog.unnest(%(step_slugs)s::text[]),
                 pg_catalog.unnest(%(task_indexes)s::integer[]), pg_catalog.unnest(%(attempts)s::integer[]))
      WITH ORDINALITY AS k (run_id, step_slug, task_index, attempt, n)
--- cancel_reason (migration 0003) is read by name from an ended run's row only, so the text runs on
--- every schema and a started run costs nothing more
-LEFT JOIN LATERAL (SELECT x.status,
-                          CASE WHEN x.status = 'failed' THEN pg_catalog.to_jsonb(x) ->> 'cancel_reason' END AS cancel_reason
-                   FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r ON true
+LEFT JOIN LATERAL (SELECT x.status FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r ON true
 LEFT JOIN LATERAL (SELECT x.status FROM pgflow.step_states AS x
                    WHERE x.run_id = k.run_id AND x.step_slug = k.step_slug LIMIT 1) AS s ON true
 LEFT JOIN LATERAL (SELECT x.status, x.attempts_count, x.last_worker_id FROM pgflow.step_tasks AS x

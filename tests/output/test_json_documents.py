@@ -31,6 +31,7 @@ COMMANDS = {
     "runs-show": (["runs", "show", "{run_id}"], {0}),
     "workers-list": (["workers", "list"], {0}),
     "workers-forget": (["workers", "forget", "--stale-for", "1d", "--dry-run"], {0}),
+    "prune": (["prune", "--older-than", "1d", "--dry-run"], {0}),
     "runs-start": (["runs", "start", "review"], {0}),
     "runs-wait": (["runs", "wait", "{run_id}", "--timeout", "0"], {5}),
     "runs-cancel": (["runs", "cancel", "{run_id}", "--yes"], {0}),

@@ -18,6 +18,7 @@ NEW = {
     "pgflow._write_task_completions(uuid[], text[], integer[], jsonb[], text)": "pgflow.complete_task(uuid, text, integer, jsonb)",
     "pgflow._lock_worker_task(text, uuid, text, integer)": "pgflow.complete_task(uuid, text, integer, jsonb)",
     "pgflow.fail_tasks(jsonb)": "pgflow.fail_task(uuid, text, integer, text)",
+    "pgflow.fail_task(uuid, text, integer, text, double precision, boolean)": "pgflow.fail_task(uuid, text, integer, text)",
     "pgflow._fail_started_task(uuid, text, integer, text, boolean, jsonb)": "pgflow.fail_task(uuid, text, integer, text)",
     "pgflow._task_report_elements(text, jsonb, text)": "pgflow.fail_task(uuid, text, integer, text)",
     "pgflow.start_flows(text, jsonb)": "pgflow.start_flow(text, jsonb, uuid)",
@@ -104,6 +105,9 @@ RENAMED = {
                                  "pgflow._raise_task_report_error(text,integer,text,text,text,text)"),
     # the start core gained the restart lineage (retry_run, resume_run)
     "pgflow._start_runs(text,text,jsonb,uuid)": ("pgflow._start_runs(text,text,jsonb,uuid,uuid,text)",),
+    # the failure with a retry delay or fail-now, which the earlier build did not have
+    "pgflow.fail_task(uuid,text,integer,text)": ("pgflow.fail_task(uuid,text,integer,text)",
+                                                 "pgflow.fail_task(uuid,text,integer,text,double precision,boolean)"),
 }
 """What the earlier build's functions became here: a role that could run one can run these."""
 

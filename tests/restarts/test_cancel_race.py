@@ -74,8 +74,10 @@ def test_cancel_from_four_connections_races_with_workers_and_manual_completions(
                                    "FROM pgflow.runs AS r WHERE r.run_id = %s", (run_id,)).fetchone()[0]:
                     pass
                 try:
-                    row = conn.execute("SELECT cancel_reason FROM pgflow.cancel_run(%s, %s)",
-                                       (run_id, f"canceller {number}")).fetchone()
+                    conn.execute("SELECT * FROM pgflow.cancel_run(%s, %s)", (run_id, f"canceller {number}"))
+                    # the reason recorded: this cancel's, or the one that took effect first
+                    row = conn.execute("SELECT reason FROM pgflow.run_cancellations WHERE run_id = %s",
+                                       (run_id,)).fetchone()
                     results[run_id] = row[0]
                 except psycopg.Error as exc:
                     assert exc.sqlstate == "PF013", exc  # it completed before this cancel
@@ -89,7 +91,9 @@ def test_cancel_from_four_connections_races_with_workers_and_manual_completions(
     late = [rt.complete(t["run_id"], t["step_slug"], t["task_index"], {"late": True}) for t in stragglers]
     assert [row["status"] for row in late] == ["cancelled"] * 3
 
-    state = {r["run_id"]: r for r in rt.rows("SELECT * FROM pgflow.runs WHERE flow_slug = 'race'")}
+    state = {r["run_id"]: r for r in rt.rows(
+        "SELECT r.*, c.cancelled_at, c.reason AS cancel_reason FROM pgflow.runs AS r "
+        "LEFT JOIN pgflow.run_cancellations AS c ON c.run_id = r.run_id WHERE r.flow_slug = 'race'")}
     tasks = {(t["run_id"], t["step_slug"], t["task_index"]): t
              for t in rt.rows("SELECT * FROM pgflow.step_tasks WHERE flow_slug = 'race'")}
     assert len(tasks) == RUNS * (ELEMENTS + 1)

@@ -108,3 +108,32 @@ def test_latest_level_map_step_tasks_and_task_limit(db):
     assert {t["execution_mode"] for t in doc["tasks"]} == {"queue"}
     text = run_cli("runs", "show", str(run_id), "--dsn", db.conninfo, "--max-tasks", "2")
     assert "3 more task(s) not shown" in text.stdout
+
+
+def test_show_what_the_handler_asked_for_with_a_failure(db):
+    """A retry delay and a fail-now are shown with the task (the baseline level has neither: null, false)."""
+    from tests.runtime.driver import Runtime
+
+    rt = Runtime(db.connect(), level="upgraded")
+    rt.flow("steered", [{"slug": "each", "step_type": "map", "when_exhausted": "skip"}], max_attempts=3)
+    retried, ended = rt.start("steered", ["later", "plain"]), rt.start("steered", ["now"])
+    assert len(rt.poll("steered")) == 3
+    rt.one("SELECT * FROM pgflow.fail_task(%s, 'each', 0, 'busy', 20, false)", (retried,))
+    rt.fail(retried, "each", 1, "plain")
+    rt.one("SELECT * FROM pgflow.fail_task(%s, 'each', 0, 'gone', NULL, true)", (ended,))
+
+    shown = {}
+    for run_id in (retried, ended):
+        result = run_cli("runs", "show", str(run_id), "--dsn", db.conninfo, "--format", "json")
+        assert result.code == ExitCode.OK, result.output
+        shown[run_id] = [(t["status"], t["requested_retry_delay"], t["failed_now"])
+                         for t in validate(result.stdout, "runs-show")["tasks"]]
+    assert shown == {retried: [("queued", 20, False), ("queued", None, False)], ended: [("failed", None, True)]}
+    assert "queued (retry in 20s asked)" in run_cli("runs", "show", str(retried), "--dsn", db.conninfo).stdout
+    assert "failed (fail-now)" in run_cli("runs", "show", str(ended), "--dsn", db.conninfo).stdout
+
+
+def test_show_on_the_baseline_level_has_no_directive_but_the_same_fields(seeded):
+    failed = _list(seeded.conninfo, "--flow", "processOrder", "--status", "failed")["runs"][0]["run_id"]
+    doc = validate(run_cli("runs", "show", failed, "--dsn", seeded.conninfo, "--format", "json").stdout, "runs-show")
+    assert {(t["requested_retry_delay"], t["failed_now"]) for t in doc["tasks"]} == {(None, False)}

@@ -65,10 +65,10 @@ def test_the_last_attempt_applies_the_domain_failure_in_that_attempt(db):
         _ingest(app, 2, [(2, "parse", "fail_always")])
         assert (app.status(1), app.status(2), app.calls(2, "parse")) == ("done", "failed", 3)
         marked, error = app.conn.execute("SELECT updated_at, error FROM ingest.documents WHERE id = 2").fetchone()
-        failed_at = app.conn.execute(
-            "SELECT t.failed_at FROM pgflow.step_tasks t JOIN pgflow.runs r USING (run_id) "
-            "WHERE (r.input->>'doc_id')::int = 2 AND t.step_slug = 'parse'").fetchone()[0]
-        assert marked <= failed_at
+        started_at, failed_at, attempts = app.conn.execute(
+            "SELECT t.started_at, t.failed_at, t.attempts_count FROM pgflow.step_tasks t JOIN pgflow.runs r USING (run_id) "
+            "WHERE (r.input->>'doc_id')::int = 2 AND t.step_slug = 'parse'").fetchone()
+        assert attempts == 3 and started_at <= marked <= failed_at  # during the last attempt, before its report
         assert error == "parse: injected failure in parse of document 2"
     finally:
         app.close()
@@ -147,15 +147,15 @@ def test_several_workers_per_step_apply_each_stage_once(app):
     print(f"\n{app.version}: distinct workers per stage {dict(workers)}")
 
 
-def test_provider_retry_after_is_honoured_only_by_the_handrolled_version(db):
-    """Gap #655: the provider says "retry after 20 s"; when does the retry run?
+def test_provider_retry_after_is_honoured_by_both_versions(db):
+    """Gap 1 (#655), closed: the provider says "retry after 20 s"; when does the retry run?
 
     Measured as the gap between the rate-limited call and the retried call of the same document.
-    Hand-rolled: ``pgmq.set_vt`` with the provider's value, so never earlier than 20 s. Step-queued:
-    pgflow's backoff, ``base_delay * 2**attempts`` = 2 s, whatever the provider said (the bound
-    checked is only "before the provider allowed it").
+    Hand-rolled: ``pgmq.set_vt`` with the provider's value. Step-queued: the handler raises
+    ``RetryLater(retry_after)``, which fail_task uses instead of the backoff (2 s here). Both retry
+    20 s later (within 1 s) with the same attempt count.
     """
-    gaps = {}
+    gaps, attempts = {}, {}
     for version in ("handrolled", "stepqueues"):
         app = App(version, db.conninfo)
         try:
@@ -166,12 +166,20 @@ def test_provider_retry_after_is_honoured_only_by_the_handrolled_version(db):
             app.start_all()
             app.submit(domain.sample_documents(1), [(1, "enrich", "rate_limited_once")])
             app.wait_terminal()
-            assert app.status(1) == "done" and app.calls(1, "enrich") == 2
+            assert app.status(1) == "done"
+            attempts[version] = app.calls(1, "enrich")
             gaps[version] = float(app.conn.execute(
                 "SELECT extract(epoch FROM max(at) - min(at)) FROM ingest.stage_calls "
                 "WHERE doc_id = 1 AND stage = 'enrich'").fetchone()[0])
+            if version == "stepqueues":
+                task = app.conn.execute(
+                    "SELECT t.attempts_count, t.requested_retry_delay FROM pgflow.step_tasks t "
+                    "JOIN pgflow.runs r USING (run_id) WHERE (r.input->>'doc_id')::int = 1 AND t.step_slug = 'enrich'"
+                ).fetchone()
+                assert task == (2, int(domain.RATE_LIMIT_RETRY_AFTER))  # recorded with the failure
         finally:
             app.close()
     print(f"\nretry ran {gaps} s after the rate-limited call (provider said {domain.RATE_LIMIT_RETRY_AFTER} s)")
-    assert gaps["handrolled"] >= domain.RATE_LIMIT_RETRY_AFTER - 0.5  # set_vt has whole seconds
-    assert gaps["stepqueues"] < domain.RATE_LIMIT_RETRY_AFTER
+    assert attempts == {"handrolled": 2, "stepqueues": 2}
+    for version, gap in gaps.items():
+        assert domain.RATE_LIMIT_RETRY_AFTER - 0.5 <= gap < domain.RATE_LIMIT_RETRY_AFTER + 1, (version, gap)

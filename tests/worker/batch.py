@@ -1,9 +1,5 @@
-"""Helpers of the batch-report tests: the batch entry points on any schema, and how often the
-database ran a function (``pg_stat_user_functions``; the database is told to count every call).
-
-``ensure_batch_functions`` checks that the schema has ``pgflow.complete_tasks`` /
-``pgflow.fail_tasks`` (migration 0010). Before 0010 was merged these tests installed test-only
-stand-ins; with 0010 in the tree they test the real functions, and the stand-ins are gone.
+"""Helpers of the batch-report tests: the batch entry points, and how often the database ran a
+function (``pg_stat_user_functions``; the database is told to count every call).
 """
 
 from __future__ import annotations
@@ -19,14 +15,8 @@ def has_batch_functions(env) -> bool:
 
 
 def ensure_batch_functions(env) -> None:
-    """The test needs the batch entry points of migration 0010."""
-    assert has_batch_functions(env), "the schema has no pgflow.complete_tasks / pgflow.fail_tasks (migration 0010)"
-
-
-def drop_batch_functions(env) -> None:
-    """The schema before migration 0010: no batch entry points."""
-    env.conn.execute("DROP FUNCTION IF EXISTS pgflow.complete_tasks(jsonb)")
-    env.conn.execute("DROP FUNCTION IF EXISTS pgflow.fail_tasks(jsonb)")
+    """The test needs the batch entry points (``complete_tasks`` / ``fail_tasks``)."""
+    assert has_batch_functions(env), "the schema has no pgflow.complete_tasks / pgflow.fail_tasks"
 
 
 def count_function_calls(env) -> None:

@@ -15,12 +15,9 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-import pytest
-
 from pgflow_cli.worker import Flow
 from tests.worker.batch import (
     count_function_calls,
-    drop_batch_functions,
     ensure_batch_functions,
     function_calls,
     wait_for_calls,
@@ -156,15 +153,10 @@ def test_a_batch_the_database_refuses_is_reported_task_by_task(env):
     assert sorted(c.input for c in env.recorder.for_step("each")) == sorted([*range(N), 0, 1])
 
 
-@pytest.mark.parametrize("why", ["functions missing", "batch_reports=False"])
-def test_without_batch_reports_every_task_is_reported_alone(env, why):
+def test_without_batch_reports_every_task_is_reported_alone(env):
     count_function_calls(env)
-    if why == "functions missing":
-        drop_batch_functions(env)
-        options = {}
-    else:
-        ensure_batch_functions(env)
-        options = {"batch_reports": False}
+    ensure_batch_functions(env)
+    options = {"batch_reports": False}
     worker, run_id, release = _start(env, "singleDone", lambda item, ctx: item, **options)
     assert not worker.reports_batched
     release.set()

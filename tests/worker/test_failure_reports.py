@@ -1,8 +1,8 @@
 """Failures an operator can read, on a real server: a failure that will be retried is a WARNING
 (attempt k/n, in how long, the exception's type and message), the last one an ERROR; tracebacks
 are logged and stored on request; an output that cannot be stored is logged; the stop summary is
-one line. And what a handler's RetryLater / FailNow do: today an ordinary failure with its text;
-the tests marked xfail state what the database will do once fail_task takes them."""
+one line. And what a handler's RetryLater / FailNow do: the database defers the next attempt or
+ends the task now; a database whose fail_task does not take them gets an ordinary failure."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ import threading
 import time
 import uuid
 
-import pytest
-
 from pgflow_cli.worker import FailNow, Flow, RetryLater
 from pgflow_cli.worker.failures import TaskFailure
-from pgflow_cli.worker.protocol import LATEST
+from pgflow_cli.worker.protocol import LATEST, ProtocolV2
 from tests.worker.helpers import wait_until
-
-NEEDS_SQL = "needs fail_task retry delay (issue 25 SQL)"
 
 
 def _failure_records(caplog) -> list[logging.LogRecord]:
@@ -116,7 +112,16 @@ class Calls:
             return len(self.at[ctx.task_index])
 
 
-def test_directives_are_ordinary_failures_with_their_text_until_the_database_takes_them(env, caplog):
+class _WithoutRetryControl(ProtocolV2):
+    """Protocol 2 on a database whose fail_task has no retry delay or fail-now (as its probe would
+    find on a schema without them)."""
+
+    def has_retry_control(self, conn) -> bool:
+        return False
+
+
+def test_directives_are_ordinary_failures_with_their_text_where_the_database_does_not_take_them(env, caplog):
+    """The four released arguments are sent, the step's backoff and attempts apply, and the log says so."""
     caplog.set_level(logging.INFO, logger="pgflow.worker")
 
     def steer(item, ctx):
@@ -124,7 +129,8 @@ def test_directives_are_ordinary_failures_with_their_text_until_the_database_tak
             raise RetryLater(30, "provider busy")
         raise FailNow("the source is gone")
 
-    env.start_worker(Flow("steerFlow", max_attempts=2, base_delay=0).map("each", steer), max_concurrent=2)
+    env.start_worker(Flow("steerFlow", max_attempts=2, base_delay=0).map("each", steer), max_concurrent=2,
+                     protocol=_WithoutRetryControl())
     run_id = env.start_run("steerFlow", ["retry", "fail"])
     env.wait_runs_finished([run_id])
     tasks = {t["task_index"]: t for t in env.tasks(run_id, "each")}
@@ -146,7 +152,6 @@ def test_a_directive_on_the_last_attempt_fails_the_task_normally(env):
     assert (run["status"], task["status"], task["attempts_count"]) == ("failed", "failed", 1)
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_SQL)
 def test_retry_later_delays_the_next_attempt_instead_of_the_backoff(env):
     calls = Calls()
 
@@ -163,7 +168,6 @@ def test_retry_later_delays_the_next_attempt_instead_of_the_backoff(env):
     assert second - first >= 3 - 0.5  # whole-second visibility; the backoff (base 0) would retry at once
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_SQL)
 def test_fail_now_on_a_map_task_ends_it_at_once_and_the_steps_when_exhausted_applies(env):
     def gone(item, ctx):
         if item == "gone":
@@ -188,15 +192,16 @@ def _failure(exc: BaseException) -> TaskFailure:
         return TaskFailure.from_exception(raised)
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_SQL)
 def test_fail_tasks_applies_mixed_directives_element_by_element(env):
     """One fail_tasks call (the worker's batch path, through the one element builder) with a
-    retry delay, a fail-now and a plain failure."""
+    retry delay, a fail-now and a plain failure. The fail-now is of another run: it skips its map
+    step (when_exhausted=skip), which would skip the other two with it."""
     flow = Flow("mixedSteerFlow", max_attempts=3, base_delay=0).map("each", lambda item, ctx: item,
                                                                     when_exhausted="skip")
     env.worker(flow).start()
     env.stop_workers()
-    run_id = env.start_run("mixedSteerFlow", ["later", "now", "plain"])
+    run_id = env.start_run("mixedSteerFlow", ["later", "plain"])
+    other_run = env.start_run("mixedSteerFlow", ["now"])
     conn = env.db.connect()  # tuple rows, as the worker's pool gives them
     protocol = LATEST()
     queue = protocol.queue_name("mixedSteerFlow", None)
@@ -204,14 +209,17 @@ def test_fail_tasks_applies_mixed_directives_element_by_element(env):
     protocol.register(conn, worker_id=worker_id, function_name="mixed-fn", queue_name=queue,
                       flow_slug="mixedSteerFlow", step_slug=None)
     ids = protocol.read(conn, queue_name=queue, vt=30, qty=3, max_poll_seconds=1, poll_interval_ms=20)
-    claimed = sorted(protocol.claim(conn, flow_slug="mixedSteerFlow", step_slug=None, queue_name=queue,
-                                    message_ids=ids, worker_id=worker_id).claimed, key=lambda t: t.task_index)
-    protocol.fail_many(conn, [(claimed[0], _failure(RetryLater(30))), (claimed[1], _failure(FailNow("no"))),
-                                  (claimed[2], _failure(RuntimeError("plain")))])
+    claimed = {(t.run_id, t.task_index): t for t in protocol.claim(
+        conn, flow_slug="mixedSteerFlow", step_slug=None, queue_name=queue, message_ids=ids, worker_id=worker_id).claimed}
+    assert len(claimed) == 3
+    protocol.fail_many(conn, [(claimed[(run_id, 0)], _failure(RetryLater(30))),
+                              (claimed[(other_run, 0)], _failure(FailNow("no"))),
+                              (claimed[(run_id, 1)], _failure(RuntimeError("plain")))])
 
-    later, now, plain = (env.task(run_id, "each", i) for i in range(3))
-    assert (now["status"], now["attempts_count"]) == ("failed", 1)
-    assert (later["status"], plain["status"]) == ("queued", "queued")
+    later, plain, now = env.task(run_id, "each", 0), env.task(run_id, "each", 1), env.task(other_run, "each", 0)
+    assert (now["status"], now["attempts_count"], now["failed_now"]) == ("failed", 1, True)
+    assert env.steps(other_run)["each"]["status"] == "skipped"
+    assert (later["status"], later["requested_retry_delay"], plain["status"]) == ("queued", 30, "queued")
     visible_in = {t["task_index"]: env.val(f"SELECT extract(epoch FROM vt - now()) FROM pgmq.q_{queue} WHERE msg_id = %s",
                                            (t["message_id"],)) for t in (later, plain)}
-    assert visible_in[0] > 20 and visible_in[2] < 5  # the override for one element, the backoff for the other
+    assert visible_in[0] > 20 and visible_in[1] < 5  # the override for one element, the backoff for the other

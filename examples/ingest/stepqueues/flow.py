@@ -3,9 +3,10 @@
 Workers: ``pgflow worker examples.ingest.stepqueues.flow:ingest --step enrich`` (one pool per
 step). Handlers read ``$INGEST_DSN`` for the domain tables (see :mod:`examples.ingest.domain`).
 Retries, backoff, attempts, visibility and crash recovery are pgflow's; a permanent failure
-(a missing source) is the domain's and fails the document at once. When a stage's last attempt
-fails, its handler marks the document ``failed`` itself (``ctx.is_last_attempt``) before pgflow
-fails the run, so the document never waits for anyone to notice the failed run.
+(a missing source) is the domain's and fails the document at once. A rate-limited provider's
+"retry after S seconds" becomes the next attempt's delay (``RetryLater``). When a stage's last
+attempt fails, its handler marks the document ``failed`` itself (``ctx.is_last_attempt``) before
+pgflow fails the run, so the document never waits for anyone to notice the failed run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Literal, TypedDict
 import psycopg
 
 from examples.ingest import domain
-from pgflow_cli.worker import Flow, TaskContext, with_step_queues
+from pgflow_cli.worker import Flow, RetryLater, TaskContext, with_step_queues
 
 Steps = Literal["fetch", "parse", "enrich", "index"]
 
@@ -30,14 +31,18 @@ class StageOutput(TypedDict):
 
 
 def _stage(stage: domain.Stage, doc_id: int, ctx: TaskContext) -> StageOutput:
-    """Run one stage; a transient failure is raised for pgflow to retry, except on the last
-    attempt, where the document is marked ``failed`` first (in this attempt, not afterwards)."""
+    """Run one stage; a transient failure is raised for pgflow to retry (no earlier than the
+    provider asked, when it was rate limited), except on the last attempt, where the document is
+    marked ``failed`` first (in this attempt, not afterwards)."""
     try:
         return {"doc_id": doc_id, "result": domain.run_stage(stage, doc_id, ctx.worker_id)}
     except domain.TransientError as exc:
         if ctx.is_last_attempt:
             with psycopg.connect(domain.conninfo(), autocommit=True) as conn:
                 domain.mark_failed(conn, doc_id, f"{stage}: {exc}")
+            raise
+        if isinstance(exc, domain.RateLimited):
+            raise RetryLater(exc.retry_after) from exc
         raise
 
 

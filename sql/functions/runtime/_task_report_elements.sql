@@ -1,7 +1,9 @@
 -- The elements of a batch report (complete_tasks, fail_tasks), checked before anything is applied,
 -- with their runs locked: p_tasks must be a JSON array of objects with "run_id" (a UUID string),
 -- "step_slug" (a string), "task_index" (an integer) and p_value_key ('output': any JSON;
--- 'error_message': a string or null). p_function names the entry point in the errors. Then every
+-- 'error_message': a string or null; then optionally "retry_delay_seconds", a number or null, and
+-- "fail_now", true, false or null: fail_task's arguments, which the caller reads from p_tasks).
+-- p_function names the entry point in the errors. Then every
 -- run the batch names is locked FOR UPDATE in run_id order, before any element is applied: the
 -- lock order of claims, so two batches (or a batch and a claim) whose runs overlap take turns and
 -- never deadlock.
@@ -43,6 +45,11 @@ BEGIN
                THEN 'task_index is out of range'
              WHEN p_value_key = 'error_message' AND pg_catalog.jsonb_typeof(e.task -> 'error_message') NOT IN ('string', 'null')
                THEN 'error_message is not a string or null'
+             WHEN p_value_key = 'error_message'
+                  AND pg_catalog.jsonb_typeof(e.task -> 'retry_delay_seconds') NOT IN ('number', 'null')
+               THEN 'retry_delay_seconds is not a number or null'
+             WHEN p_value_key = 'error_message' AND pg_catalog.jsonb_typeof(e.task -> 'fail_now') NOT IN ('boolean', 'null')
+               THEN 'fail_now is not true, false or null'
            END AS problem
     FROM pg_catalog.jsonb_array_elements(p_tasks) WITH ORDINALITY AS e (task, n)
   ) AS x

@@ -1,6 +1,6 @@
 -- Cancels a started run on an operator's word: the run ends failed with the reason recorded
--- (cancelled_at, cancel_reason, cancelled_by); every step with work in flight (started) fails with
--- the error "[CANCELLED] <reason>"; every queued or started task of the run, manual ones included,
+-- (a row of pgflow.run_cancellations: cancelled_at, reason, cancelled_by); every step with work
+-- in flight (started) fails with the error "[CANCELLED] <reason>"; every queued or started task of the run, manual ones included,
 -- becomes cancelled and the messages of the queue-backed ones are archived; the step and run
 -- events go out (realtime). Steps that never started stay created, as when a run fails.
 -- Locks in the runtime's order: the run row FOR UPDATE (so it takes turns with every report,
@@ -40,7 +40,8 @@ BEGIN
     RAISE EXCEPTION 'run % does not exist', cancel_run.run_id
       USING ERRCODE = 'PF006', HINT = 'pgflow runs list shows the runs';
   END IF;
-  IF v_run.cancelled_at IS NOT NULL THEN
+  -- the run's row lock orders cancels: a second one finds the first's row and changes nothing
+  IF EXISTS (SELECT 1 FROM pgflow.run_cancellations AS c WHERE c.run_id = v_run.run_id) THEN
     RETURN v_run;
   END IF;
   IF v_run.status <> 'started' THEN
@@ -54,10 +55,11 @@ BEGIN
   -- the cancel committed before this moment, so cancelled_at orders them truthfully
   v_now := pg_catalog.clock_timestamp();
   UPDATE pgflow.runs AS r
-     SET status = 'failed', failed_at = v_now, cancelled_at = v_now,
-         cancel_reason = v_reason, cancelled_by = current_user
+     SET status = 'failed', failed_at = v_now
    WHERE r.run_id = v_run.run_id
   RETURNING r.* INTO v_run;
+  INSERT INTO pgflow.run_cancellations (run_id, cancelled_at, reason, cancelled_by)
+  VALUES (v_run.run_id, v_now, v_reason, current_user);
 
   WITH failed AS (
     UPDATE pgflow.step_states AS ss

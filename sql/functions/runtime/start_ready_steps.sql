@@ -2,7 +2,7 @@
 -- each becomes started with remaining_tasks = initial_tasks, and gets one task per task_index; a
 -- queue-backed step's tasks are sent to its queue in one pgmq.send_batch (with the step's start
 -- delay), a manual step's are created started with no message (_start_manual_tasks).
--- A resumed run (restart_kind 'resume', resume_run) reuses its source's work: of a starting step,
+-- A resumed run (run_restarts.restart_kind 'resume', resume_run) reuses its source's work: of a starting step,
 -- every task the source completed at the same task index is created completed with the source
 -- task's output (attempts_count 0, no message), when the step's dependencies ended exactly as in
 -- the source (same state, equal output: the task's input is then the source task's) and the step
@@ -36,7 +36,7 @@ DECLARE
   v_reused_modes text[] := '{}';
   v_realtime boolean := pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL;
 BEGIN
-  SELECT r.flow_slug, CASE WHEN r.restart_kind = 'resume' THEN r.restart_of_run_id END INTO v_flow, v_source
+  SELECT r.flow_slug INTO v_flow
   FROM pgflow.runs AS r
   WHERE r.run_id = start_ready_steps.run_id AND r.status = 'started';
   IF v_flow IS NULL THEN
@@ -55,6 +55,10 @@ BEGIN
   IF v_started IS NULL THEN
     RETURN;
   END IF;
+  -- only when steps start: one primary-key probe for a resumed run's source
+  SELECT rr.restart_of_run_id INTO v_source
+  FROM pgflow.run_restarts AS rr
+  WHERE rr.run_id = start_ready_steps.run_id AND rr.restart_kind = 'resume';
 
   FOREACH v_step IN ARRAY v_started LOOP
     SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0), s.queue_name, s.execution_mode
