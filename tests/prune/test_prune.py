@@ -153,3 +153,26 @@ def test_a_finished_run_with_a_task_still_open_is_kept(rt, db):
     rt.conn.execute("DELETE FROM pgflow.step_tasks WHERE run_id = %s", (odd,))  # for the invariants
     rt.conn.execute("DELETE FROM pgflow.step_states WHERE run_id = %s", (odd,))
     rt.conn.execute("DELETE FROM pgflow.runs WHERE run_id = %s", (odd,))
+
+
+def test_a_pruned_run_takes_its_restart_and_cancel_records_with_it_and_a_kept_restart_still_names_it(rt, db):
+    rt.flow("redo", [{"slug": "a"}])
+    source = rt.start("redo", {"n": 1})
+    rt.one("SELECT * FROM pgflow.cancel_run(%s, 'wrong batch')", (source,))
+    retry = rt.one("SELECT * FROM pgflow.retry_run(%s)", (source,))["run_id"]
+    rt.one("SELECT * FROM pgflow.cancel_run(%s, 'again')", (retry,))
+    resumed = rt.one("SELECT * FROM pgflow.resume_run(%s)", (retry,))["run_id"]
+    records = ("SELECT (SELECT count(*) FROM pgflow.run_restarts WHERE run_id = ANY (%(ids)s)) AS restarts, "
+               "(SELECT count(*) FROM pgflow.run_cancellations WHERE run_id = ANY (%(ids)s)) AS cancels")
+    assert rt.one(records, {"ids": [source, retry]}) == {"restarts": 1, "cancels": 2}
+    age_run(rt, source)
+    age_run(rt, retry)
+
+    with db.connect() as conn:
+        report = op.prune(conn, older_than=DAYS, batch_size=10)
+
+    assert report.totals.runs == 2
+    assert rt.one(records, {"ids": [source, retry]}) == {"restarts": 0, "cancels": 0}
+    # the run kept (still started) names its pruned source: the lineage has no foreign key to it
+    assert rt.one("SELECT restart_of_run_id, restart_kind FROM pgflow.run_restarts WHERE run_id = %s",
+                  (resumed,)) == {"restart_of_run_id": retry, "restart_kind": "resume"}

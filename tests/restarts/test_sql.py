@@ -216,7 +216,8 @@ def test_cancel_ends_the_run_failed_with_its_reason_and_terminalizes_every_task(
     claimed = rt.poll("stop")[:1]  # one task started, two queued, a manual task waiting
     assert rt.statuses(run_id)["ok"] == "started"
 
-    run = rt.one("SELECT * FROM pgflow.cancel_run(%s, %s)", (run_id, "wrong input"))
+    assert rt.one("SELECT * FROM pgflow.cancel_run(%s, %s)", (run_id, "wrong input"))["status"] == "failed"
+    run = rt.run(run_id)  # with its cancel record, kept beside it in pgflow.run_cancellations
     assert (run["status"], run["cancel_reason"]) == ("failed", "wrong input")
     assert run["cancelled_at"] == run["failed_at"] and run["cancelled_by"]
     assert {t["status"] for t in rt.tasks(run_id)} == {"cancelled"}
