@@ -9,8 +9,10 @@ from pathlib import Path
 
 import psycopg
 
+from pgflow_cli.errors import ExitCode
 from tests.permissions.test_worker_role import ROLE_GRANTS
 from tests.runtime.driver import raises_sqlstate
+from tests.support.cli import run_cli
 
 RUN_OPERATOR_GRANTS = """
 GRANT USAGE ON SCHEMA pgflow, pgmq TO pgflow_operator;
@@ -69,3 +71,29 @@ def test_the_doc_lists_these_grants():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "permissions.md").read_text(encoding="utf-8")
     for line in RUN_OPERATOR_GRANTS.strip().splitlines():
         assert line in doc, line
+
+
+def test_roles_granted_before_the_upgrade_get_on_the_run_records_what_they_hold_on_runs(baseline_db):
+    with baseline_db.connect() as admin:
+        worker, reader, stranger = (_login(admin, prefix) for prefix in ("worker", "reader", "stranger"))
+        admin.execute(ROLE_GRANTS.format(role=f'"{worker}"'))
+        admin.execute(f'GRANT USAGE ON SCHEMA pgflow TO "{reader}"; GRANT SELECT ON pgflow.runs TO "{reader}"')
+    applied = run_cli("migrate", "apply", "--dsn", baseline_db.conninfo)
+    assert applied.code == ExitCode.OK, applied.output
+
+    privileges = ("SELECT", "INSERT", "UPDATE", "DELETE")
+    held = ("SELECT p FROM unnest(%s::text[]) AS p WHERE has_table_privilege(%s, %s::regclass, p) ORDER BY 1")
+    with baseline_db.connect() as admin:
+        for role, expected in ((worker, sorted(privileges)), (reader, ["SELECT"]), (stranger, [])):
+            for table in ("pgflow.runs", "pgflow.run_restarts", "pgflow.run_cancellations"):
+                assert [r[0] for r in admin.execute(held, (list(privileges), role, table))] == expected, (role, table)
+        for table in ("pgflow.run_restarts", "pgflow.run_cancellations"):
+            assert not admin.execute("SELECT has_table_privilege('public', %s::regclass, 'SELECT')", (table,)).fetchone()[0]
+        admin.execute("SELECT pgflow.create_flow('granted'); SELECT pgflow.add_step('granted', 'a')")
+        # the new flow's queue, as docs/permissions.md says for queues created later
+        admin.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgmq TO "{worker}"')
+    # a run start looks for a restart (run_restarts) as its steps start: the worker role, granted
+    # before the upgrade, still starts runs
+    as_worker = _as(baseline_db, worker)
+    run_id = as_worker.execute("SELECT run_id FROM pgflow.start_flow('granted', '{}')").fetchone()[0]
+    assert as_worker.execute("SELECT status FROM pgflow.step_states WHERE run_id = %s", (run_id,)).fetchone()[0] == "started"
