@@ -6,12 +6,14 @@ from __future__ import annotations
 from tests.dropflow.test_grants import _as, _login
 from tests.permissions.test_worker_role import ROLE_GRANTS
 from tests.runtime.driver import raises_sqlstate
+from tests.support.roles import ensure_group
 
 
 def test_a_queue_table_without_a_grant_is_a_permission_error_naming_it(rt, db):
     admin = rt.conn
     maintainer = _login(admin, "maintainer")
     admin.execute(ROLE_GRANTS.format(role=f'"{maintainer}"'))
+    admin.execute(f'GRANT {ensure_group(admin, "pgflow_operator")} TO "{maintainer}"')  # may delete flows
     # created after the grants, by the owner: the maintainer holds nothing on this flow's queue tables
     admin.execute("SELECT pgflow.create_flow('late'), pgflow.add_step('late', 'a')")
     run_id = rt.start("late", {})

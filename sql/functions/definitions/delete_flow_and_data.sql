@@ -26,6 +26,10 @@ DECLARE
   v_task_indexes integer[];
   v_denied text[];
 BEGIN
+  -- local recompilation (ensure_flow_compiled when is_local()) runs as the worker
+  IF NOT pgflow.is_local() THEN
+    PERFORM pgflow._require_caller('pgflow_operator', 'delete flows');
+  END IF;
   PERFORM pgflow._lock_flow_for_deletion(p_flow_slug);
 
   SELECT f.queue_mode INTO v_mode FROM pgflow.flows AS f WHERE f.flow_slug = p_flow_slug;
