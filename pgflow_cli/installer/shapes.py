@@ -85,7 +85,9 @@ def runtime_breaks(expected: Shape, found: Shape) -> list[Difference]:
         if difference.kind == "table" and difference.change != "missing":
             continue  # a table's comment, or a table of the operator's own
         if difference.change == "extra":
-            if difference.kind == "column" and difference.found is not None:
+            tables = expected.get("table", {})
+            if (difference.kind == "column" and difference.found is not None
+                    and difference.name.split(".", 1)[0] in tables):
                 column = Column.parse(difference.found)
                 if column.not_null and column.default is None and not column.identity:
                     breaks.append(difference)
@@ -103,7 +105,8 @@ def describe(difference: Difference) -> str:
         return (f"extra column {difference.name} ({difference.found}) is NOT NULL without a default: every insert of "
                 "the runtime into its table would fail")
     if difference.change == "missing":
-        return f"missing {difference.kind} {difference.name} ({difference.expected}): the runtime uses it"
+        detail = f" ({difference.expected})" if difference.expected else ""
+        return f"missing {difference.kind} {difference.name}{detail}: the runtime uses it"
     return (f"changed {difference.kind} {difference.name}: the runtime needs {difference.expected!r}, "
             f"the database has {difference.found!r}")
 

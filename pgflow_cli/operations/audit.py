@@ -78,6 +78,7 @@ class CheckInfo:
         blocking: the queue-identity migration refuses while such a finding exists.
         title: a short description.
         lower_severities: severities the check may report instead, depending on the evidence.
+        in_sql: the SQL of sql/audit/findings.sql reports it (False: the tool alone, in Python).
     """
 
     check_id: str
@@ -85,6 +86,7 @@ class CheckInfo:
     blocking: bool
     title: str
     lower_severities: tuple[str, ...] = ()
+    in_sql: bool = True
 
     @property
     def severities(self) -> tuple[str, ...]:
@@ -113,7 +115,8 @@ CHECKS: dict[str, CheckInfo] = {
         CheckInfo("queue_unowned", "info", False, "a queue no flow owns"),
         CheckInfo("step_queues_unavailable", "info", False, "a flow whose private step queue names cannot be generated"),
         CheckInfo("runtime_schema_broken", "error", True,
-                  "a table, column, constraint, index or trigger the runtime needs is missing or changed"),
+                  "a table, column, constraint, index or trigger the runtime needs is missing or changed",
+                  in_sql=False),
     )
 }
 """Every check id the SQL can produce."""

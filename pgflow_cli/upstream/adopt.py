@@ -527,16 +527,19 @@ def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: i
     return sum(o.steps for o in outcomes if isinstance(o, Completed))
 
 
-def _mend(conn: psycopg.Connection, expected: Shape, kinds: tuple[str, ...]) -> tuple[list[str], list[str]]:
+def _mend(conn: psycopg.Connection, expected: Shape, kinds: tuple[str, ...],
+          later: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """Mend, under a savepoint each, the runtime breaks of the ``kinds`` of pgflow's schema against
-    ``expected`` where that keeps every row (:func:`pgflow_cli.installer.shapes.repairs`).
+    ``expected`` where that keeps every row (:func:`pgflow_cli.installer.shapes.repairs`); the objects
+    named in ``later`` are left alone (the adoption builds them itself, after this).
 
     Returns:
         ``(mended, left)``: one line per break mended, one per break still there (with why a mend failed).
     """
     def breaks() -> list[Difference]:
         found = read_schema_facts(conn)
-        return shapes.runtime_breaks({k: expected.get(k, {}) for k in kinds}, {k: found[k] for k in kinds})
+        return [d for d in shapes.runtime_breaks({k: expected.get(k, {}) for k in kinds}, {k: found[k] for k in kinds})
+                if d.name not in later]
 
     found_breaks = breaks()
     if not found_breaks:
@@ -587,21 +590,25 @@ def _refuse_unmended(recognition: rec.Recognition, left: list[str]) -> None:
 
 
 def _mend_release_columns(conn: psycopg.Connection, recognition: rec.Recognition) -> list[str]:
-    """Before the adoption's SQL (which reads the release's columns): mend the columns of the release
-    that were dropped or changed by hand, or refuse. Constraints, indexes and tables are checked after
-    it, against the baseline (:func:`_mend_baseline`): the adoption's SQL re-adds many of them."""
+    """Before the adoption's SQL (which reads the release's tables and columns): mend the columns of the
+    release that were dropped or changed by hand, or refuse (a missing table too). Constraints and
+    indexes are checked after it, against the baseline (:func:`_mend_baseline`): the adoption's SQL
+    re-adds many of them."""
     index = releases.group_of(recognition.release) if recognition.release else None
     if index is None:
         return []
-    mended, left = _mend(conn, {"column": releases.shape(index)["column"]}, ("column",))
+    release = releases.shape(index)
+    mended, left = _mend(conn, {"table": release["table"], "column": release["column"]}, ("table", "column"))
     _refuse_unmended(recognition, left)
     return mended
 
 
 def _mend_baseline(conn: psycopg.Connection, recognition: rec.Recognition) -> list[str]:
     """After the adoption's SQL: mend what the baseline's runtime needs and is still missing or changed,
-    or refuse."""
-    mended, left = _mend(conn, shapes.shape("baseline"), SCHEMA_KINDS)
+    or refuse; the index the adoption builds itself next (in the transaction, or concurrently after
+    it on a large database) is left to it."""
+    built_later = frozenset(re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", sqlfiles.statement(QUERIES, "skipped_index")))
+    mended, left = _mend(conn, shapes.shape("baseline"), SCHEMA_KINDS, built_later)
     _refuse_unmended(recognition, left)
     return mended
 

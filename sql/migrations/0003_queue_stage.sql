@@ -6951,7 +6951,14 @@ BEGIN
         ('complete_task(uuid, text, integer, jsonb)', 'group:complete'),
         ('fail_task(uuid, text, integer, text)', 'group:fail'),
         ('start_ready_steps(uuid)', '_start_manual_tasks(uuid, text)'),
-        ('start_flow(text, jsonb, uuid)', 'group:start')
+        ('start_flow(text, jsonb, uuid)', 'group:start'),
+        -- the caller check of the operator and trusted entry points, for those who could run one
+        ('delete_flow_and_data(text)', '_require_caller(text, text)'),
+        ('drop_flow(text, boolean)', '_require_caller(text, text)'),
+        ('fence_disable(text[], text)', '_require_caller(text, text)'),
+        ('fence_restore(text[])', '_require_caller(text, text)'),
+        ('complete_manual_task(uuid, text, integer, jsonb)', '_require_caller(text, text)'),
+        ('fail_manual_task(uuid, text, integer, text)', '_require_caller(text, text)')
       ) AS a (anchor, target)
       CROSS JOIN LATERAL (
         SELECT g.fn
@@ -7030,7 +7037,8 @@ BEGIN
       'pgflow._raise_task_report_error(text, integer, text, text, text, text), '
       'pgflow._start_ready_steps_of_runs(uuid[]), pgflow.fail_tasks(jsonb), pgflow._start_runs(text, text, jsonb, uuid), '
       'pgflow.start_flows(text, jsonb), '
-      'pgflow.complete_manual_task(uuid, text, integer, jsonb), pgflow.fail_manual_task(uuid, text, integer, text) '
+      'pgflow.complete_manual_task(uuid, text, integer, jsonb), pgflow.fail_manual_task(uuid, text, integer, text), '
+      'pgflow._require_caller(text, text) '
       'FROM %I', v_client);
   END LOOP;
 

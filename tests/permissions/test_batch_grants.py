@@ -102,6 +102,8 @@ RENAMED = {
                                      "pgflow._raise_task_report_error(text,integer,text,text,text,text)"),
     "pgflow.fail_tasks(jsonb)": ("pgflow.fail_tasks(jsonb)", "pgflow._task_report_elements(text,jsonb,text)",
                                  "pgflow._raise_task_report_error(text,integer,text,text,text,text)"),
+    # the caller check the operator and trusted entry points make first (pgflow._require_caller)
+    "pgflow.delete_flow_and_data(text)": ("pgflow.delete_flow_and_data(text)", "pgflow._require_caller(text,text)"),
 }
 """What the earlier build's functions became here: a role that could run one can run these."""
 

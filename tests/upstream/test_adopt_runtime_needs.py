@@ -54,7 +54,7 @@ def templates(harness, request):
 
 def _counts(conn: psycopg.Connection) -> dict[str, int]:
     return {t: conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier("pgflow", t))).fetchone()[0]
-            for t in TABLES}
+            for t in TABLES if conn.execute("SELECT to_regclass(%s)", (f"pgflow.{t}",)).fetchone()[0]}
 
 
 def _adopt_after(harness, request, template: str, change: str, release: str) -> tuple[str, list[str]]:
@@ -118,6 +118,12 @@ def test_each_narrowed_runtime_column_is_mended_or_refused(harness, request, tem
             assert narrower == "varchar(20)", (table, column)  # only a varchar is widened back to text
     assert outcomes["step_tasks.error_message"] == "mended" and outcomes["runs.remaining_steps"] == "refused"
     assert len(outcomes) > 25
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_dropped_runtime_table_is_refused_before_the_adoption_runs(harness, request, templates, release):
+    outcome, lines = _adopt_after(harness, request, templates[release][0], "DROP TABLE pgflow.deps CASCADE", release)
+    assert outcome == "refused" and "missing table deps: the runtime uses it" in lines
 
 
 def test_the_command_refuses_over_a_dropped_column_and_status_and_audit_say_broken(harness, request, templates):
