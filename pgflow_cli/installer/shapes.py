@@ -175,9 +175,10 @@ def database_breaks(conn: psycopg.Connection) -> list[Difference]:
 
     Against what its level should be: a pgflow-cli ledger with every shipped migration applied, the
     head shape; with exactly the baseline applied (an adoption, the rest pending), the baseline
-    shape; a schema a pgflow release installed, that release's tables and columns (recognition); at
-    any other level (a phased migration part way, an earlier build's ledger to convert) nothing is
-    compared: the migration that moves on checks its own start.
+    shape; a schema a pgflow release installed, that release's tables and columns (recognition). An
+    index an online adoption has still to build is not a break. At any other level (a phased
+    migration part way, an earlier build's ledger to convert) nothing is compared: the migration
+    that moves on checks its own start.
     """
     from pgflow_cli.installer.ledger import make_plan
     from pgflow_cli.upstream import recognise as rec
@@ -190,12 +191,17 @@ def database_breaks(conn: psycopg.Connection) -> list[Difference]:
     if plan.state.has_ledger:
         if plan.state.foreign_ledger or plan.in_progress or plan.conversion is not None or plan.unknown or plan.changed:
             return []
+        from pgflow_cli.upstream.adopt import pending_completion
+
         states = {s.version: s.state for s in plan.statuses}
-        if all(state == "applied" for state in states.values()):
-            return runtime_breaks(shape("head"), found)
-        if {v for v, state in states.items() if state == "applied"} == {1, 2}:
-            return runtime_breaks(shape("baseline"), found)
-        return []
+        applied = {v for v, state in states.items() if state == "applied"}
+        level = "head" if applied == set(states) else "baseline" if applied == {1, 2} else None
+        if level is None:
+            return []
+        # an online adoption builds its index after its commit: missing until then, not broken
+        building = any(step.get("step") == "index" for step in pending_completion(conn))
+        return [d for d in runtime_breaks(shape(level), found)
+                if not (building and d.kind == "index" and d.change == "missing")]
     recognition = rec.recognise(conn)
     if recognition.status not in (rec.UPSTREAM, rec.UNRECOGNISED) or recognition.release is None:
         return []

@@ -279,6 +279,9 @@ class Adoption:
     def run(self, engine: Engine) -> list[Outcome]:
         recognition = self.recognition
         check_adoptable(recognition)
+        # a table of the release that is gone cannot be locked, let alone mended: refused before the locks
+        _refuse_unmended(recognition, [shapes.describe(d) for d in recognition.differences
+                                       if d.kind == "table" and d.change == "missing"])
         conn, options = engine.conn, engine.options
         parts = adoption_parts(conn, recognition)
         checksum = adoption_checksum(parts)
