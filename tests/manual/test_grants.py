@@ -145,7 +145,8 @@ def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db, client_ro
     # worker roles either (docs/permissions.md); the manual entry points are what this test is about
     operator_only = ("pgflow.fence_", "pgflow._fence", "pgflow.drop_flow", "pgflow._drop_flow",
                      "pgflow._require_flow", "pgflow._lock_flow_for_deletion", "pgflow._delete_flow_rows",
-                     "pgflow._require_caller")  # the caller check: only operator and trusted calls reach it
+                     "pgflow._require_caller",  # the caller check: only operator and trusted calls reach it
+                     "pgflow.prune_")  # pgflow prune, an operator command
     # sorted in Python too: the expected list is in code-point order, whatever the database's collation
     unreachable = sorted(f for f in unreachable if not f.startswith(operator_only))
     assert unreachable == ["pgflow._lock_manual_task(text,uuid,text,integer,text,jsonb,text)",
