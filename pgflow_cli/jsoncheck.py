@@ -88,6 +88,25 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
+def check_text(text: str, *, what: str) -> None:
+    """Refuse a plain string PostgreSQL's ``text`` cannot store (an error message, a label).
+
+    Bytes on a command line that are not UTF-8 reach Python as lone surrogates (PEP 383); the
+    driver would fail to encode them, so they are refused here by the option that carried them.
+
+    Args:
+        text: the string about to be sent.
+        what: how the message names it (``"--error"``).
+
+    Raises:
+        UsageError: the string holds a NUL character or a lone surrogate (exit 2).
+    """
+    problem = _text_problem(text)
+    if problem:
+        raise UsageError(f"{what} {problem}", hint="PostgreSQL text holds UTF-8 without NUL; "
+                         "pass the text in UTF-8 (check the terminal's locale)")
+
+
 def _number_problem(number: Decimal) -> str | None:
     if not number.is_finite():
         return "is NaN or infinite, which is not JSON"

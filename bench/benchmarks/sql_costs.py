@@ -1,4 +1,4 @@
-"""Server CPU cost of the batch entry points of migration 0010 next to the single calls they batch.
+"""Server CPU cost of the batch entry points of the queue stage next to the single calls they batch.
 
 Measured as the backend's own CPU time (``/proc/<pid>/schedstat`` of the connection's server
 process), so time the backend spends descheduled on a busy machine does not count; each figure is

@@ -23,7 +23,7 @@ import typer
 from pgflow_cli import __version__
 from pgflow_cli.cli.lazy import LazyCommand, LazyGroup
 from pgflow_cli.cli.state import STATE, OutputFormat
-from pgflow_cli.errors import ExitCode, PgflowError, exit_code_table
+from pgflow_cli.errors import ExitCode, PgflowError, UsageError, exit_code_table
 
 COMMANDS = (
     LazyCommand("audit", "pgflow_cli.cli.audit",
@@ -177,15 +177,30 @@ def _ascii_safe_streams() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
-def _reported(exc: Exception) -> int:
+def _undecodable_argument(exc: Exception, args: list[str]) -> PgflowError | None:
+    """A usage error (exit 2) for a failure to encode an argument that was not UTF-8 on the command
+    line (Python keeps such bytes as lone surrogates, which no UTF-8 encoder accepts), naming the option
+    that carried it; None when ``exc`` is anything else. The encoder fails before a byte is sent."""
+    if not (isinstance(exc, UnicodeEncodeError) and "surrogates" in exc.reason):
+        return None
+    for position, arg in enumerate(args):
+        if any("\ud800" <= char <= "\udfff" for char in arg):
+            option = args[position - 1] if position and args[position - 1].startswith("-") else f"argument {position + 1}"
+            return UsageError(f"{option} holds bytes that are not UTF-8; PostgreSQL cannot store them",
+                              hint="pass the text in UTF-8 (check the terminal's locale)")
+    return None
+
+
+def _reported(exc: Exception, args: list[str] | None = None) -> int:
     """Report what a command raised and return the exit code: a :class:`PgflowError` as it is, a
     psycopg error as :func:`pgflow_cli.db.map_database_error` maps it (what
-    :func:`pgflow_cli.cli.common.mapped_errors` does), anything else as a bug (exit 70; its
-    traceback with ``--debug``)."""
+    :func:`pgflow_cli.cli.common.mapped_errors` does), an argument ``args`` held in bytes that are not
+    UTF-8 as a usage error, anything else as a bug (exit 70; its traceback with ``--debug``)."""
     import psycopg
 
     from pgflow_cli import db
 
+    exc = _undecodable_argument(exc, args or []) or exc
     if isinstance(exc, psycopg.Error):
         exc = db.map_database_error(exc, target=None)
     if isinstance(exc, PgflowError):
@@ -267,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
             render.stderr_console().print("interrupted")
             code = ExitCode.INTERRUPTED
         except Exception as exc:
-            code = _reported(exc)
+            code = _reported(exc, args)
         sys.stdout.flush()
     except StdoutClosed:
         _silence_stdout()

@@ -354,6 +354,8 @@ def apply(
         page.line(f"{phase.name}: {phase.seconds:.3f}s")
         if dry_run:
             _print_measured(page, phase.detail, full)
+    for line in (result.adoption or {}).get("mended", []):
+        page.line(f"adoption mended: {line}", "yellow")
     if dry_run and result.phases:
         page.line("dry run: everything was rolled back", "dim")
         if result.adoption:

@@ -145,6 +145,8 @@ def _output_value(output: str | None, output_file: Path | None) -> Any:
         text = output if output is not None else output_file.read_text(encoding="utf-8")  # type: ignore[union-attr]
     except OSError as exc:
         raise UsageError(f"cannot read {output_file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--output-file {output_file} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     jsoncheck.parse_text(text, what="--output" if output is not None else str(output_file))
     try:
         return json.loads(text)
@@ -193,6 +195,7 @@ def fail_task(
       pgflow task fail 74d94235-acf2-4bcc-bb3a-0e6f0176b324 approve --error 'rejected by finance'
     """
     common.STATE.output_format = output_format
+    jsoncheck.check_text(error, what="--error")
     tasks = _run(where, lambda conn: [op.fail(conn, runs_op.resolve_run_id(conn, task.run_id), task.step, task.index,
                                               error)])
     _emit(tasks, output_format, "failed manual task")

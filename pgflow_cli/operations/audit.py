@@ -78,6 +78,7 @@ class CheckInfo:
         blocking: the queue-identity migration refuses while such a finding exists.
         title: a short description.
         lower_severities: severities the check may report instead, depending on the evidence.
+        in_sql: the SQL of sql/audit/findings.sql reports it (False: the tool alone, in Python).
     """
 
     check_id: str
@@ -85,6 +86,7 @@ class CheckInfo:
     blocking: bool
     title: str
     lower_severities: tuple[str, ...] = ()
+    in_sql: bool = True
 
     @property
     def severities(self) -> tuple[str, ...]:
@@ -112,6 +114,9 @@ CHECKS: dict[str, CheckInfo] = {
         CheckInfo("step_queue_collision", "warning", False, "an existing queue has a name a flow would generate"),
         CheckInfo("queue_unowned", "info", False, "a queue no flow owns"),
         CheckInfo("step_queues_unavailable", "info", False, "a flow whose private step queue names cannot be generated"),
+        CheckInfo("runtime_schema_broken", "error", True,
+                  "a table, column, constraint, index or trigger the runtime needs is missing or changed",
+                  in_sql=False),
     )
 }
 """Every check id the SQL can produce."""
@@ -479,10 +484,11 @@ def run_audit(
             schema = _with_recognition(conn, schema_from_probe(probe))
             cur.execute(sqlfiles.statement(AUDIT_SQL, "findings"))
             finding_rows = cur.fetchall()
+            broken = _runtime_schema_findings(conn)
             cur.execute(sqlfiles.statement(AUDIT_SQL, "flow_impact"))
             impact_rows = cur.fetchall()
     duration_ms = int((time.monotonic() - started) * 1000)
-    findings = [finding_from_row(row) for row in finding_rows]
+    findings = broken + [finding_from_row(row) for row in finding_rows]
     impacts = [impact_from_row(row) for row in impact_rows]
     if not all(impact.backlog_exact for impact in impacts):
         schema.notes.append(
@@ -490,6 +496,26 @@ def run_audit(
             "queue backlogs are live-row estimates from the activity statistics, oldest message ages unknown"
         )
     return build_report(schema, findings, impacts, wanted, duration_ms=duration_ms)
+
+
+def _runtime_schema_findings(conn: psycopg.Connection) -> list[Finding]:
+    """One ``runtime_schema_broken`` finding per object the runtime needs and the schema lacks or has
+    changed (:func:`pgflow_cli.installer.shapes.database_breaks`: catalog reads only). Computed here,
+    not in sql/audit.sql: the expected shapes ship with the tool, so the psql file cannot make it."""
+    from pgflow_cli.installer import shapes
+
+    findings = []
+    for difference in shapes.database_breaks(conn):
+        table = difference.name.split(".", 1)[0] if difference.kind in ("column", "constraint", "trigger") else None
+        findings.append(Finding(
+            check_id="runtime_schema_broken", severity="error", blocking=True, flow_slug=None, step_slug=None,
+            object_type=difference.kind, object_name=difference.name, reasons=(f"{difference.change}_{difference.kind}",),
+            evidence={"change": difference.change, "expected": difference.expected, "found": difference.found,
+                      **({"table": table} if table else {})},
+            message=shapes.describe(difference),
+            fix="restore it as the installer created it (from a backup or the migration that made it); "
+                "see docs/upgrade.md \"A broken runtime schema\""))
+    return findings
 
 
 def _with_recognition(conn: psycopg.Connection, schema: SchemaInfo) -> SchemaInfo:

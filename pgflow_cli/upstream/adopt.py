@@ -7,6 +7,10 @@ parts, all shipped SQL:
    replaces (remembering their grants), adds the missing columns, constraints and index with
    the baseline's names, types and defaults, and backfills step outputs where the release did
    not store them (what 0.13.0 did);
+   then the result is compared with the baseline's frozen shape (:mod:`pgflow_cli.installer.shapes`):
+   what the runtime needs and is still missing or changed (a column dropped or narrowed by hand) is
+   mended where that keeps every row, and anything else refuses the adoption (exit 1) with the
+   list, rolling the whole transaction back; ``--assume-release`` changes nothing about that;
 2. pgflow-cli's baseline functions, from the very files the baseline migrations run
    (:func:`baseline_function_sql`): no second copy of any function exists;
 3. ``sql/adoption/finish.sql``: the slug checks again, the remembered grants on the new
@@ -30,6 +34,7 @@ Spec: issue 8 "Adoption"; fact sheet ``upstream-releases.md`` §4.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -43,10 +48,22 @@ from psycopg.types.json import Jsonb
 
 from pgflow_cli import __version__, installer, sqlfiles
 from pgflow_cli.db import scalar
-from pgflow_cli.errors import StateConflict
-from pgflow_cli.installer import Engine, LedgerEntry, Migration, Options, Outcome, ProgressFn, Session, TableLock
+from pgflow_cli.errors import Refused, StateConflict
+from pgflow_cli.installer import (
+    Engine,
+    LedgerEntry,
+    Migration,
+    Options,
+    Outcome,
+    ProgressFn,
+    Session,
+    TableLock,
+    shapes,
+)
+from pgflow_cli.installer.catalog import SCHEMA_KINDS, Difference, Shape, read_schema_facts
 from pgflow_cli.installer.events import PhaseDone, PhaseStarted, StepStarted
 from pgflow_cli.upstream import recognise as rec
+from pgflow_cli.upstream import releases
 from pgflow_cli.upstream.releases import REPLACED_BY
 
 QUERIES = "queries/adopt.sql"
@@ -157,6 +174,7 @@ class Adopted(Outcome):
         releases: the recognised group.
         assumed: the operator asserted the release (the schema was not recognised).
         differences: what differed from that release (empty when recognised).
+        mended: what the runtime needed and the schema lacked, mended in the adoption (one line each).
 
     ``online``: the index and the validations ran after the commit (:class:`Completion`).
     """
@@ -165,6 +183,7 @@ class Adopted(Outcome):
     releases: tuple[str, ...]
     assumed: bool
     differences: list[dict[str, Any]]
+    mended: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -260,6 +279,9 @@ class Adoption:
     def run(self, engine: Engine) -> list[Outcome]:
         recognition = self.recognition
         check_adoptable(recognition)
+        # a table of the release that is gone cannot be locked, let alone mended: refused before the locks
+        _refuse_unmended(recognition, [shapes.describe(d) for d in recognition.differences
+                                       if d.kind == "table" and d.change == "missing"])
         conn, options = engine.conn, engine.options
         parts = adoption_parts(conn, recognition)
         checksum = adoption_checksum(parts)
@@ -285,9 +307,16 @@ class Adoption:
                                 + recognition.summary())
             had_output = bool(scalar(conn.execute(sqlfiles.statement(QUERIES, "has_output_column"))))
             before = set(_unvalidated(session))
+            if session.executing:
+                mended.extend(_mend_release_columns(conn, recognition))
             for part in parts:
                 session.comment(f"==== {part.label}")
                 session.run(part.sql)  # shipped SQL (and quoted literals)
+            if session.executing:
+                mended.extend(_mend_baseline(conn, recognition))
+            else:
+                session.comment("the tool compares the result with the baseline's shape (sql/shapes/baseline.json), "
+                                "mends what keeps every row and refuses the rest")
             if not had_output:
                 session.comment("the 0.13.0 step output backfill: every completed step" + (
                     ", of the runs in flight only" if use_online else ""))
@@ -307,12 +336,14 @@ class Adoption:
             session.comment("the adoption record")
             session.run(sqlfiles.statement(QUERIES, "adoption_insert"), _adoption_record(recognition, checksum, pending))
 
+        mended: list[str] = []
         tally = engine.tally(self.label)
         engine.transaction(tally, adoption_locks(conn), body, announce=True, heading=self.label,
                            ledger=[LedgerEntry(m) for m in _baseline_migrations()])
         outcomes: list[Outcome] = [Adopted(release=release, releases=recognition.releases,
                                            assumed=recognition.assumed,
                                            differences=[d.to_dict() for d in recognition.differences],
+                                           mended=mended,
                                            **engine.outcome(tally, online=use_online))]
         if use_online:
             outcomes += Completion(history=False).run(engine)
@@ -497,6 +528,92 @@ def complete(conn: psycopg.Connection, *, lock_timeout: float = 5.0, attempts: i
     options = Options(lock_timeout=lock_timeout, attempts=attempts, batch_seconds=batch_seconds)
     outcomes = installer.run(conn, [Completion(history=history)], options, progress)
     return sum(o.steps for o in outcomes if isinstance(o, Completed))
+
+
+def _mend(conn: psycopg.Connection, expected: Shape, kinds: tuple[str, ...],
+          later: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """Mend, under a savepoint each, the runtime breaks of the ``kinds`` of pgflow's schema against
+    ``expected`` where that keeps every row (:func:`pgflow_cli.installer.shapes.repairs`); the objects
+    named in ``later`` are left alone (the adoption builds them itself, after this).
+
+    Returns:
+        ``(mended, left)``: one line per break mended, one per break still there (with why a mend failed).
+    """
+    def breaks() -> list[Difference]:
+        found = read_schema_facts(conn)
+        return [d for d in shapes.runtime_breaks({k: expected.get(k, {}) for k in kinds}, {k: found[k] for k in kinds})
+                if d.name not in later]
+
+    found_breaks = breaks()
+    if not found_breaks:
+        return [], []
+    rows = {t: bool(scalar(conn.execute(pgsql.SQL("SELECT EXISTS (SELECT FROM {})").format(pgsql.Identifier("pgflow", t)))))
+            for t in read_schema_facts(conn)["table"]}
+    mended: list[str] = []
+    failed: dict[str, str] = {}
+    pending = found_breaks
+    for _ in range(3):  # a foreign key waits for the key it references: a later pass mends it
+        failed, progress = {}, False
+        for difference in pending:
+            statements = shapes.repairs(difference, rows)
+            if not statements:
+                continue
+            try:
+                with conn.transaction():  # a savepoint: a mend the data refuses leaves nothing behind
+                    for statement in statements:
+                        conn.execute(statement)
+            except psycopg.Error as exc:
+                failed[difference.name] = str(exc).splitlines()[0]
+            else:
+                mended.append(shapes.describe(difference))
+                progress = True
+        pending = [d for d in pending if d.name in failed]
+        if not pending or not progress:
+            break
+    return mended, [shapes.describe(d) + (f" (mending failed: {failed[d.name]})" if d.name in failed else "")
+                    for d in breaks()]
+
+
+def _refuse_unmended(recognition: rec.Recognition, left: list[str]) -> None:
+    """Refuse the adoption (exit 1) when ``left`` lists breaks that could not be mended.
+
+    Raises:
+        Refused: with every break; the caller's transaction rolls back, so nothing is adopted.
+    """
+    if not left:
+        return
+    raise Refused(
+        f"this pgflow {recognition.release} schema lacks what the runtime needs in {len(left)} place(s) that adoption "
+        "cannot mend without losing or inventing data; nothing was adopted"
+        + (" (--assume-release does not override this)" if recognition.assumed else ""),
+        hint="restore each object as the release created it (from a backup, or the release's migration), then apply "
+             "again; a missing column of an empty table, a missing index or constraint, a lost default or NOT NULL, "
+             "and a text column narrowed to varchar are mended automatically (docs/upgrade.md)",
+        detail=left)
+
+
+def _mend_release_columns(conn: psycopg.Connection, recognition: rec.Recognition) -> list[str]:
+    """Before the adoption's SQL (which reads the release's tables and columns): mend the columns of the
+    release that were dropped or changed by hand, or refuse (a missing table too). Constraints and
+    indexes are checked after it, against the baseline (:func:`_mend_baseline`): the adoption's SQL
+    re-adds many of them."""
+    index = releases.group_of(recognition.release) if recognition.release else None
+    if index is None:
+        return []
+    release = releases.shape(index)
+    mended, left = _mend(conn, {"table": release["table"], "column": release["column"]}, ("table", "column"))
+    _refuse_unmended(recognition, left)
+    return mended
+
+
+def _mend_baseline(conn: psycopg.Connection, recognition: rec.Recognition) -> list[str]:
+    """After the adoption's SQL: mend what the baseline's runtime needs and is still missing or changed,
+    or refuse; the index the adoption builds itself next (in the transaction, or concurrently after
+    it on a large database) is left to it."""
+    built_later = frozenset(re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", sqlfiles.statement(QUERIES, "skipped_index")))
+    mended, left = _mend(conn, shapes.shape("baseline"), SCHEMA_KINDS, built_later)
+    _refuse_unmended(recognition, left)
+    return mended
 
 
 def _record_pending(session: Session, pending: list[dict[str, Any]]) -> None:

@@ -2300,7 +2300,8 @@ BEGIN
     RAISE EXCEPTION '_compare_flow_shapes(): "steps" must be a JSON array' USING ERRCODE = 'PF003';
   END IF;
   IF pg_catalog.jsonb_array_length(v_local) <> pg_catalog.jsonb_array_length(v_db) THEN
-    v_diffs := v_diffs || pg_catalog.format('step count differs: worker defines %s, database has %s',
+    -- released pgflow's exact text, worker's count first (its tests pin it)
+    v_diffs := v_diffs || pg_catalog.format('Step count differs: %s vs %s',
                                             pg_catalog.jsonb_array_length(v_local), pg_catalog.jsonb_array_length(v_db));
   END IF;
   FOR i IN 0 .. GREATEST(pg_catalog.jsonb_array_length(v_local), pg_catalog.jsonb_array_length(v_db)) - 1 LOOP
@@ -2780,6 +2781,42 @@ AS $$
   END
 $$;
 
+-- sql/functions/definitions/_require_caller.sql
+-- pgflow._require_caller(role_name, action): the caller check of the operator and trusted entry
+-- points. Every pgflow function runs with its caller's rights and the worker recipe grants EXECUTE
+-- on all of them, so EXECUTE cannot tell a worker from an operator: membership does. Passes for
+-- the owner of the pgflow tables (and its members) and for members of role_name when that role
+-- exists; pgflow_operator members also pass where pgflow_trusted is asked (an operator may finish
+-- a manual task: `pgflow task`). Returns nothing; raises 42501 naming the caller, the action and
+-- the roles that may, before the caller has locked or changed anything.
+CREATE OR REPLACE FUNCTION pgflow._require_caller(role_name text, action text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = ''
+AS $$
+DECLARE
+  v_owner name;
+  v_roles text[];
+BEGIN
+  SELECT pg_catalog.pg_get_userbyid(c.relowner) INTO v_owner
+  FROM pg_catalog.pg_class AS c WHERE c.oid = 'pgflow.flows'::regclass;
+  IF pg_catalog.pg_has_role(current_user, v_owner, 'USAGE') THEN
+    RETURN;
+  END IF;
+  v_roles := CASE _require_caller.role_name WHEN 'pgflow_trusted' THEN ARRAY['pgflow_trusted', 'pgflow_operator']
+                                            ELSE ARRAY[_require_caller.role_name] END;
+  IF EXISTS (SELECT 1 FROM pg_catalog.unnest(v_roles) AS r (name)
+             WHERE pg_catalog.to_regrole(r.name) IS NOT NULL AND pg_catalog.pg_has_role(current_user, r.name, 'USAGE')) THEN
+    RETURN;
+  END IF;
+  RAISE EXCEPTION 'role "%" may not %: only the owner of the pgflow tables ("%") or a member of % may',
+    current_user, _require_caller.action, v_owner, pg_catalog.array_to_string(v_roles, ' or ')
+    USING ERRCODE = '42501',
+          HINT = pg_catalog.format('GRANT %s TO the role (docs/permissions.md "Three roles")', _require_caller.role_name);
+END;
+$$;
+
 -- sql/functions/definitions/_require_flow.sql
 -- pgflow._require_flow(flow_slug): the queue mode of the flow with exactly this slug, or PF006.
 -- Slugs are compared exactly: "MyFlow" is not "myflow". When only a case variant exists, the
@@ -3255,6 +3292,9 @@ $$;
 -- so deletion and workers take rows in the same order and cannot deadlock. Queue tables are dropped
 -- whole; messages are not archived one by one first. A queue another flow also uses (never the case
 -- for generated names) is kept, with only this flow's live messages archived.
+-- Dropping a table is its owner's right, and pgmq.drop_queue quietly skips a table the caller cannot
+-- see: so the caller's right to drop every queue it would drop is checked before anything changes
+-- (42501 naming each queue and its owner), rather than deleting the rows and leaving the tables.
 CREATE OR REPLACE FUNCTION pgflow.delete_flow_and_data(p_flow_slug text)
 RETURNS void
 LANGUAGE plpgsql
@@ -3270,7 +3310,12 @@ DECLARE
   v_run_ids uuid[];
   v_step_slugs text[];
   v_task_indexes integer[];
+  v_denied text[];
 BEGIN
+  -- local recompilation (ensure_flow_compiled when is_local()) runs as the worker
+  IF NOT pgflow.is_local() THEN
+    PERFORM pgflow._require_caller('pgflow_operator', 'delete flows');
+  END IF;
   PERFORM pgflow._lock_flow_for_deletion(p_flow_slug);
 
   SELECT f.queue_mode INTO v_mode FROM pgflow.flows AS f WHERE f.flow_slug = p_flow_slug;
@@ -3291,6 +3336,22 @@ BEGIN
      OR EXISTS (SELECT 1 FROM pgflow.flows AS f
                 WHERE f.flow_slug <> p_flow_slug AND f.queue_mode = 'flow'
                   AND pg_catalog.lower(f.flow_slug COLLATE "C") = q);
+
+  SELECT pg_catalog.array_agg(pg_catalog.format('queue "%s" (tables owned by "%s")', q, o.owner) ORDER BY q)
+  INTO v_denied
+  FROM pg_catalog.unnest(coalesce(v_queues, '{}')) AS q
+  CROSS JOIN LATERAL (
+    SELECT pg_catalog.pg_get_userbyid(c.relowner) AS owner
+    FROM pg_catalog.pg_class AS c
+    WHERE c.oid IN (pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', pgmq.format_table_name(q, 'q'))),
+                    pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', pgmq.format_table_name(q, 'a'))))
+  ) AS o
+  WHERE q <> ALL (coalesce(v_shared, '{}')) AND NOT pg_catalog.pg_has_role(current_user, o.owner, 'USAGE');
+  IF v_denied IS NOT NULL THEN
+    RAISE EXCEPTION 'role "%" may not drop the queue tables of flow "%": %; nothing was deleted',
+      current_user, p_flow_slug, pg_catalog.array_to_string(v_denied, ', ')
+      USING ERRCODE = '42501', HINT = 'dropping a table is its owner''s right: run as that role, or GRANT it TO the role that deletes';
+  END IF;
 
   IF v_shared IS NOT NULL THEN
     SELECT pg_catalog.array_agg(t.run_id), pg_catalog.array_agg(t.step_slug), pg_catalog.array_agg(t.task_index)
@@ -3357,7 +3418,6 @@ VOLATILE
 SET search_path = ''
 AS $$
 DECLARE
-  v_owner name;
   v_mode text;
   v_route record;
   v_routes jsonb;
@@ -3375,16 +3435,7 @@ DECLARE
   v_leftovers text[];
   v_left text[];
 BEGIN
-  SELECT pg_catalog.pg_get_userbyid(c.relowner) INTO v_owner
-  FROM pg_catalog.pg_class AS c WHERE c.oid = 'pgflow.flows'::regclass;
-  IF NOT (pg_catalog.pg_has_role(current_user, v_owner, 'USAGE')
-          OR (pg_catalog.to_regrole('pgflow_operator') IS NOT NULL
-              AND pg_catalog.pg_has_role(current_user, 'pgflow_operator', 'USAGE'))) THEN
-    RAISE EXCEPTION 'role "%" may not drop flows: only the owner of the pgflow tables ("%") or a member of pgflow_operator may',
-      current_user, v_owner
-      USING ERRCODE = '42501',
-            HINT = 'run it as the schema owner, or GRANT pgflow_operator TO the role (docs/drop-flow.md "Who may drop a flow")';
-  END IF;
+  PERFORM pgflow._require_caller('pgflow_operator', 'drop flows');
 
   PERFORM pgflow._lock_flow_for_deletion(drop_flow.flow_slug);
   v_mode := pgflow._require_flow(drop_flow.flow_slug);
@@ -3913,6 +3964,8 @@ $$;
 -- waits for nobody and nobody waits for it; it reads the archive's archived_at index.
 -- Returns the number of rows deleted (dry run: that would be); 0 when the queue has no archive table.
 -- Errors: 22023 a NULL cutoff, a batch size outside 1..100000, or a queue no step routes to.
+-- Operator only: anyone but the owner of the pgflow tables or a member of pgflow_operator gets 42501
+-- (pgflow._require_caller; a worker holds EXECUTE on every function, so the grant cannot tell them apart).
 CREATE OR REPLACE FUNCTION pgflow.prune_archive(p_queue_name text, p_cutoff timestamptz, p_batch_size integer,
                                                 p_dry_run boolean DEFAULT false)
 RETURNS bigint
@@ -3924,6 +3977,7 @@ DECLARE
   v_table text;
   v_count bigint;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'prune queue archives');
   IF p_cutoff IS NULL OR p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 100000 THEN
     RAISE EXCEPTION 'prune_archive(): the cutoff must be a time and the batch size 1 to 100000, got % and %',
       coalesce(p_cutoff::text, 'NULL'), coalesce(p_batch_size::text, 'NULL')
@@ -4088,6 +4142,8 @@ $optional$;
 -- dry run, that would be), "runs_by_status": {"completed": n, "failed": n}, "skipped_locked",
 -- "kept_open_tasks", "done": true when no run is left after this page}.
 -- Errors: 22023 a NULL cutoff or a batch size outside 1..10000.
+-- Operator only: anyone but the owner of the pgflow tables or a member of pgflow_operator gets 42501
+-- (pgflow._require_caller; a worker holds EXECUTE on every function, so the grant cannot tell them apart).
 CREATE OR REPLACE FUNCTION pgflow.prune_runs(p_cutoff timestamptz, p_after uuid, p_batch_size integer,
                                              p_dry_run boolean DEFAULT false)
 RETURNS jsonb
@@ -4106,6 +4162,7 @@ DECLARE
   v_completed integer := 0;
   v_failed integer := 0;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'prune runs');
   IF p_cutoff IS NULL OR p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'prune_runs(): the cutoff must be a time and the batch size 1 to 10000, got % and %',
       coalesce(p_cutoff::text, 'NULL'), coalesce(p_batch_size::text, 'NULL')
@@ -5924,8 +5981,8 @@ BEGIN
     LOOP
       v_found := true;
       IF v_unmet.when_unmet = 'fail' THEN
-        PERFORM pgflow._fail_run(cascade_resolve_conditions.run_id, v_unmet.step_slug,
-                                 pg_catalog.format('Condition not met for step "%s" (when_unmet = fail)', v_unmet.step_slug));
+        -- released pgflow's exact text (its tests pin it); the failed step is the row that holds it
+        PERFORM pgflow._fail_run(cascade_resolve_conditions.run_id, v_unmet.step_slug, 'Condition not met');
         RETURN false;
       ELSIF v_unmet.when_unmet = 'skip' THEN
         PERFORM pgflow._skip_step(cascade_resolve_conditions.run_id, v_unmet.step_slug, 'condition_unmet');
@@ -5964,6 +6021,7 @@ DECLARE
   v_output jsonb := coalesce(complete_manual_task.output, 'null'::jsonb);
   v_task pgflow.step_tasks;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_trusted', 'complete manual tasks');
   v_task := pgflow._lock_manual_task('complete_manual_task', complete_manual_task.run_id, complete_manual_task.step_slug,
                                      complete_manual_task.task_index, 'completed', v_output, NULL);
   IF v_task.status <> 'started' THEN
@@ -6134,6 +6192,7 @@ AS $$
 DECLARE
   v_task pgflow.step_tasks;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_trusted', 'fail manual tasks');
   IF fail_manual_task.error_message IS NULL THEN
     RAISE EXCEPTION 'fail_manual_task(): error_message must not be NULL' USING ERRCODE = '22004';
   END IF;
@@ -7121,6 +7180,7 @@ DECLARE
   v_fence pgflow.fences;
   v_count integer;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'fence worker functions');
   IF fence_disable.reason IS NULL OR pg_catalog.btrim(fence_disable.reason) = ''
      OR pg_catalog.char_length(pg_catalog.btrim(fence_disable.reason)) > 1000 THEN
     RAISE EXCEPTION 'fence_disable(): a reason of 1 to 1000 characters is required (why the functions are fenced)'
@@ -7233,6 +7293,7 @@ DECLARE
   v_wf pgflow.worker_functions;
   v_fence pgflow.fences;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'restore fences');
   IF fence_restore.function_names IS NULL THEN
     SELECT pg_catalog.array_agg(f.function_name ORDER BY f.function_name) INTO v_names
     FROM pgflow.fences AS f WHERE f.state = 'active';
@@ -7538,7 +7599,14 @@ BEGIN
         ('complete_task(uuid, text, integer, jsonb)', 'group:complete'),
         ('fail_task(uuid, text, integer, text)', 'group:fail'),
         ('start_ready_steps(uuid)', '_start_manual_tasks(uuid, text)'),
-        ('start_flow(text, jsonb, uuid)', 'group:start')
+        ('start_flow(text, jsonb, uuid)', 'group:start'),
+        -- the caller check of the operator and trusted entry points, for those who could run one
+        ('delete_flow_and_data(text)', '_require_caller(text, text)'),
+        ('drop_flow(text, boolean)', '_require_caller(text, text)'),
+        ('fence_disable(text[], text)', '_require_caller(text, text)'),
+        ('fence_restore(text[])', '_require_caller(text, text)'),
+        ('complete_manual_task(uuid, text, integer, jsonb)', '_require_caller(text, text)'),
+        ('fail_manual_task(uuid, text, integer, text)', '_require_caller(text, text)')
       ) AS a (anchor, target)
       CROSS JOIN LATERAL (
         SELECT g.fn
@@ -7641,7 +7709,7 @@ BEGIN
       'pgflow.start_flows(text, jsonb), '
       'pgflow.complete_manual_task(uuid, text, integer, jsonb), pgflow.fail_manual_task(uuid, text, integer, text), '
       'pgflow.cancel_run(uuid, text), pgflow.retry_run(uuid), pgflow.resume_run(uuid), pgflow._require_operator(text), '
-      'pgflow._lock_restart_source(text, uuid) '
+      'pgflow._lock_restart_source(text, uuid), pgflow._require_caller(text, text) '
       'FROM %I', v_client);
   END LOOP;
 

@@ -1,4 +1,4 @@
-"""What a claim of plain queued work costs in statements and row reads (migration 0015).
+"""What a claim of plain queued work costs in statements and row reads (the queue stage, 0003).
 
 * A batch whose every message is claimable queued work runs a fixed, short list of statements:
   the look-up of batch, worker and route, the two lock statements, the body read, one statement

@@ -1,4 +1,4 @@
-"""Claims are driven by unique keys, whatever the table sizes and statistics (migration 0010).
+"""Claims are driven by unique keys, whatever the table sizes and statistics (the queue stage, 0003).
 
 With 100,000 finished runs in the tables and no statistics at all (autovacuum off, never analyzed,
 ``reltuples`` still -1), every statement a claim runs, its nested ones included (auto_explain,

@@ -4,7 +4,7 @@ Each test is named after one item of docs/compatibility.md "Known differences" a
 decided behaviour on the real server:
 
 * ``old``: a :class:`tests.runtime.driver.Runtime` on ``baseline_db`` (0001-0002, protocol 1),
-  the released-runtime baseline an upgrade starts from; where migration 0006 changes an item,
+  the released-runtime baseline an upgrade starts from; where the queue stage changes an item,
   the test also pins that the baseline still behaves as before;
 * ``new``: the same driver on ``db`` (every migration, protocol 2): the current behaviour;
 * ``rt``: parametrized over both levels, for items that are the same on both.

@@ -190,7 +190,7 @@ def test_unknown_and_case_variant_slugs(rt):
 
 
 def test_a_step_queued_flow_drops_every_private_queue(rt):
-    """A step-queued flow (Stage 2, migration 0005) owns one generated queue per step; all of them go."""
+    """A step-queued flow (Stage 2, the queue stage) owns one generated queue per step; all of them go."""
     flow = Flow("Scrape").step("fetch", lambda r, c: r).step("parse", lambda d, c: d, depends_on=["fetch"])
     routes = with_step_queues(flow).route_map()
     rt.val("SELECT pgflow.ensure_flow_compiled(%s, %s, protocol_version => 2, queue_mode => 'step', route_map => %s)",

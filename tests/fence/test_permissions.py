@@ -8,6 +8,8 @@ import re
 import uuid
 from pathlib import Path
 
+from tests.support.roles import ensure_group
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "permissions.md"
 
 
@@ -36,8 +38,9 @@ def test_the_documented_operator_grants_are_enough(fenv):
     fenv.conn.execute("SELECT pgflow.track_worker_function('ops-fn')")
     role = _role(fenv, "fence_operator")
     grants = _operator_grants()
-    assert "CREATE ROLE pgflow_fence_operator" in grants
-    fenv.conn.execute(grants.replace("CREATE ROLE pgflow_fence_operator LOGIN;", "")
+    assert "CREATE ROLE pgflow_fence_operator LOGIN IN ROLE pgflow_operator;" in grants
+    fenv.conn.execute(grants.replace("CREATE ROLE pgflow_fence_operator LOGIN IN ROLE pgflow_operator;",
+                                     f"GRANT {ensure_group(fenv.conn, 'pgflow_operator')} TO pgflow_fence_operator;")
                       .replace("pgflow_fence_operator", f'"{role}"'))
 
     disabled = _as(fenv, role, "disable", "--function", "ops-fn", "-m", "deploy", "--format", "json")

@@ -1,4 +1,4 @@
-"""Batch worker reports (complete_tasks / fail_tasks, migration 0010) refuse a manual task exactly as
+"""Batch worker reports (complete_tasks / fail_tasks, the queue stage) refuse a manual task exactly as
 the single calls do (PF010, with the single call's hint), naming the element, and apply nothing of
 the batch."""
 

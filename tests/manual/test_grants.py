@@ -18,6 +18,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pgflow_cli.worker.flow import Flow
+from tests.support.roles import ensure_group
 
 ENTRY_POINTS = ("pgflow.complete_manual_task(uuid, text, integer, jsonb)",
                 "pgflow.fail_manual_task(uuid, text, integer, text)")
@@ -81,6 +82,7 @@ def test_the_documented_trusted_role_completes_and_fails_manual_tasks(db, author
     admin = db.connect()
     role = _role(admin, "approver")
     admin.execute(TRUSTED_GRANTS.format(role=f'"{role}"'))  # after the flow's queue exists (ON ALL TABLES)
+    admin.execute(f'GRANT {ensure_group(admin, "pgflow_trusted")} TO "{role}"')  # the caller check
     ok, bad = rt.start("trusted", {}), rt.start("trusted", {})
     with psycopg.connect(f"{db.conninfo} user={role}") as service:  # one transaction, committed at exit
         service.execute("SELECT pgflow.complete_manual_task(%s, 'gate', 0, %s)", (ok, Jsonb({"by": "service"})))
@@ -116,7 +118,7 @@ def test_the_manual_paths_never_call_pgmq_themselves(rt):
 def test_the_doc_lists_exactly_these_grants():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "permissions.md").read_text(encoding="utf-8")
     for line in TRUSTED_GRANTS.strip().splitlines():
-        assert line.format(role="pgflow_approvals") in doc, line
+        assert line.format(role="pgflow_trusted") in doc, line
 
 
 def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db, client_role_names):
@@ -144,7 +146,9 @@ def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db, client_ro
     operator_only = ("pgflow.fence_", "pgflow._fence", "pgflow.drop_flow", "pgflow._drop_flow",
                      "pgflow._require_flow", "pgflow._lock_flow_for_deletion", "pgflow._delete_flow_rows",
                      "pgflow.cancel_run", "pgflow.retry_run", "pgflow.resume_run", "pgflow._require_operator",
-                     "pgflow._lock_restart_source")
+                     "pgflow._lock_restart_source",
+                     "pgflow._require_caller",  # the caller check: only operator and trusted calls reach it
+                     "pgflow.prune_")  # pgflow prune, an operator command
     # sorted in Python too: the expected list is in code-point order, whatever the database's collation
     unreachable = sorted(f for f in unreachable if not f.startswith(operator_only))
     assert unreachable == ["pgflow._lock_manual_task(text,uuid,text,integer,text,jsonb,text)",

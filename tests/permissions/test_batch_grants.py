@@ -108,6 +108,8 @@ RENAMED = {
     # the failure with a retry delay or fail-now, which the earlier build did not have
     "pgflow.fail_task(uuid,text,integer,text)": ("pgflow.fail_task(uuid,text,integer,text)",
                                                  "pgflow.fail_task(uuid,text,integer,text,double precision,boolean)"),
+    # the caller check the operator and trusted entry points make first (pgflow._require_caller)
+    "pgflow.delete_flow_and_data(text)": ("pgflow.delete_flow_and_data(text)", "pgflow._require_caller(text,text)"),
 }
 """What the earlier build's functions became here: a role that could run one can run these."""
 

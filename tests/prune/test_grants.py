@@ -12,6 +12,7 @@ from psycopg.conninfo import make_conninfo
 from pgflow_cli.errors import ExitCode
 from tests.prune.helpers import build_history
 from tests.support.cli import run_cli
+from tests.support.roles import ensure_group
 
 PERMISSIONS = Path(__file__).resolve().parents[2] / "docs" / "permissions.md"
 
@@ -28,6 +29,7 @@ def test_the_operator_recipe_is_enough_to_prune(rt, db):
     history = build_history(rt)
     role = f"pruner_{uuid.uuid4().hex[:8]}"
     admin = db.connect()
+    ensure_group(admin, "pgflow_operator")  # cluster-wide, shared with other tests: made once, never dropped
     try:
         for statement in recipe():
             admin.execute(statement.replace("pgflow_pruner", role).replace("CREATE ROLE " + role + " LOGIN",

@@ -30,7 +30,7 @@ from psycopg.types.json import Jsonb
 from tests.runtime.driver import commit_when_blocked, concurrently, raises_sqlstate
 from tests.runtime.test_batch_reports import _element, _state
 
-pytestmark = pytest.mark.upgraded_only(reason="complete_tasks' set-based pass exists from migration 0014 on")
+pytestmark = pytest.mark.upgraded_only(reason="complete_tasks' set-based pass exists from the queue stage (0003) on")
 
 DEADLINE = 60.0
 SET_BASED = "pgflow._complete_started_tasks(uuid[], text[], integer[], jsonb[], text)"

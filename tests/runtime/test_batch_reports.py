@@ -1,4 +1,4 @@
-"""Batch reports (migration 0010): ``pgflow.complete_tasks`` / ``pgflow.fail_tasks`` do what one
+"""Batch reports (the queue stage, 0003): ``pgflow.complete_tasks`` / ``pgflow.fail_tasks`` do what one
 ``complete_task`` / ``fail_task`` per element does, in one call (docs/runtime.md "Batch reports").
 
 * the same end state as the single calls, compared row by row (runs, step states, tasks, queue and
@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from tests.runtime.driver import concurrently
 
-pytestmark = pytest.mark.upgraded_only(reason="complete_tasks / fail_tasks exist from migration 0010 on")
+pytestmark = pytest.mark.upgraded_only(reason="complete_tasks / fail_tasks exist from the queue stage (0003) on")
 
 DEADLINE = 60.0
 SHAPE = [

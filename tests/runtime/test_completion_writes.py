@@ -1,4 +1,4 @@
-"""What a worker's completion writes (migration 0013): each step state changes once per
+"""What a worker's completion writes (the queue stage, 0003): each step state changes once per
 transition, so PostgreSQL never re-checks its foreign keys for a second update of a row the
 transaction already changed (docs/runtime.md "What each call does, and what it skips").
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.upgraded_only(reason="the worker progression of migration 0013")
+pytestmark = pytest.mark.upgraded_only(reason="the worker progression of the queue stage (0003)")
 
 UPDATED = "SELECT pg_stat_get_xact_tuples_updated(%s::regclass) AS n"
 

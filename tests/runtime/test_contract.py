@@ -164,6 +164,9 @@ UPGRADED_ALLOWED = {
     "drop_flow_plan": {"select_rows"},  # counts queued and archived messages for the plan
     "set_vt_batch": {"update_rows"},  # compatibility utility on an explicit queue; the runtime never calls it
     "prune_data_older_than": {"delete_rows"},  # old rows of archive tables (optional file)
+    # pgflow prune: counts and deletes archive rows older than the cutoff, in batches (PGMQ has no
+    # function that deletes archived messages by age); never a queue table
+    "prune_archive": {"select_rows", "delete_rows"},
 }
 
 RUNTIME_PATHS = (

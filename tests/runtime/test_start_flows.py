@@ -1,4 +1,4 @@
-"""``pgflow.start_flows(flow_slug, inputs)`` (migration 0010): one run per element, in array order,
+"""``pgflow.start_flows(flow_slug, inputs)`` (the queue stage, 0003): one run per element, in array order,
 each as ``start_flow`` would start it (docs/runtime.md "Starting many runs")."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-pytestmark = pytest.mark.upgraded_only(reason="start_flows exists from migration 0010 on")
+pytestmark = pytest.mark.upgraded_only(reason="start_flows exists from the queue stage (0003) on")
 
 
 def _start_flows(rt, slug: str, inputs) -> list[dict]:

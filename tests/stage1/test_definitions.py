@@ -183,7 +183,7 @@ def test_compiled_verified_and_production_mismatches(rt):
     v2 = shape(step("a"), step("b", ["a"]), step("c", ["b"]))
     shape_mismatch = compile2(rt, "Prod", v2)
     assert (shape_mismatch["status"], shape_mismatch["mismatchKind"]) == ("mismatch", "shape")
-    assert any("step count differs" in d for d in shape_mismatch["differences"])
+    assert any("Step count differs" in d for d in shape_mismatch["differences"])
     assert shape_mismatch["routes"] == routes("prod", "a", "b")  # what the database has
 
     # a route changed by hand (steps have no immutability trigger): same shape, different routing

@@ -20,7 +20,7 @@ The rules (docs/runtime.md, "Invariants"):
    tasks cancelled); a started run's ``remaining_steps`` equals its number of created/started steps; a
    completed run has only completed or skipped steps; a failed run has at least one failed step.
 
-5. manual tasks (``execution_mode = 'manual'``, migration 0009) have no queue, no message and
+5. manual tasks (``execution_mode = 'manual'``, the queue stage) have no queue, no message and
    are never ``queued``; rules 2 and 3 are about queue-backed tasks only.
 
 A task's queue is its ``queue_name`` snapshot where the schema has one (queue identity,

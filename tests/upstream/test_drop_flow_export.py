@@ -1,6 +1,6 @@
 """`pgflow drop-flow --export` on an adopted pgflow 0.8.1 database whose finished runs have no stored
 step outputs yet (the history backfill has not run): the step-state lines carry the outputs
-`pgflow.get_run_with_states` computes from the tasks (migration 0011), not null, and are otherwise
+`pgflow.get_run_with_states` computes from the tasks (the queue stage, 0003), not null, and are otherwise
 the rows themselves; after the backfill the lines are the same."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ batch room than handler slots claims ahead of its slots once it knows its handle
 The calls are counted by the database (``pg_stat_user_functions`` with ``track_functions``),
 not by the worker. To hold several reports together, the test locks ``pgflow.step_tasks``: the
 first report then waits for the lock (seen in ``pg_stat_activity``) while the others queue.
-The batch functions are migration 0010's.
+The batch functions are the queue stage's.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every handler invocation is recorded with (run_id, step_slug, task_index, worker); the record
 is compared with ``pgflow.step_tasks`` (status, attempts_count, last_worker_id) and with the
 flow's PGMQ queue and archive. Each case runs with one report call per task and with batched
-reports (``complete_tasks``, migration 0010), and with the workers connected to the server directly
+reports (``complete_tasks``, the queue stage), and with the workers connected to the server directly
 and through a real PgBouncer in transaction mode (strict: every server connection is reset after each
 transaction, so a worker that relied on session state would fail every time).
 """

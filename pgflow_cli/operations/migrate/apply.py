@@ -92,7 +92,7 @@ class MigrateResult:
             self.applied.append(outcome.label)
         if isinstance(outcome, Adopted):
             self.adoption = {"release": outcome.release, "releases": list(outcome.releases),
-                             "assumed": outcome.assumed, "differences": outcome.differences,
+                             "assumed": outcome.assumed, "differences": outcome.differences, "mended": outcome.mended,
                              "online": outcome.online, "dry_run": outcome.dry_run}
 
 

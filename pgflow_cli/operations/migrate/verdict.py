@@ -4,7 +4,7 @@ what to say after Ctrl-C."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -12,6 +12,7 @@ import psycopg
 from pgflow_cli import installer
 from pgflow_cli.db import Target, connect
 from pgflow_cli.errors import ExitCode, PgflowError
+from pgflow_cli.installer import shapes
 from pgflow_cli.operations import upstream
 
 
@@ -22,7 +23,9 @@ class StatusReport:
     Attributes:
         plan: the installer's comparison of the shipped files with the ledger.
         verdict: ``conflict`` (changed checksum, newer database, foreign pgflow: nothing can be
-            applied), ``in_progress`` (a phased run stopped part way), ``drift`` (installed
+            applied), ``in_progress`` (a phased run stopped part way), ``broken`` (a table, column,
+            constraint, index or trigger the runtime needs is missing or changed:
+            :func:`pgflow_cli.installer.shapes.database_breaks`), ``drift`` (installed
             function text differs from the files, or an invalid index is left, with nothing
             pending to fix it), ``pending`` (migrations, or the online completion of an
             adoption: its index and validations) or ``up_to_date`` (an optional history
@@ -31,19 +34,22 @@ class StatusReport:
             unrecognised upstream schema, or the ledger's conflict when nothing is to be adopted.
         found: which release installed a pgflow schema pgflow-cli did not (or adopted), and what
             adopting it involves (:func:`pgflow_cli.operations.upstream.inspect`).
+        breaks: what the runtime needs and the schema lacks, one line each.
     """
 
     plan: installer.Plan
     verdict: str
     conflict: PgflowError | None
     found: upstream.UpstreamPlan | None = None
+    breaks: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> ExitCode:
-        """0 up to date or only pending; 1 in progress or drift (operator work); 6 conflict (docs/exit-codes.md)."""
+        """0 up to date or only pending; 1 in progress, broken or drift (operator work); 6 conflict
+        (docs/exit-codes.md)."""
         if self.verdict == "conflict":
             return ExitCode.CONFLICT
-        if self.verdict in ("in_progress", "drift"):
+        if self.verdict in ("in_progress", "broken", "drift"):
             return ExitCode.FINDINGS
         return ExitCode.OK
 
@@ -56,6 +62,9 @@ class StatusReport:
             out.append(f"migration {s.version:04d}_{s.name} is IN PROGRESS (committed phases: {done}); the database "
                        f"keeps its old behaviour until the last phase commits: resume with `pgflow migrate apply`, "
                        f"or undo with `pgflow migrate abort {s.version}`")
+        for line in self.breaks:
+            out.append(f"BROKEN: {line}; restore it as pgflow-cli created it (docs/upgrade.md \"A broken runtime "
+                       "schema\")")
         for index in plan.invalid_indexes:
             out.append(f"index {index} is INVALID (left by an interrupted concurrent build); `pgflow migrate apply` "
                        "drops and rebuilds it")
@@ -90,6 +99,7 @@ class StatusReport:
             "changed": [s.version for s in plan.changed],
             "unknown": [s.version for s in plan.unknown],
             "invalid_indexes": list(plan.invalid_indexes),
+            "breaks": list(self.breaks),
             "files": [f.to_dict() for f in plan.files],
             "file_drift": [f.path for f in plan.file_drift],
             "installed": self.found.recognition.summary() if self.found else None,
@@ -131,17 +141,20 @@ def status(conn: psycopg.Connection) -> StatusReport:
     plan = installer.make_plan(conn)
     found = upstream.inspect(conn)
     conflict = blocking_conflict(plan, found)
+    breaks = [shapes.describe(d) for d in shapes.database_breaks(conn)]
     if conflict:
         verdict = "conflict"
     elif plan.in_progress:
         verdict = "in_progress"
+    elif breaks:
+        verdict = "broken"
     elif plan.file_drift or plan.invalid_indexes:
         verdict = "drift"
     elif plan.pending or found.completion:
         verdict = "pending"
     else:
         verdict = "up_to_date"
-    return StatusReport(plan, verdict, conflict, found)
+    return StatusReport(plan, verdict, conflict, found, breaks)
 
 
 def interrupted(target: Target) -> PgflowError:

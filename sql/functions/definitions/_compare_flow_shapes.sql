@@ -23,7 +23,8 @@ BEGIN
     RAISE EXCEPTION '_compare_flow_shapes(): "steps" must be a JSON array' USING ERRCODE = 'PF003';
   END IF;
   IF pg_catalog.jsonb_array_length(v_local) <> pg_catalog.jsonb_array_length(v_db) THEN
-    v_diffs := v_diffs || pg_catalog.format('step count differs: worker defines %s, database has %s',
+    -- released pgflow's exact text, worker's count first (its tests pin it)
+    v_diffs := v_diffs || pg_catalog.format('Step count differs: %s vs %s',
                                             pg_catalog.jsonb_array_length(v_local), pg_catalog.jsonb_array_length(v_db));
   END IF;
   FOR i IN 0 .. GREATEST(pg_catalog.jsonb_array_length(v_local), pg_catalog.jsonb_array_length(v_db)) - 1 LOOP

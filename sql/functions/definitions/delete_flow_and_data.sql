@@ -6,6 +6,9 @@
 -- so deletion and workers take rows in the same order and cannot deadlock. Queue tables are dropped
 -- whole; messages are not archived one by one first. A queue another flow also uses (never the case
 -- for generated names) is kept, with only this flow's live messages archived.
+-- Dropping a table is its owner's right, and pgmq.drop_queue quietly skips a table the caller cannot
+-- see: so the caller's right to drop every queue it would drop is checked before anything changes
+-- (42501 naming each queue and its owner), rather than deleting the rows and leaving the tables.
 CREATE OR REPLACE FUNCTION pgflow.delete_flow_and_data(p_flow_slug text)
 RETURNS void
 LANGUAGE plpgsql
@@ -21,7 +24,12 @@ DECLARE
   v_run_ids uuid[];
   v_step_slugs text[];
   v_task_indexes integer[];
+  v_denied text[];
 BEGIN
+  -- local recompilation (ensure_flow_compiled when is_local()) runs as the worker
+  IF NOT pgflow.is_local() THEN
+    PERFORM pgflow._require_caller('pgflow_operator', 'delete flows');
+  END IF;
   PERFORM pgflow._lock_flow_for_deletion(p_flow_slug);
 
   SELECT f.queue_mode INTO v_mode FROM pgflow.flows AS f WHERE f.flow_slug = p_flow_slug;
@@ -42,6 +50,22 @@ BEGIN
      OR EXISTS (SELECT 1 FROM pgflow.flows AS f
                 WHERE f.flow_slug <> p_flow_slug AND f.queue_mode = 'flow'
                   AND pg_catalog.lower(f.flow_slug COLLATE "C") = q);
+
+  SELECT pg_catalog.array_agg(pg_catalog.format('queue "%s" (tables owned by "%s")', q, o.owner) ORDER BY q)
+  INTO v_denied
+  FROM pg_catalog.unnest(coalesce(v_queues, '{}')) AS q
+  CROSS JOIN LATERAL (
+    SELECT pg_catalog.pg_get_userbyid(c.relowner) AS owner
+    FROM pg_catalog.pg_class AS c
+    WHERE c.oid IN (pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', pgmq.format_table_name(q, 'q'))),
+                    pg_catalog.to_regclass(pg_catalog.format('pgmq.%I', pgmq.format_table_name(q, 'a'))))
+  ) AS o
+  WHERE q <> ALL (coalesce(v_shared, '{}')) AND NOT pg_catalog.pg_has_role(current_user, o.owner, 'USAGE');
+  IF v_denied IS NOT NULL THEN
+    RAISE EXCEPTION 'role "%" may not drop the queue tables of flow "%": %; nothing was deleted',
+      current_user, p_flow_slug, pg_catalog.array_to_string(v_denied, ', ')
+      USING ERRCODE = '42501', HINT = 'dropping a table is its owner''s right: run as that role, or GRANT it TO the role that deletes';
+  END IF;
 
   IF v_shared IS NOT NULL THEN
     SELECT pg_catalog.array_agg(t.run_id), pg_catalog.array_agg(t.step_slug), pg_catalog.array_agg(t.task_index)

@@ -34,7 +34,6 @@ VOLATILE
 SET search_path = ''
 AS $$
 DECLARE
-  v_owner name;
   v_mode text;
   v_route record;
   v_routes jsonb;
@@ -52,16 +51,7 @@ DECLARE
   v_leftovers text[];
   v_left text[];
 BEGIN
-  SELECT pg_catalog.pg_get_userbyid(c.relowner) INTO v_owner
-  FROM pg_catalog.pg_class AS c WHERE c.oid = 'pgflow.flows'::regclass;
-  IF NOT (pg_catalog.pg_has_role(current_user, v_owner, 'USAGE')
-          OR (pg_catalog.to_regrole('pgflow_operator') IS NOT NULL
-              AND pg_catalog.pg_has_role(current_user, 'pgflow_operator', 'USAGE'))) THEN
-    RAISE EXCEPTION 'role "%" may not drop flows: only the owner of the pgflow tables ("%") or a member of pgflow_operator may',
-      current_user, v_owner
-      USING ERRCODE = '42501',
-            HINT = 'run it as the schema owner, or GRANT pgflow_operator TO the role (docs/drop-flow.md "Who may drop a flow")';
-  END IF;
+  PERFORM pgflow._require_caller('pgflow_operator', 'drop flows');
 
   PERFORM pgflow._lock_flow_for_deletion(drop_flow.flow_slug);
   v_mode := pgflow._require_flow(drop_flow.flow_slug);

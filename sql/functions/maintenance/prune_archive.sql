@@ -12,6 +12,8 @@
 -- waits for nobody and nobody waits for it; it reads the archive's archived_at index.
 -- Returns the number of rows deleted (dry run: that would be); 0 when the queue has no archive table.
 -- Errors: 22023 a NULL cutoff, a batch size outside 1..100000, or a queue no step routes to.
+-- Operator only: anyone but the owner of the pgflow tables or a member of pgflow_operator gets 42501
+-- (pgflow._require_caller; a worker holds EXECUTE on every function, so the grant cannot tell them apart).
 CREATE OR REPLACE FUNCTION pgflow.prune_archive(p_queue_name text, p_cutoff timestamptz, p_batch_size integer,
                                                 p_dry_run boolean DEFAULT false)
 RETURNS bigint
@@ -23,6 +25,7 @@ DECLARE
   v_table text;
   v_count bigint;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'prune queue archives');
   IF p_cutoff IS NULL OR p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 100000 THEN
     RAISE EXCEPTION 'prune_archive(): the cutoff must be a time and the batch size 1 to 100000, got % and %',
       coalesce(p_cutoff::text, 'NULL'), coalesce(p_batch_size::text, 'NULL')

@@ -24,6 +24,8 @@
 -- dry run, that would be), "runs_by_status": {"completed": n, "failed": n}, "skipped_locked",
 -- "kept_open_tasks", "done": true when no run is left after this page}.
 -- Errors: 22023 a NULL cutoff or a batch size outside 1..10000.
+-- Operator only: anyone but the owner of the pgflow tables or a member of pgflow_operator gets 42501
+-- (pgflow._require_caller; a worker holds EXECUTE on every function, so the grant cannot tell them apart).
 CREATE OR REPLACE FUNCTION pgflow.prune_runs(p_cutoff timestamptz, p_after uuid, p_batch_size integer,
                                              p_dry_run boolean DEFAULT false)
 RETURNS jsonb
@@ -42,6 +44,7 @@ DECLARE
   v_completed integer := 0;
   v_failed integer := 0;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'prune runs');
   IF p_cutoff IS NULL OR p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 10000 THEN
     RAISE EXCEPTION 'prune_runs(): the cutoff must be a time and the batch size 1 to 10000, got % and %',
       coalesce(p_cutoff::text, 'NULL'), coalesce(p_batch_size::text, 'NULL')

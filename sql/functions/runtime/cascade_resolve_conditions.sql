@@ -54,8 +54,8 @@ BEGIN
     LOOP
       v_found := true;
       IF v_unmet.when_unmet = 'fail' THEN
-        PERFORM pgflow._fail_run(cascade_resolve_conditions.run_id, v_unmet.step_slug,
-                                 pg_catalog.format('Condition not met for step "%s" (when_unmet = fail)', v_unmet.step_slug));
+        -- released pgflow's exact text (its tests pin it); the failed step is the row that holds it
+        PERFORM pgflow._fail_run(cascade_resolve_conditions.run_id, v_unmet.step_slug, 'Condition not met');
         RETURN false;
       ELSIF v_unmet.when_unmet = 'skip' THEN
         PERFORM pgflow._skip_step(cascade_resolve_conditions.run_id, v_unmet.step_slug, 'condition_unmet');

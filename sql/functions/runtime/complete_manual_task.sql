@@ -22,6 +22,7 @@ DECLARE
   v_output jsonb := coalesce(complete_manual_task.output, 'null'::jsonb);
   v_task pgflow.step_tasks;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_trusted', 'complete manual tasks');
   v_task := pgflow._lock_manual_task('complete_manual_task', complete_manual_task.run_id, complete_manual_task.step_slug,
                                      complete_manual_task.task_index, 'completed', v_output, NULL);
   IF v_task.status <> 'started' THEN

@@ -17,6 +17,7 @@ AS $$
 DECLARE
   v_task pgflow.step_tasks;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_trusted', 'fail manual tasks');
   IF fail_manual_task.error_message IS NULL THEN
     RAISE EXCEPTION 'fail_manual_task(): error_message must not be NULL' USING ERRCODE = '22004';
   END IF;

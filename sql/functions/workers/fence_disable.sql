@@ -44,6 +44,7 @@ DECLARE
   v_fence pgflow.fences;
   v_count integer;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'fence worker functions');
   IF fence_disable.reason IS NULL OR pg_catalog.btrim(fence_disable.reason) = ''
      OR pg_catalog.char_length(pg_catalog.btrim(fence_disable.reason)) > 1000 THEN
     RAISE EXCEPTION 'fence_disable(): a reason of 1 to 1000 characters is required (why the functions are fenced)'

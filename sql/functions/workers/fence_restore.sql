@@ -41,6 +41,7 @@ DECLARE
   v_wf pgflow.worker_functions;
   v_fence pgflow.fences;
 BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'restore fences');
   IF fence_restore.function_names IS NULL THEN
     SELECT pg_catalog.array_agg(f.function_name ORDER BY f.function_name) INTO v_names
     FROM pgflow.fences AS f WHERE f.state = 'active';
