@@ -26,6 +26,9 @@ GUARDED: dict[str, tuple[str, ...]] = {
         "pgflow.delete_flow_and_data(text)",  # not when pgflow.is_local(): local recompilation runs as the worker
         "pgflow.prune_runs(timestamp with time zone, uuid, integer, boolean)",
         "pgflow.prune_archive(text, timestamp with time zone, integer, boolean)",
+        "pgflow.cancel_run(uuid, text)",
+        "pgflow.retry_run(uuid)",
+        "pgflow.resume_run(uuid)",
     ),
     TRUSTED: (
         "pgflow.complete_manual_task(uuid, text, integer, jsonb)",

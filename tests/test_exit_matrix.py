@@ -71,6 +71,9 @@ MATRIX: dict[tuple[str, ...], Case] = {
     ("runs", "show"): Case(("runs", "show", ZERO_RUN), (3, 6, 6)),
     ("runs", "start"): Case(("runs", "start", "nope", "--input", "{}"), (3, 6, 6)),
     ("runs", "wait"): Case(("runs", "wait", ZERO_RUN), (3, 6, 6)),
+    ("runs", "cancel"): Case(("runs", "cancel", ZERO_RUN, "--yes"), (3, 3, 6)),
+    ("runs", "retry"): Case(("runs", "retry", ZERO_RUN), (3, 3, 6)),
+    ("runs", "resume"): Case(("runs", "resume", ZERO_RUN), (3, 3, 6)),
     ("workers", "list"): Case(("workers", "list"), (3, 0, 0)),
     ("workers", "forget"): Case(("workers", "forget", "--stale-for", "1d", "--yes"), (3, 0, 0)),
     # the matrix connects as a superuser, whom the exporter refuses wherever pgflow's tables exist;

@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 """Layer -> the other layers it may import (besides SHARED)."""
 
-INSTALLER_ORDER = ["files", "catalog", "old_levels", "ledger", "pgmq_bootstrap", "events", "locks", "engine", "steps"]
+INSTALLER_ORDER = ["files", "catalog", "shapes", "old_levels", "ledger", "pgmq_bootstrap", "events", "locks", "engine", "steps"]
 """``pgflow_cli.installer`` modules, each importing only the ones before it (the facade imports all)."""
 
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}

@@ -54,8 +54,8 @@ COMMANDS = (
     LazyCommand("task", "pgflow_cli.cli.task",
                 "Manual tasks: the tasks of queue-less steps (Flow.step(..., manual=True)) that trusted code completes "
                 "or fails instead of a worker (pgflow.complete_manual_task / pgflow.fail_manual_task).", section="run"),
-    LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them; start a run and await its end.",
-                section="run"),
+    LazyCommand("runs", "pgflow_cli.cli.runs", "Runs and what happened in them; start a run and await its end; "
+                "cancel a run, retry or resume a failed one.", section="run"),
     LazyCommand("status", "pgflow_cli.cli.status",
                 "What runs, per flow, in one read-only snapshot: runs by state, tasks by state, the oldest queued task "
                 "and how long it has waited, stalled tasks (what the next pgflow.requeue_stalled_tasks() call would take "

@@ -1,5 +1,5 @@
-"""``pgflow runs list|show|start|wait``: runs, steps, tasks, attempts, errors; start a run and await it
-(docs/commands/runs.md)."""
+"""``pgflow runs list|show|start|wait|retry|resume|cancel``: runs, steps, tasks, attempts, errors; start a
+run and await it; cancel a run, restart a failed one (docs/commands/runs.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from pgflow_cli.operations import runs as runs_op
 from pgflow_cli.operations.status import RUN_STATES
 
 app = typer.Typer(
-    help="Runs and what happened in them; start a run and await its end. Run inputs and message bodies "
+    help="Runs and what happened in them; start a run and await its end; cancel a run, retry or resume a "
+    "failed one. Run inputs and message bodies "
     "are never shown; outputs only with --show-output. Wherever a RUN_ID is taken, a unique prefix of it "
     "(at least 4 hex digits) is enough.",
     no_args_is_help=True,
@@ -160,6 +161,13 @@ def show_detail(detail: runs_op.RunDetail, out: render.Page) -> None:
     out.line(f"run {run['run_id']} of flow {run['flow_slug']}: {run['status']}", "bold")
     out.line(f"started {_when(run['started_at'])} UTC" + (f", ended {_when(ended)} UTC" if ended else "")
              + f"; {run['remaining_steps']} step(s) remaining", "bold")
+    if run.get("restart_of_run_id"):
+        out.line(f"{run['restart_kind']} of run {run['restart_of_run_id']}")
+    if run.get("cancelled_at"):
+        out.line(f"cancelled {_when(run['cancelled_at'])} UTC by {run['cancelled_by']}: {run['cancel_reason']}")
+    if detail.restarted_as:
+        out.line("restarted as: " + ", ".join(f"{r['run_id']} ({r['restart_kind']}, {r['status']})"
+                                              for r in detail.restarted_as))
     if detail.show_output:
         out.line(f"output: {_json_text(run.get('output'))}", "bold")
 
@@ -350,6 +358,8 @@ def _task_state(task: dict[str, Any]) -> str:
     elif task.get("requested_retry_delay") is not None and task["status"] in ("queued", "failed"):
         # asked with the latest failure; on the last attempt it was not applied
         state += f" (retry in {task['requested_retry_delay']}s asked)"
+    if task.get("refused_reports"):
+        state += f" ({task['refused_reports']} late report(s) refused)"
     return state
 
 
@@ -359,3 +369,163 @@ def _when(value: Any) -> str:
 
 def _json_text(value: Any) -> str:
     return "-" if value is None else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+RETRY_HELP = """Retry a failed (or cancelled) run as a fresh run of the same flow and input.
+
+Nothing of the failed run is reused: every step runs again. The new run names the failed one
+(restart_of_run_id, shown by `runs show`); the failed run is not changed and may be retried again.
+Needs an operator role: the owner of the pgflow tables or a member of pgflow_operator
+(docs/permissions.md "Run operators").
+
+Exit 0: the new run started. Exit 2: RUN_ID is neither a run id nor a unique prefix, or the flow as
+compiled now cannot take the input. Exit 3: cannot connect, not an operator, or a schema before
+migration 0003. Exit 6: no such run, or it is not failed (still started, or completed).
+
+\b
+Examples:
+  pgflow runs retry 6f1c2a9e
+  pgflow runs retry 6f1c2a9e --format json"""
+
+RESUME_HELP = """Resume a failed (or cancelled) run: a new run that reuses every task the failed run completed.
+
+Map elements included: a map step with 9 of 10 elements done queues only the tenth. Only the unfinished
+tasks and what depends on them run; conditions and empty maps are decided again as on a fresh run. A
+task is reused only when its step's dependencies ended exactly as in the failed run. The new run names
+the failed one (restart_of_run_id); the failed run is not changed. Needs an operator role (as retry).
+
+Exit 0: the new run started. Exit 2: a bad RUN_ID, or an input the flow cannot
+take. Exit 3: cannot connect, not an operator, or a schema before migration 0003. Exit 6: no such run;
+it is not failed; or its flow was compiled again since it started (retry it instead).
+
+\b
+Examples:
+  pgflow runs resume 6f1c2a9e
+  pgflow runs resume 6f1c2a9e --format json"""
+
+CANCEL_HELP = """Cancel a started run: it ends failed, with the reason recorded.
+
+Every queued or started task of the run, manual ones included, is cancelled and its message archived;
+a handler still running finds out at its worker's next heartbeat (its stop signal), and its result,
+when it comes, is refused and counted on its task (`runs show`). On a terminal you are asked to type
+the first 8 characters of the run id; --yes does not ask (required when there is no terminal).
+Cancelling a run cancelled already changes nothing. Needs an operator role (docs/permissions.md
+"Run operators").
+
+Exit 0: cancelled (or cancelled already). Exit 2: a bad RUN_ID or --reason, or no terminal and no --yes.
+Exit 3: cannot connect, not an operator, or a schema before migration 0003. Exit 6: no such run, or it
+already completed or failed. Exit 130: the confirmation was declined; nothing changed.
+
+\b
+Examples:
+  pgflow runs cancel 6f1c2a9e --reason "wrong input file"
+  pgflow runs cancel 6f1c2a9e --yes --format json"""
+
+
+@app.command("retry", help=RETRY_HELP)
+@common.option_groups
+def retry(
+    run_id: RunIdArgument,
+    output_format: common.ReportFormatOption = OutputFormat.table,
+    where: common.TargetOptions = common.ANY_TARGET,
+) -> None:
+    _restart(run_id, resume=False, output_format=output_format, where=where)
+
+
+@app.command("resume", help=RESUME_HELP)
+@common.option_groups
+def resume(
+    run_id: RunIdArgument,
+    output_format: common.ReportFormatOption = OutputFormat.table,
+    where: common.TargetOptions = common.ANY_TARGET,
+) -> None:
+    _restart(run_id, resume=True, output_format=output_format, where=where)
+
+
+def _restart(run_id: str, *, resume: bool, output_format: OutputFormat, where: common.TargetOptions) -> None:
+    runs_op.parse_run_ref(run_id)
+    with where.connected() as (conn, target):
+        report = runs_op.restart_run(conn, run_id, resume=resume)
+    if output_format == OutputFormat.json:
+        render.write_json(common.versioned(report.to_document(), target))
+        return
+    show_restart(report, render.Page(output_format.value))
+
+
+def show_restart(report: runs_op.RestartReport, out: render.Page) -> None:
+    """Render what ``runs retry`` / ``runs resume`` report in ``out``'s format.
+
+    Args:
+        report: the source and the new run (:func:`pgflow_cli.operations.runs.restart_run`).
+        out: the page to write (``table``, ``plain`` or ``markdown``).
+    """
+    run, verb = report.run, "resumed" if report.kind == runs_op.RESUME_KIND else "retried"
+    out.line(f"{verb} run {report.source['run_id']} of flow {run['flow_slug']} as run {run['run_id']}: "
+             f"{run['status']}", "bold")
+    reused = f"reused {report.reused_tasks} completed task(s), " if report.kind == runs_op.RESUME_KIND else ""
+    out.line(f"{reused}queued {report.queued_tasks} task(s); {run['remaining_steps']} step(s) remaining")
+    out.line(common.with_target(f"next: pgflow runs wait {run['run_id']}"), "dim")
+
+
+@app.command("cancel", help=CANCEL_HELP)
+@common.option_groups
+def cancel(
+    run_id: RunIdArgument,
+    reason: Annotated[str | None, typer.Option(
+        "--reason", metavar="TEXT", show_default=False,
+        help="Why (recorded with the run, at most 1000 characters). Default: \"cancelled by <role>\".")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    output_format: common.ReportFormatOption = OutputFormat.table,
+    where: common.TargetOptions = common.ANY_TARGET,
+) -> None:
+    runs_op.parse_run_ref(run_id)
+    if reason is not None and not reason.strip():
+        raise UsageError("--reason is empty", hint="say why, or leave --reason out")
+    if reason is not None and len(reason) > runs_op.MAX_CANCEL_REASON:
+        raise UsageError(f"--reason is {len(reason)} characters long; at most {runs_op.MAX_CANCEL_REASON} are kept")
+    if not yes and not sys.stdin.isatty():
+        raise UsageError("runs cancel ends a run: on no terminal, confirm with --yes",
+                         hint="or run it on a terminal and type the run id's first 8 characters when asked")
+    with where.connected() as (conn, target):
+        preview = runs_op.cancel_preview(conn, run_id)
+        if not yes:
+            _confirm_cancel(preview)
+        report = runs_op.cancel_run(conn, preview.run["run_id"], reason)
+    if output_format == OutputFormat.json:
+        render.write_json(common.versioned(report.to_document(), target))
+        return
+    show_cancel(report, render.Page(output_format.value))
+
+
+def _confirm_cancel(preview: runs_op.CancelPreview) -> None:
+    err = render.stderr_console()
+    run = preview.run
+    err.print(render.text(f"run {run['run_id']} of flow {run['flow_slug']}: {run['status']}, "
+                          f"{run['remaining_steps']} step(s) remaining; {preview.queued} queued, {preview.running} "
+                          f"running and {preview.manual} manual task(s) would be cancelled. It cannot be undone "
+                          "(a failed run can be retried or resumed).", "bold"))
+    try:
+        answer = typer.prompt("Type the run id's first 8 characters to cancel it", default="", show_default=False,
+                              err=True)
+    except (EOFError, typer.Abort):
+        answer = None
+    if answer is None or answer.strip().lower() != run["run_id"][:8]:
+        err.print(render.text("not cancelled: the characters did not match; nothing changed", "yellow"))
+        raise typer.Exit(int(ExitCode.INTERRUPTED))
+
+
+def show_cancel(report: runs_op.CancelReport, out: render.Page) -> None:
+    """Render what ``runs cancel`` reports in ``out``'s format.
+
+    Args:
+        report: the run after the cancel (:func:`pgflow_cli.operations.runs.cancel_run`).
+        out: the page to write (``table``, ``plain`` or ``markdown``).
+    """
+    run = report.run
+    head = f"run {run['run_id']} of flow {run['flow_slug']}"
+    if report.already:
+        out.line(f"{head} was cancelled already, at {_when(run['cancelled_at'])} UTC by {run['cancelled_by']}: "
+                 f"{run['cancel_reason']}; nothing changed", "bold")
+    else:
+        out.line(f"cancelled {head}: {run['cancel_reason']}; {report.tasks_cancelled} task(s) cancelled", "bold")
+    out.line(common.with_target(f"next: pgflow runs show {run['run_id']}, or pgflow runs resume {run['run_id']}"), "dim")

@@ -24,11 +24,24 @@ Inside your own transaction (the run starts if and only if your rows commit)::
 
 Errors are :class:`pgflow_cli.errors.PgflowError` subclasses carrying the command line's exit codes:
 :class:`RunFailed` (1), :class:`~pgflow_cli.jsoncheck.JsonValueError` and :class:`InvalidInput` (2),
-``ConnectionFailed`` (3), :class:`WaitTimeout` (5), :class:`FlowNotFound` and :class:`RunNotFound` (6).
+``ConnectionFailed`` (3), :class:`WaitTimeout` (5), :class:`FlowNotFound`, :class:`RunNotFound` and
+:class:`RunStateConflict` (6).
+
+An operator role also cancels, retries and resumes runs (``client.cancel(run, reason)``,
+``client.retry(run)``, ``client.resume(run)``; docs/client.md "Cancelling and restarting runs").
 """
 
-from pgflow_cli.client.aio import AsyncClient, get_run_async, start_run_async, start_runs_async
+from pgflow_cli.client.aio import (
+    AsyncClient,
+    cancel_run_async,
+    get_run_async,
+    resume_run_async,
+    retry_run_async,
+    start_run_async,
+    start_runs_async,
+)
 from pgflow_cli.client.core import (
+    MAX_CANCEL_REASON,
     FlowNotFound,
     InvalidInput,
     PollPolicy,
@@ -39,16 +52,18 @@ from pgflow_cli.client.core import (
     RunOutcome,
     RunProgress,
     RunState,
+    RunStateConflict,
     StepFailure,
     StepState,
     TaskFailure,
     WaitStats,
     WaitTimeout,
 )
-from pgflow_cli.client.sync import Client, get_run, start_run, start_runs
+from pgflow_cli.client.sync import Client, cancel_run, get_run, resume_run, retry_run, start_run, start_runs
 from pgflow_cli.jsoncheck import JsonValueError
 
 __all__ = [
+    "MAX_CANCEL_REASON",
     "AsyncClient",
     "Client",
     "FlowNotFound",
@@ -62,13 +77,20 @@ __all__ = [
     "RunOutcome",
     "RunProgress",
     "RunState",
+    "RunStateConflict",
     "StepFailure",
     "StepState",
     "TaskFailure",
     "WaitStats",
     "WaitTimeout",
+    "cancel_run",
+    "cancel_run_async",
     "get_run",
     "get_run_async",
+    "resume_run",
+    "resume_run_async",
+    "retry_run",
+    "retry_run_async",
     "start_run",
     "start_run_async",
     "start_runs",

@@ -67,6 +67,26 @@ async def start_runs_async(conn: psycopg.AsyncConnection[Any], flow: FlowRef[Any
     return [core.run_from_row(row) for row in await _execute(conn, core.start_many_statement(flow, inputs))]
 
 
+async def retry_run_async(conn: psycopg.AsyncConnection[Any], run: RunRef[Any]) -> Run[Any]:
+    """:func:`pgflow_cli.client.retry_run` on an asyncio connection."""
+    run_id = core.run_id_of(run)
+    return core.run_from_row((await _execute(conn, core.retry_statement(run_id), run_id=run_id))[0])
+
+
+async def resume_run_async(conn: psycopg.AsyncConnection[Any], run: RunRef[Any]) -> Run[Any]:
+    """:func:`pgflow_cli.client.resume_run` on an asyncio connection."""
+    run_id = core.run_id_of(run)
+    return core.run_from_row((await _execute(conn, core.resume_statement(run_id), run_id=run_id))[0])
+
+
+async def cancel_run_async(conn: psycopg.AsyncConnection[Any], run: RunRef[Any], reason: str | None = None
+                           ) -> Run[Any]:
+    """:func:`pgflow_cli.client.cancel_run` on an asyncio connection."""
+    run_id = core.run_id_of(run)
+    row = (await _execute(conn, core.cancel_statement(run_id, reason), run_id=run_id))[0]
+    return core.run_from_row(row, (await _execute(conn, core.cancel_record_statement(run_id), run_id=run_id))[0])
+
+
 async def get_run_async(conn: psycopg.AsyncConnection[Any], run: RunRef[Any]) -> RunState[Any]:
     """:func:`pgflow_cli.client.get_run` on an asyncio connection."""
     run_id = core.run_id_of(run)
@@ -268,6 +288,19 @@ class AsyncClient:
                          ) -> list[Run[Any]]:
         """Start one run per input in one statement (:func:`start_runs_async`)."""
         return await start_runs_async(await self._connection(conn), flow, inputs)
+
+    async def retry(self, run: RunRef[Any], *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run[Any]:
+        """Retry a failed run as a fresh run: :func:`retry_run_async`."""
+        return await retry_run_async(await self._connection(conn), run)
+
+    async def resume(self, run: RunRef[Any], *, conn: psycopg.AsyncConnection[Any] | None = None) -> Run[Any]:
+        """Resume a failed run, reusing every task it completed: :func:`resume_run_async`."""
+        return await resume_run_async(await self._connection(conn), run)
+
+    async def cancel(self, run: RunRef[Any], reason: str | None = None, *,
+                     conn: psycopg.AsyncConnection[Any] | None = None) -> Run[Any]:
+        """Cancel a started run: :func:`cancel_run_async`."""
+        return await cancel_run_async(await self._connection(conn), run, reason)
 
     async def get(self, run: RunRef[S], *, conn: psycopg.AsyncConnection[Any] | None = None) -> RunState[S]:
         """A run with its steps (:func:`get_run_async`)."""

@@ -55,6 +55,12 @@ class RunNotFound(StateConflict):
     that has not committed (a waiter on another connection cannot see it)."""
 
 
+class RunStateConflict(StateConflict):
+    """The run is not in a state the operation takes (exit 6): only a started run can be cancelled,
+    only a failed (or cancelled) one retried or resumed, and a resume refuses a flow compiled again
+    since its source started. Nothing was changed."""
+
+
 class InvalidInput(UsageError):
     """The database refused the run input for this flow (exit 2): a flow with a root map step needs a
     JSON array, and an input must not be SQL NULL."""
@@ -107,6 +113,8 @@ class Run(Generic[S]):
             flow whose steps are all skipped or empty maps).
         remaining_steps: steps not yet completed or skipped.
         started_at: when it started (timezone-aware).
+        restart_of_run_id: the run it restarts (``retry`` / ``resume``), else None.
+        cancel_reason: why it was cancelled (``cancel``), else None.
     """
 
     run_id: str
@@ -114,6 +122,8 @@ class Run(Generic[S]):
     status: str
     remaining_steps: int
     started_at: dt.datetime
+    restart_of_run_id: str | None = None
+    cancel_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -358,10 +368,38 @@ def poll_statement(run_ids: Sequence[str]) -> Statement:
     return Statement("poll", {"run_ids": list(run_ids)})
 
 
-def run_from_row(row: Sequence[Any]) -> Run[Any]:
-    """A :class:`Run` from a ``start``/``start_many`` row."""
+def run_from_row(row: Sequence[Any], record: Sequence[Any] | None = None) -> Run[Any]:
+    """A :class:`Run` from a ``start``/``start_many`` row (``retry``/``resume`` rows also carry
+    ``restart_of_run_id`` and ``cancel_reason``; a ``cancel`` row has them in ``record``, the
+    ``cancel_record`` row read after it)."""
     run_id, flow_slug, status, remaining_steps, started_at = row[:5]
-    return Run(str(run_id), flow_slug, status, remaining_steps, started_at)
+    restart_of, reason = (row[7], row[8]) if len(row) > 8 else (None, None)
+    if record is not None:
+        restart_of, reason = record[0], record[1]
+    return Run(str(run_id), flow_slug, status, remaining_steps, started_at,
+               str(restart_of) if restart_of is not None else None, reason)
+
+
+def retry_statement(run: RunRef[Any]) -> Statement:
+    return Statement("retry", {"run_id": run_id_of(run)})
+
+
+def resume_statement(run: RunRef[Any]) -> Statement:
+    return Statement("resume", {"run_id": run_id_of(run)})
+
+
+def cancel_statement(run: RunRef[Any], reason: str | None) -> Statement:
+    if reason is not None and len(reason) > MAX_CANCEL_REASON:
+        raise UsageError(f"the cancel reason is {len(reason)} characters long; at most {MAX_CANCEL_REASON} are kept")
+    return Statement("cancel", {"run_id": run_id_of(run), "reason": reason})
+
+
+def cancel_record_statement(run: RunRef[Any]) -> Statement:
+    return Statement("cancel_record", {"run_id": run_id_of(run)})
+
+
+MAX_CANCEL_REASON = 1000
+"""Longest reason ``cancel`` records (``pgflow.cancel_run`` refuses a longer one)."""
 
 
 _FRACTION = re.compile(r"\.(\d{1,6})")
@@ -407,7 +445,8 @@ def outcome_from_row(row: Mapping[str, Any]) -> RunOutcome[Any]:
 @contextmanager
 def translated(run_id: str | None = None) -> Iterator[None]:
     """Turn the database's refusals of a client call into the client's errors: an unknown flow or run
-    (PF006), an input the flow cannot take (22023, 22004), a schema without ``start_flows`` (42883).
+    (PF006), a run in the wrong state for a cancel or restart (PF013), an input the flow cannot take
+    (22023, 22004), a schema without ``start_flows`` (42883).
     Every other psycopg error passes unchanged."""
     try:
         yield
@@ -420,8 +459,13 @@ def translated(run_id: str | None = None) -> Iterator[None]:
             if run_id is not None:
                 raise RunNotFound(f"no run {run_id}", hint="`pgflow runs list` shows the run ids") from None
             raise FlowNotFound(message, hint=hint or "start a worker of the flow first: startup creates it") from None
+        if sqlstate == "PF013":
+            raise RunStateConflict(message, hint=hint) from None
         if sqlstate in ("22023", "22004"):
             raise InvalidInput(message, hint=hint) from None
+        if sqlstate == "42883" and any(f"{name}(" in message for name in ("cancel_run", "retry_run", "resume_run")):
+            raise SchemaMissing(f"{message}: this database's pgflow schema predates cancelling and restarting runs",
+                                hint="run `pgflow migrate apply`") from None
         if sqlstate == "42883" and "start_flows" in message:
             raise SchemaMissing(f"{message}: this database's pgflow schema predates starting many runs at once",
                                 hint="run `pgflow migrate apply`, or start the runs one by one") from None

@@ -95,6 +95,74 @@ def start_runs(conn: psycopg.Connection[Any], flow: FlowRef[Any], inputs: Any) -
     return [core.run_from_row(row) for row in _execute(conn, core.start_many_statement(flow, inputs))]
 
 
+def retry_run(conn: psycopg.Connection[Any], run: RunRef[Any]) -> Run[Any]:
+    """Retry a failed (or cancelled) run as a fresh run of the same flow and input
+    (``pgflow.retry_run``): nothing of the source is reused, and the source stays as it is.
+
+    Args:
+        conn: a connection of an operator role (the owner of the pgflow tables or a member of
+            ``pgflow_operator``: docs/permissions.md "Run operators"); your transaction is joined as
+            :func:`start_run` joins it.
+        run: the failed run: its id, or what :func:`start_run` returned.
+
+    Returns:
+        The new run as it started; ``restart_of_run_id`` names the source.
+
+    Raises:
+        RunNotFound: no such run (exit 6).
+        RunStateConflict: the run is not failed (exit 6).
+        InvalidInput: the flow, as compiled now, cannot take the source's input (exit 2).
+        SchemaMissing: a schema older than migration 0003 (exit 3).
+        psycopg.errors.InsufficientPrivilege: not an operator (42501).
+    """
+    run_id = core.run_id_of(run)
+    return core.run_from_row(_execute(conn, core.retry_statement(run_id), run_id=run_id)[0])
+
+
+def resume_run(conn: psycopg.Connection[Any], run: RunRef[Any]) -> Run[Any]:
+    """Resume a failed (or cancelled) run (``pgflow.resume_run``): a new run of the same flow and
+    input that reuses every task the source completed, map elements included, and queues only the
+    others; conditions and empty maps are decided again as on a fresh run. The source stays as it is.
+
+    Args:
+        conn: as :func:`retry_run`.
+        run: the failed run.
+
+    Returns:
+        The new run as it started; ``restart_of_run_id`` names the source.
+
+    Raises:
+        As :func:`retry_run`; RunStateConflict also when the flow was compiled again after the
+        source started (retry it instead).
+    """
+    run_id = core.run_id_of(run)
+    return core.run_from_row(_execute(conn, core.resume_statement(run_id), run_id=run_id)[0])
+
+
+def cancel_run(conn: psycopg.Connection[Any], run: RunRef[Any], reason: str | None = None) -> Run[Any]:
+    """Cancel a started run (``pgflow.cancel_run``): it ends failed with ``reason`` recorded, its
+    queued and started tasks (manual ones too) are cancelled and their messages archived; a worker's
+    later report of them is refused and counted. A run cancelled already is returned unchanged.
+
+    Args:
+        conn: as :func:`retry_run`.
+        run: the run to cancel.
+        reason: why, at most 1000 characters (default: "cancelled by <role>").
+
+    Returns:
+        The run after the cancel: status ``failed``, ``cancel_reason`` set.
+
+    Raises:
+        RunNotFound: no such run (exit 6).
+        RunStateConflict: the run already completed or failed on its own (exit 6).
+        UsageError: a reason longer than 1000 characters (exit 2).
+        SchemaMissing, psycopg.errors.InsufficientPrivilege: as :func:`retry_run`.
+    """
+    run_id = core.run_id_of(run)
+    row = _execute(conn, core.cancel_statement(run_id, reason), run_id=run_id)[0]
+    return core.run_from_row(row, _execute(conn, core.cancel_record_statement(run_id), run_id=run_id)[0])
+
+
 def get_run(conn: psycopg.Connection[Any], run: RunRef[Any]) -> RunState[Any]:
     """Read a run and all its step states in one statement (``pgflow.get_run_with_states``).
 
@@ -331,6 +399,19 @@ class Client:
                    ) -> list[Run[Any]]:
         """Start one run per input in one statement: :func:`start_runs`."""
         return start_runs(self._connection(conn), flow, inputs)
+
+    def retry(self, run: RunRef[Any], *, conn: psycopg.Connection[Any] | None = None) -> Run[Any]:
+        """Retry a failed run as a fresh run: :func:`retry_run`."""
+        return retry_run(self._connection(conn), run)
+
+    def resume(self, run: RunRef[Any], *, conn: psycopg.Connection[Any] | None = None) -> Run[Any]:
+        """Resume a failed run, reusing every task it completed: :func:`resume_run`."""
+        return resume_run(self._connection(conn), run)
+
+    def cancel(self, run: RunRef[Any], reason: str | None = None, *,
+               conn: psycopg.Connection[Any] | None = None) -> Run[Any]:
+        """Cancel a started run: :func:`cancel_run`."""
+        return cancel_run(self._connection(conn), run, reason)
 
     def get(self, run: RunRef[S], *, conn: psycopg.Connection[Any] | None = None) -> RunState[S]:
         """A run with its steps: :func:`get_run`."""

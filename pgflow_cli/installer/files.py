@@ -397,8 +397,9 @@ SECTION = re.compile(r"^-- >>> (?P<name>[a-z]+)\b[^\n]*\n(?P<body>.*?)^-- <<< (?
                      re.MULTILINE | re.DOTALL)
 """A marked section of a migration: ``-- >>> NAME`` (the rest of the line says what writes it),
 its text, ``-- <<< NAME``. ``scripts/regenerate_migration.py`` rewrites the generated ones (recheck,
-types, functions); the installer runs the ``functions`` and ``grants`` sections of the unreleased
-migration on their own when it converts a ledger of an earlier build (:mod:`~pgflow_cli.installer.old_levels`)."""
+types, functions); the installer runs the ``additions``, ``functions`` and ``grants`` sections of the
+unreleased migration on their own when it converts a ledger of an earlier build
+(:mod:`~pgflow_cli.installer.old_levels`)."""
 
 
 def sections(text: str) -> list[tuple[str, str]]:

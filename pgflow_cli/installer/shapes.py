@@ -25,11 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 
-import psycopg
 from psycopg import sql as pgsql
 
 from pgflow_cli import sqlfiles
-from pgflow_cli.installer.catalog import SCHEMA_KINDS, Difference, Shape, compare, read_schema_facts
+from pgflow_cli.installer.catalog import SCHEMA_KINDS, Difference, Shape, compare
 
 SHAPES = ("baseline", "head")
 
@@ -167,44 +166,3 @@ def repairs(difference: Difference, rows: Mapping[str, bool]) -> list[pgsql.Comp
     if have.identity != want.identity:
         return []
     return statements
-
-
-def database_breaks(conn: psycopg.Connection) -> list[Difference]:
-    """The runtime breaks of ``conn``'s pgflow schema (read-only, catalog reads only), for
-    ``migrate status`` and ``audit``.
-
-    Against what its level should be: a pgflow-cli ledger with every shipped migration applied, the
-    head shape; with exactly the baseline applied (an adoption, the rest pending), the baseline
-    shape; a schema a pgflow release installed, that release's tables and columns (recognition). An
-    index an online adoption has still to build is not a break. At any other level (a phased
-    migration part way, an earlier build's ledger to convert) nothing is compared: the migration
-    that moves on checks its own start.
-    """
-    from pgflow_cli.installer.ledger import make_plan
-    from pgflow_cli.upstream import recognise as rec
-    from pgflow_cli.upstream import releases
-
-    found = read_schema_facts(conn)
-    if not found["table"]:
-        return []
-    plan = make_plan(conn)
-    if plan.state.has_ledger:
-        if plan.state.foreign_ledger or plan.in_progress or plan.conversion is not None or plan.unknown or plan.changed:
-            return []
-        from pgflow_cli.upstream.adopt import pending_completion
-
-        states = {s.version: s.state for s in plan.statuses}
-        applied = {v for v, state in states.items() if state == "applied"}
-        level = "head" if applied == set(states) else "baseline" if applied == {1, 2} else None
-        if level is None:
-            return []
-        # an online adoption builds its index after its commit: missing until then, not broken
-        building = any(step.get("step") == "index" for step in pending_completion(conn))
-        return [d for d in runtime_breaks(shape(level), found)
-                if not (building and d.kind == "index" and d.change == "missing")]
-    recognition = rec.recognise(conn)
-    if recognition.status not in (rec.UPSTREAM, rec.UNRECOGNISED) or recognition.release is None:
-        return []
-    release = releases.shape(releases.group_of(recognition.release))
-    kinds = ("table", "column")
-    return runtime_breaks({k: release[k] for k in kinds}, {k: found[k] for k in kinds})

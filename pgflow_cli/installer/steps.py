@@ -247,14 +247,17 @@ _TRIGGER_TABLE = re.compile(r"^CREATE (?:OR REPLACE )?TRIGGER\s+\w+\s+(?:BEFORE|
 
 
 _ALTERED_TABLE = re.compile(r"^ALTER TABLE\s+(?:IF EXISTS\s+)?(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)", re.MULTILINE)
+_REFERENCED_TABLE = re.compile(r"\bREFERENCES\s+(?P<table>[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)")
 
 
-def conversion_locks(functions: str, columns: str = "") -> tuple[TableLock, ...]:
+def conversion_locks(functions: str, additions: str = "") -> tuple[TableLock, ...]:
     """The table locks a conversion takes first: ``ACCESS EXCLUSIVE`` (what ``ALTER TABLE ... ADD
-    COLUMN`` takes) on every table the ``columns`` section alters, and ``SHARE ROW EXCLUSIVE`` (what
-    ``CREATE TRIGGER`` takes) on every table the ``functions`` section creates a trigger on;
-    replacing a function locks no table."""
-    return merge_locks([TableLock(m["table"], "ACCESS EXCLUSIVE") for m in _ALTERED_TABLE.finditer(columns)]
+    COLUMN`` takes) on every table the ``additions`` section alters, ``SHARE ROW EXCLUSIVE`` (what a
+    new foreign key takes on the table it references) on every table a table it creates references,
+    and ``SHARE ROW EXCLUSIVE`` (what ``CREATE TRIGGER`` takes) on every table the ``functions``
+    section creates a trigger on; creating a table or replacing a function locks no other table."""
+    return merge_locks([TableLock(m["table"], "ACCESS EXCLUSIVE") for m in _ALTERED_TABLE.finditer(additions)]
+                       + [TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _REFERENCED_TABLE.finditer(additions)]
                        + [TableLock(m["table"], "SHARE ROW EXCLUSIVE") for m in _TRIGGER_TABLE.finditer(functions)])
 
 
@@ -263,8 +266,8 @@ def conversion_sentence(plan: Plan) -> str:
     first = plan.pending[0]
     return (f"the ledger records migrations 0003-0016 of pgflow-cli {old_levels.OLD_BUILD}: `pgflow migrate "
             f"apply` records them as {first.label} in one transaction, after a catalog comparison proves the schema "
-            "is theirs (the stage's later columns added, catalog only; functions and grants of the stage replaced; "
-            "no table scanned or rewritten)")
+            "is theirs (the stage's later columns and tables added, catalog only; functions and grants of the stage "
+            "replaced; no table scanned or rewritten)")
 
 
 class Conversion:
@@ -272,7 +275,9 @@ class Conversion:
     ``migration``, in one transaction under the table locks its function section needs.
 
     First the relational schema is compared with :data:`~pgflow_cli.installer.old_levels.LEVEL_16_SCHEMA`
-    (what ``migration`` builds); then its ``functions`` and ``grants`` sections run (``CREATE OR
+    (what ``migration`` builds without its ``additions`` section); then its ``additions`` (the
+    columns the stage gained after that build: catalog-only changes), ``functions`` and ``grants``
+    sections run (``CREATE OR
     REPLACE`` keeps every existing grant), the functions of level 16 that the section did not
     create again are dropped, the per-file ledger of that build goes, and rows 0003-0016 become
     this migration's one row. Nothing is scanned. Rendered, it is for review only: the comparison
@@ -290,7 +295,7 @@ class Conversion:
     def run(self, engine: Engine) -> list[Outcome]:
         migration = self.migration
         functions, grants = migration.section("functions"), migration.section("grants")
-        columns = migration.section("columns")
+        additions = migration.section("additions")
         if engine.rendering:
             engine.review_only(
                 "convert with `pgflow migrate apply`",
@@ -313,9 +318,9 @@ class Conversion:
             session.comment(f"the tool compares the catalog with the schema migrations {old_levels.FIRST:04d}-"
                             f"{old_levels.LAST:04d} of pgflow-cli {old_levels.OLD_BUILD} leave; then the stage's "
                             "functions:")
-            session.comment("the columns the stage has beyond level 16 (catalog only: nullable, or a constant "
-                            "default):")
-            session.run(columns)  # trusted, shipped SQL
+            session.comment("the columns and tables the stage has beyond level 16 (catalog only: nullable columns, "
+                            "constant defaults, new empty tables):")
+            session.run(additions)  # trusted, shipped SQL
             before = _function_rows(session)
             session.run(functions)  # trusted, shipped SQL
             after = _function_rows(session)  # before the grants, which rewrite every function's row
@@ -335,7 +340,7 @@ class Conversion:
                         {"first": old_levels.FIRST, "last": old_levels.LAST})
 
         tally = engine.tally(migration.label)
-        engine.transaction(tally, conversion_locks(functions, columns), body, ledger=[LedgerEntry(migration)], announce=True,
+        engine.transaction(tally, conversion_locks(functions, additions), body, ledger=[LedgerEntry(migration)], announce=True,
                            heading=f"{migration.label}: the conversion of migrations {old_levels.FIRST:04d}-"
                            f"{old_levels.LAST:04d} of pgflow-cli {old_levels.OLD_BUILD}")
         return [Applied(migration=migration, **engine.outcome(tally))]

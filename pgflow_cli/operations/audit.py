@@ -500,12 +500,13 @@ def run_audit(
 
 def _runtime_schema_findings(conn: psycopg.Connection) -> list[Finding]:
     """One ``runtime_schema_broken`` finding per object the runtime needs and the schema lacks or has
-    changed (:func:`pgflow_cli.installer.shapes.database_breaks`: catalog reads only). Computed here,
+    changed (:func:`pgflow_cli.operations.schema.database_breaks`: catalog reads only). Computed here,
     not in sql/audit.sql: the expected shapes ship with the tool, so the psql file cannot make it."""
     from pgflow_cli.installer import shapes
+    from pgflow_cli.operations import schema
 
     findings = []
-    for difference in shapes.database_breaks(conn):
+    for difference in schema.database_breaks(conn):
         table = difference.name.split(".", 1)[0] if difference.kind in ("column", "constraint", "trigger") else None
         findings.append(Finding(
             check_id="runtime_schema_broken", severity="error", blocking=True, flow_slug=None, step_slug=None,

@@ -23,8 +23,11 @@ from psycopg.rows import dict_row
 from pgflow_cli import client, db, sqlfiles
 from pgflow_cli.db import scalar, transaction
 from pgflow_cli.errors import StateConflict, UsageError
-from pgflow_cli.operations import names
+from pgflow_cli.operations import names, schema
 from pgflow_cli.operations.status import RUN_STATES, utc_iso
+
+MAX_CANCEL_REASON = client.MAX_CANCEL_REASON
+"""Characters of a cancel reason the database keeps (the client's limit, for the command's check)."""
 
 QUERIES = "queries/runs.sql"
 
@@ -32,6 +35,9 @@ LIST_KIND = "pgflow-cli/runs-list"
 SHOW_KIND = "pgflow-cli/runs-show"
 START_KIND = "pgflow-cli/runs-start"
 WAIT_KIND = "pgflow-cli/runs-wait"
+RETRY_KIND = "pgflow-cli/runs-retry"
+RESUME_KIND = "pgflow-cli/runs-resume"
+CANCEL_KIND = "pgflow-cli/runs-cancel"
 DOCUMENT_VERSION = 1
 
 MAX_LIMIT = 1000
@@ -206,11 +212,15 @@ class RunDetail:
     """``runs show``: one run, its steps and its tasks (attempts, errors; outputs only when asked).
 
     Attributes:
-        run: the run's columns (no input; ``output`` only with outputs shown).
+        run: the run's columns (no input; ``output`` only with outputs shown), with its lineage
+            (``restart_of_run_id``, ``restart_kind``) and a cancel's record (``cancelled_at``,
+            ``cancel_reason``, ``cancelled_by``; None before migration 0003).
         steps: per step in definition order: state, task counts, error, times, max attempts, timeout.
         tasks: per task: state, attempts used, requeues, last error, message id (never the body), times.
         tasks_total: how many tasks the run has (``tasks`` holds at most ``max_tasks`` of them).
         show_output: whether outputs were read.
+        restarted_as: the runs that retry or resume this one (``run_id``, ``restart_kind``,
+            ``status``, ``started_at``), oldest first, at most 20.
     """
 
     run: dict[str, Any]
@@ -218,6 +228,7 @@ class RunDetail:
     tasks: list[dict[str, Any]] = field(default_factory=list)
     tasks_total: int = 0
     show_output: bool = False
+    restarted_as: list[dict[str, Any]] = field(default_factory=list)
 
     def to_document(self) -> dict[str, Any]:
         """The versioned JSON document (docs/schemas/runs-show.schema.json)."""
@@ -229,6 +240,7 @@ class RunDetail:
             "tasks": [_timestamps(t) for t in self.tasks],
             "tasks_total": self.tasks_total,
             "tasks_shown": len(self.tasks),
+            "restarted_as": [_timestamps(r) for r in self.restarted_as],
         }
 
 
@@ -254,8 +266,11 @@ def show_run(conn: psycopg.Connection, run_id: str, *, show_output: bool = False
         run = cur.execute(sqlfiles.statement(QUERIES, "run"), params).fetchone()
         if run is None:
             raise StateConflict(f"no run {canonical}", hint="`pgflow runs list` shows the run ids")
+        restarts = bool(scalar(conn.execute(sqlfiles.statement(QUERIES, "has_restarts"))))
+        run.update(_run_record(cur, canonical, restarts))
         steps = cur.execute(sqlfiles.statement(QUERIES, "steps"), params).fetchall()
         tasks = cur.execute(sqlfiles.statement(QUERIES, "tasks"), params).fetchall()
+        restarted_as = cur.execute(sqlfiles.statement(QUERIES, "restarted_as"), params).fetchall() if restarts else []
     total = tasks[0]["total"] if tasks else 0
     for task in tasks:
         del task["total"]
@@ -264,7 +279,24 @@ def show_run(conn: psycopg.Connection, run_id: str, *, show_output: bool = False
     if not show_output:
         for item in (run, *steps, *tasks):
             item.pop("output", None)
-    return RunDetail({**run, "run_id": str(run["run_id"])}, steps, tasks, total, show_output)
+    return RunDetail(_ids(run), steps, tasks, total, show_output, [_ids(r) for r in restarted_as])
+
+
+RUN_RECORD = ("restart_of_run_id", "restart_kind", "cancelled_at", "cancel_reason", "cancelled_by")
+"""A run's lineage and cancel record, kept beside ``pgflow.runs`` (whose row type is upstream's)."""
+
+
+def _run_record(cur: psycopg.Cursor[dict[str, Any]], run_id: str, restarts: bool) -> dict[str, Any]:
+    """The :data:`RUN_RECORD` fields of a run: its ``pgflow.run_restarts`` and
+    ``pgflow.run_cancellations`` rows, each field None where there is none (and before migration
+    0003, ``restarts`` false, where those tables do not exist)."""
+    row = cur.execute(sqlfiles.statement(QUERIES, "run_record"), {"run_id": run_id}).fetchone() if restarts else None
+    return {key: (row or {}).get(key) for key in RUN_RECORD}
+
+
+def _ids(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its run ids as text."""
+    return {k: str(v) if k in ("run_id", "restart_of_run_id") and v is not None else v for k, v in row.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -416,3 +448,142 @@ def await_run(target: db.Target, report: RunReport, *, timeout: float | None, sh
                                    "attempts_count": t.attempts_count} for t in f.tasks]}
                        for f in outcome.failures]
     return report
+
+
+# ------------------------------------------------------------------------------------------------
+# runs retry / runs resume / runs cancel
+# ------------------------------------------------------------------------------------------------
+def require_run_operations(conn: psycopg.Connection) -> None:
+    """Raise :class:`SchemaMissing` (exit 3, ``schema_missing`` / ``schema_behind``) when the database
+    cannot cancel or restart runs (no ``pgflow.cancel_run``: before migration 0003)."""
+    if not scalar(conn.execute(sqlfiles.statement(QUERIES, "has_run_operations"))):
+        raise schema.missing_feature(conn, "cancelling and restarting runs (pgflow.cancel_run, retry_run, resume_run)")
+
+
+@dataclass
+class RestartReport:
+    """What ``runs retry`` and ``runs resume`` report.
+
+    Attributes:
+        kind: :data:`RETRY_KIND` or :data:`RESUME_KIND`.
+        source: the restarted run (``run_id``, ``flow_slug``, ``status``) as it is, unchanged.
+        run: the new run (``run_id``, ``flow_slug``, ``status``, ``remaining_steps``, ``started_at``,
+            ``restart_of_run_id``).
+        reused_tasks: tasks the new run took over completed from the source (0 for a retry).
+        queued_tasks: tasks the new run queued (or, manual, waits for) when it started.
+    """
+
+    kind: str
+    source: dict[str, Any]
+    run: dict[str, Any]
+    reused_tasks: int
+    queued_tasks: int
+
+    def to_document(self) -> dict[str, Any]:
+        """The versioned JSON document (docs/schemas/runs-restart.schema.json)."""
+        return {"kind": self.kind, "version": DOCUMENT_VERSION, "source": _timestamps(self.source),
+                "run": _timestamps(self.run), "reused_tasks": self.reused_tasks, "queued_tasks": self.queued_tasks}
+
+
+def restart_run(conn: psycopg.Connection, run_ref: str, *, resume: bool) -> RestartReport:
+    """Retry or resume a failed run in one transaction (``pgflow.retry_run`` / ``pgflow.resume_run``
+    through :mod:`pgflow_cli.client`), and count how the new run began.
+
+    Args:
+        conn: an autocommit connection of an operator role (docs/permissions.md "Run operators").
+        run_ref: the failed run's id or a unique prefix of it (:func:`resolve_run_id`).
+        resume: resume (reuse every completed task) instead of retry (a fresh run).
+
+    Raises:
+        UsageError: not a run id or an ambiguous prefix (exit 2); InvalidInput: the flow cannot take
+            the input any more (exit 2).
+        StateConflict: no such run, or RunStateConflict: it is not failed, or (resume) its flow was
+            compiled again since (exit 6).
+        SchemaMissing: no restarts before migration 0003 (exit 3).
+    """
+    require_run_operations(conn)
+    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+        canonical = resolve_run_id(conn, run_ref)
+        run = client.resume_run(conn, canonical) if resume else client.retry_run(conn, canonical)
+        source = read_run(conn, canonical)
+        counts = cur.execute(sqlfiles.statement(QUERIES, "restart_tasks"), {"run_id": run.run_id}).fetchone()
+    assert counts is not None
+    return RestartReport(RESUME_KIND if resume else RETRY_KIND,
+                         {"run_id": source["run_id"], "flow_slug": source["flow_slug"], "status": source["status"]},
+                         {"run_id": run.run_id, "flow_slug": run.flow_slug, "status": run.status,
+                          "remaining_steps": run.remaining_steps, "started_at": run.started_at,
+                          "restart_of_run_id": run.restart_of_run_id},
+                         counts["reused"], counts["queued"])
+
+
+@dataclass
+class CancelPreview:
+    """What ``runs cancel`` asks about: the run and the work a cancel would end."""
+
+    run: dict[str, Any]
+    queued: int
+    running: int
+    manual: int
+
+
+def cancel_preview(conn: psycopg.Connection, run_ref: str) -> CancelPreview:
+    """The run ``run_ref`` names and its unfinished tasks, read in one snapshot (nothing changes).
+
+    Raises:
+        SchemaMissing: the schema cannot cancel runs (before migration 0003; exit 3).
+        UsageError (exit 2), StateConflict: no such run (exit 6).
+    """
+    require_run_operations(conn)
+    with transaction(conn, read_only=True, isolation="repeatable read"), conn.cursor(row_factory=dict_row) as cur:
+        run = read_run(conn, run_ref)
+        counts = cur.execute(sqlfiles.statement(QUERIES, "in_flight"), {"run_id": run["run_id"]}).fetchone()
+    assert counts is not None
+    return CancelPreview(run, counts["queued"], counts["running"], counts["manual"])
+
+
+@dataclass
+class CancelReport:
+    """What ``runs cancel`` reports.
+
+    Attributes:
+        run: ``run_id``, ``flow_slug``, ``status`` (``failed``), ``cancelled_at``, ``cancel_reason``,
+            ``cancelled_by``.
+        already: the run was cancelled before this call (nothing changed).
+        tasks_cancelled: the run's tasks that are cancelled now (queued, started and manual ones).
+    """
+
+    run: dict[str, Any]
+    already: bool
+    tasks_cancelled: int
+
+    def to_document(self) -> dict[str, Any]:
+        """The versioned JSON document (docs/schemas/runs-cancel.schema.json)."""
+        return {"kind": CANCEL_KIND, "version": DOCUMENT_VERSION, "run": _timestamps(self.run),
+                "already_cancelled": self.already, "tasks_cancelled": self.tasks_cancelled}
+
+
+def cancel_run(conn: psycopg.Connection, run_id: str, reason: str | None) -> CancelReport:
+    """Cancel a started run (``pgflow.cancel_run`` through :mod:`pgflow_cli.client`), in one transaction.
+
+    Args:
+        conn: an autocommit connection of an operator role (docs/permissions.md "Run operators").
+        run_id: the run's id (resolved already: :func:`cancel_preview`).
+        reason: why (None: "cancelled by <role>"), at most 1000 characters.
+
+    Raises:
+        StateConflict: no such run, or RunStateConflict: it already completed or failed (exit 6).
+        UsageError: a reason too long (exit 2); SchemaMissing: before migration 0003 (exit 3).
+    """
+    require_run_operations(conn)
+    with transaction(conn), conn.cursor(row_factory=dict_row) as cur:
+        record = sqlfiles.statement(QUERIES, "cancel_record")
+        before = cur.execute(record, {"run_id": run_id}).fetchone()
+        client.cancel_run(conn, run_id, reason)
+        row = cur.execute(sqlfiles.statement(QUERIES, "run"), {"run_id": run_id, "show_output": False}).fetchone()
+        after = cur.execute(record, {"run_id": run_id}).fetchone()
+        assert row is not None and after is not None
+        row.update(_run_record(cur, run_id, True))
+    return CancelReport({"run_id": str(row["run_id"]), "flow_slug": row["flow_slug"], "status": row["status"],
+                         "cancelled_at": row["cancelled_at"], "cancel_reason": row["cancel_reason"],
+                         "cancelled_by": row["cancelled_by"]},
+                        already=bool(before and before["cancelled"]), tasks_cancelled=after["tasks_cancelled"])

@@ -139,6 +139,12 @@ class StepSettings:
     base_delay: int
 
 
+def _refused(cursor: psycopg.Cursor[Any]) -> int:
+    """The number of refused reports a report statement returns (its one row's one column)."""
+    row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 def failure_report(task: ClaimedTask, failure: TaskFailure, *, directive: bool) -> dict[str, Any]:
     """The arguments of one failure report: ``fail_task``'s named parameters, and one element of
     ``fail_tasks``' JSON array. The one place they are built, for both calls.
@@ -312,15 +318,24 @@ class ProtocolV1:
         """Make messages this worker read but will not claim visible again at once."""
         conn.execute(self._sql("release"), {"queue_name": queue_name, "msg_ids": message_ids})
 
-    def complete(self, conn: psycopg.Connection, task: ClaimedTask, output: Any) -> None:
-        """Report success with the task output."""
-        conn.execute(self._sql("complete"), {
-            "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": Jsonb(output),
-        })
+    def complete(self, conn: psycopg.Connection, task: ClaimedTask, output: Any) -> int:
+        """Report success with the task output.
 
-    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> None:
-        """Report a failed attempt (:func:`failure_report`); the database retries or exhausts the task."""
-        conn.execute(self._sql("fail"), failure_report(task, failure, directive=False))
+        Returns:
+            1 when the database refused the report because the task's run was cancelled (or failed)
+            first, so nothing was recorded (it counts the refusal on the task); else 0.
+        """
+        return _refused(conn.execute(self._sql("complete"), {
+            "run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": Jsonb(output),
+        }))
+
+    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> int:
+        """Report a failed attempt (:func:`failure_report`); the database retries or exhausts the task.
+
+        Returns:
+            1 when the report was refused (as :meth:`complete`); else 0.
+        """
+        return _refused(conn.execute(self._sql("fail"), failure_report(task, failure, directive=False)))
 
     def has_retry_control(self, conn: psycopg.Connection) -> bool:
         """Whether the database's ``fail_task`` / ``fail_tasks`` take a handler's retry delay and
@@ -336,7 +351,7 @@ class ProtocolV1:
         """Whether the database has ``complete_tasks`` / ``fail_tasks`` (protocol 1 databases never do)."""
         return False
 
-    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> None:
+    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> int:
         """Report several successes in one call (see :meth:`ProtocolV2.complete_many`).
 
         Raises:
@@ -344,7 +359,7 @@ class ProtocolV1:
         """
         raise DefinitionError("protocol 1 has no batch completion; report each task with complete()")
 
-    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> None:
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> int:
         """Report several failures in one call (see :meth:`ProtocolV2.fail_many`).
 
         Raises:
@@ -392,7 +407,18 @@ class ProtocolV1:
             "task_indexes": [task.task_index for task, _ in running],
             "attempts": [attempt for _, attempt in running],
         }).fetchall()
-        return {int(r[0]) - 1: (str(r[1]), bool(r[2])) for r in rows}
+        ended = {int(r[0]) - 1: (str(r[1]), bool(r[2])) for r in rows}
+        failed = {int(r[0]) - 1: str(running[int(r[0]) - 1][0].run_id) for r in rows
+                  if r[3] == "failed" and not r[2]}
+        if failed and _refused(conn.execute(sqlfiles.statement("queries/worker_v2.sql", "has_cancellations"))):
+            # a failed run's cancel, if any, is kept beside the run (pgflow.run_cancellations)
+            reasons = {str(run_id): reason for run_id, reason in conn.execute(
+                sqlfiles.statement("queries/worker_v2.sql", "cancel_reasons"),
+                {"run_ids": sorted(set(failed.values()))}).fetchall()}
+            for position, run_id in failed.items():
+                if run_id in reasons and ended[position][0] == "the run failed":
+                    ended[position] = (f"the run was cancelled: {reasons[run_id]}", False)
+        return ended
 
 
 class ProtocolV2(ProtocolV1):
@@ -432,23 +458,28 @@ class ProtocolV2(ProtocolV1):
             self._retry_control = bool(row and row[0])
         return self._retry_control
 
-    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> None:
+    def fail(self, conn: psycopg.Connection, task: ClaimedTask, failure: TaskFailure) -> int:
         """Report a failed attempt with the handler's directive where the database takes it
-        (:meth:`has_retry_control`), else as protocol 1 does."""
+        (:meth:`has_retry_control`), else as protocol 1 does; returns 1 when it was refused (as
+        :meth:`complete`), else 0."""
         if not self.has_retry_control(conn):
             return super().fail(conn, task, failure)
-        conn.execute(sqlfiles.statement(self.v2_queries, "fail_directed"), failure_report(task, failure, directive=True))
+        return _refused(conn.execute(sqlfiles.statement(self.v2_queries, "fail_directed"),
+                                     failure_report(task, failure, directive=True)))
 
     def has_batch_reports(self, conn: psycopg.Connection) -> bool:
         """Protocol 2 databases always have ``pgflow.complete_tasks(jsonb)`` and ``pgflow.fail_tasks(jsonb)``."""
         return True
 
-    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> None:
+    def complete_many(self, conn: psycopg.Connection, results: list[tuple[ClaimedTask, Any]]) -> int:
         """Report several successes in one ``pgflow.complete_tasks`` call (one transaction).
 
         Args:
             results: ``(task, output)`` pairs, applied in this order with the per-task semantics
                 of ``complete_task``; every output must be JSON-serialisable.
+
+        Returns:
+            How many were refused because their run was cancelled (or failed) first.
 
         Raises:
             psycopg.Error: the call raised (an element it refused, a lost connection...); nothing
@@ -456,10 +487,11 @@ class ProtocolV2(ProtocolV1):
         """
         tasks = [{"run_id": task.run_id, "step_slug": task.step_slug, "task_index": task.task_index, "output": output}
                  for task, output in results]
-        conn.execute(sqlfiles.statement(self.v2_queries, "complete_many"), {"tasks": Jsonb(tasks)})
+        return _refused(conn.execute(sqlfiles.statement(self.v2_queries, "complete_many"), {"tasks": Jsonb(tasks)}))
 
-    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> None:
-        """Report several failures in one ``pgflow.fail_tasks`` call (one transaction).
+    def fail_many(self, conn: psycopg.Connection, failures: list[tuple[ClaimedTask, TaskFailure]]) -> int:
+        """Report several failures in one ``pgflow.fail_tasks`` call (one transaction); returns how
+        many were refused (as :meth:`complete_many`).
 
         Args:
             failures: ``(task, failure)`` pairs, each sent as :func:`failure_report` builds it, applied in this order with the per-task
@@ -470,7 +502,7 @@ class ProtocolV2(ProtocolV1):
         """
         directive = self.has_retry_control(conn)
         tasks = [failure_report(task, failure, directive=directive) for task, failure in failures]
-        conn.execute(sqlfiles.statement(self.v2_queries, "fail_many"), {"tasks": Jsonb(tasks)})
+        return _refused(conn.execute(sqlfiles.statement(self.v2_queries, "fail_many"), {"tasks": Jsonb(tasks)}))
 
     def queue_name(self, flow_slug: str, step_slug: str | None) -> str:
         """The generated lowercase default queue (plain flows; step workers need private step queues)."""

@@ -160,7 +160,9 @@ class WorkerStats:
     reported one by one); ``expired`` counts claimed tasks not run because they waited longer
     than their effective timeout; ``cancelled`` counts ``async def`` handlers cancelled by a
     forced stop; ``stop_signals`` counts tasks whose stop signal the heartbeat's check set
-    (their run or step ended, or the task was taken over).
+    (their run or step ended, or the task was taken over); ``refused`` counts reports the
+    database refused because the task's run was cancelled (or failed) before them: nothing of
+    those results was recorded (the task counts the refusal, ``step_tasks.refused_reports``).
     """
 
     polls: int = 0
@@ -178,6 +180,7 @@ class WorkerStats:
     expired: int = 0
     cancelled: int = 0
     stop_signals: int = 0
+    refused: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -918,13 +921,14 @@ class Worker:
         for attempt in range(1, 6):
             try:
                 with self._pool.connection() as conn:
-                    if ok:
-                        self.protocol.complete(conn, task, payload)
-                    else:
-                        self.protocol.fail(conn, task, payload)
-                self.stats.add(completed=1) if ok else self.stats.add(failed=1)
-                self._observer.report_batch(ok, 1)
-                self._observer.reported(task.step_slug, ok, payload)
+                    refused = (self.protocol.complete(conn, task, payload) if ok
+                               else self.protocol.fail(conn, task, payload))
+                if refused:
+                    self._log_refused([task])
+                else:
+                    self.stats.add(completed=1) if ok else self.stats.add(failed=1)
+                    self._observer.report_batch(ok, 1)
+                    self._observer.reported(task.step_slug, ok, payload)
                 return
             except psycopg.OperationalError as exc:
                 self.stats.add(report_errors=1)
@@ -980,6 +984,22 @@ class Worker:
         failure: TaskFailure = payload
         return failure.with_message(GENERIC_FAILURE)
 
+    def _log_refused(self, tasks: list[ClaimedTask], refused: int | None = None) -> None:
+        """Count and log results the database refused because their run was cancelled (or failed)
+        before they came: a distinct outcome, not an error (nothing to retry, nothing paused)."""
+        count = len(tasks) if refused is None else refused
+        self.stats.add(refused=count)
+        if refused is None:
+            task = tasks[0]
+            log.info("task %s/%s/%s: result not recorded: its run was cancelled (or failed) first",
+                     task.run_id, task.step_slug, task.task_index,
+                     extra={"event": "report_refused_run_ended", "worker_id": self.worker_id, "flow": task.flow_slug,
+                            "step": task.step_slug, "run_id": task.run_id, "task_index": task.task_index})
+        else:
+            log.info("worker %s: %d of a batch of %d results not recorded: their run was cancelled (or failed) "
+                     "first", self.worker_id, count, len(tasks),
+                     extra={"event": "report_refused_run_ended", "worker_id": self.worker_id})
+
     # batched reports --------------------------------------------------------------------
     def _report_loop(self) -> None:
         """The reporter thread: send queued reports until the queue is closed and empty."""
@@ -1004,7 +1024,7 @@ class Worker:
                 self._report(reports[0].task, ok=ok, payload=reports[0].payload)
                 continue
             try:
-                self._send_batch(ok, reports)
+                refused = self._send_batch(ok, reports)
             except Exception as exc:
                 # Nothing of the batch was applied: report each task alone, so the one the
                 # database refuses becomes that task's failure and the others still complete.
@@ -1016,14 +1036,18 @@ class Worker:
                     self._report(report.task, ok=report.ok, payload=report.payload)
                 continue
             self.stats.add(report_batches=1, batch_reported=len(reports))
-            self.stats.add(completed=len(reports)) if ok else self.stats.add(failed=len(reports))
+            recorded = len(reports) - refused
+            self.stats.add(completed=recorded) if ok else self.stats.add(failed=recorded)
             self._observer.report_batch(ok, len(reports))
             for report in reports:
                 self._observer.reported(report.task.step_slug, ok, report.payload)
 
-    def _send_batch(self, ok: bool, reports: list[PendingReport]) -> None:
+    def _send_batch(self, ok: bool, reports: list[PendingReport]) -> int:
         """One ``complete_tasks`` or ``fail_tasks`` call; lost connections are retried (the calls are
         idempotent: a task already ended is a late report that changes nothing).
+
+        Returns:
+            How many of the reports were refused (their run was cancelled or failed first; logged).
 
         Raises:
             Exception: whatever the last attempt raised.
@@ -1033,11 +1057,11 @@ class Worker:
         for attempt in range(1, 4):
             try:
                 with self._pool.connection() as conn:
-                    if ok:
-                        self.protocol.complete_many(conn, pairs)
-                    else:
-                        self.protocol.fail_many(conn, pairs)
-                return
+                    refused = (self.protocol.complete_many(conn, pairs) if ok
+                               else self.protocol.fail_many(conn, pairs))
+                if refused:
+                    self._log_refused([report.task for report in reports], refused)
+                return refused
             except psycopg.OperationalError as exc:
                 self.stats.add(report_errors=1)
                 self._observer.database_error("report", exc)
@@ -1046,6 +1070,7 @@ class Worker:
                 log.warning("worker %s: could not send a batch of %d reports (attempt %d): %s", self.worker_id,
                             len(reports), attempt, type(exc).__name__)
                 time.sleep(min(0.2 * 2 ** attempt, 5))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # shutdown -------------------------------------------------------------------------
     def _drain_heartbeat(self) -> None:
@@ -1122,7 +1147,8 @@ class Worker:
         ran = f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
         extras = [f"{counts[key]} {label}" for key, label in (
             ("expired", "not run (waited past their timeout)"), ("cancelled", "cancelled"),
-            ("stop_signals", "told their run or step ended"), ("report_errors", "report errors"),
+            ("stop_signals", "told their run or step ended"),
+            ("refused", "results refused (their run was cancelled or failed first)"), ("report_errors", "report errors"),
             ("poll_errors", "poll errors")) if counts[key]]
         return (f"worker {self.worker_id} stopped ({self.stop_reason or '-'}) after {ran}: {counts['claimed']} claimed, "
                 f"{counts['completed']} completed, {counts['failed']} failed, {self.left_running} left to stalled-task "

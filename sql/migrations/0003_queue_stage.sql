@@ -1650,17 +1650,57 @@ CREATE INDEX IF NOT EXISTS idx_step_tasks_manual_waiting ON pgflow.step_tasks (s
 DROP INDEX pgflow.idx_step_tasks_message_id;
 DROP INDEX pgflow.idx_step_tasks_queued_msg;
 
+-- What the stage has beyond an earlier build's level 16, written by hand. A converted ledger of
+-- that build (docs/architecture.md "Databases built by an earlier build") gets exactly this section
+-- too: catalog only (nullable columns, constant defaults, new empty tables). `runs`' row type stays
+-- upstream's: a start_flow in flight while this commits returns rows of the type it planned with.
+-- >>> additions
 -- What a handler asked for with its latest failure (fail_task's retry_delay_seconds and fail_now).
--- A converted ledger of the earlier build (docs/architecture.md "Databases built by an earlier
--- build") gets exactly this section too: catalog only (a nullable column, a constant default).
--- >>> columns
 ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS requested_retry_delay integer;
 ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS failed_now boolean NOT NULL DEFAULT false;
 COMMENT ON COLUMN pgflow.step_tasks.requested_retry_delay IS
   'seconds the handler asked to wait before the next attempt, with the latest failure (fail_task retry_delay_seconds, rounded up); NULL: the step''s backoff; ignored once attempts are used up';
 COMMENT ON COLUMN pgflow.step_tasks.failed_now IS
   'the latest failure was reported non-retryable (fail_task fail_now): the task failed whatever attempts remained and its step''s when_exhausted applied';
--- <<< columns
+
+-- Worker reports refused because the task was cancelled with its run (docs/runtime.md "Retry,
+-- resume, cancel").
+ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS refused_reports integer NOT NULL DEFAULT 0;
+ALTER TABLE pgflow.step_tasks ADD COLUMN IF NOT EXISTS last_refused_report_at timestamptz;
+ALTER TABLE pgflow.step_tasks ADD CONSTRAINT refused_reports_nonnegative CHECK (refused_reports >= 0);
+COMMENT ON COLUMN pgflow.step_tasks.refused_reports IS
+  'worker reports (complete or fail) that arrived after the task was cancelled with its run: refused, nothing recorded but this count';
+
+-- A restarted run's lineage (retry_run, resume_run), one row per run that restarts another.
+-- restart_of_run_id has no foreign key: pruning may remove the source while its restart stays.
+CREATE TABLE pgflow.run_restarts (
+  run_id             uuid PRIMARY KEY REFERENCES pgflow.runs (run_id) ON DELETE CASCADE,
+  restart_of_run_id  uuid NOT NULL,
+  restart_kind       text NOT NULL,
+  CONSTRAINT restart_kind_is_valid CHECK (restart_kind IN ('retry', 'resume'))
+);
+COMMENT ON TABLE pgflow.run_restarts IS
+  'runs that restart another run (retry_run, resume_run); a run without a row here is no restart';
+COMMENT ON COLUMN pgflow.run_restarts.restart_of_run_id IS
+  'the run this run restarts: the immediate source, not the root of a chain; no foreign key, so it may name a run pruned since';
+COMMENT ON COLUMN pgflow.run_restarts.restart_kind IS
+  'retry: a fresh run of the same input; resume: a run that reused every completed task of its source';
+-- "restarted as": the runs that restart a given run
+CREATE INDEX idx_run_restarts_restart_of_run_id ON pgflow.run_restarts (restart_of_run_id);
+REVOKE ALL ON pgflow.run_restarts FROM PUBLIC;
+
+-- An operator's cancel of a run (cancel_run): the run itself ended failed.
+CREATE TABLE pgflow.run_cancellations (
+  run_id        uuid        PRIMARY KEY REFERENCES pgflow.runs (run_id) ON DELETE CASCADE,
+  cancelled_at  timestamptz NOT NULL,
+  reason        text        NOT NULL,
+  cancelled_by  text        NOT NULL
+);
+COMMENT ON TABLE pgflow.run_cancellations IS
+  'runs an operator cancelled (cancel_run): when, why and by whom; the run ended failed';
+COMMENT ON COLUMN pgflow.run_cancellations.reason IS 'why an operator cancelled the run (cancel_run)';
+REVOKE ALL ON pgflow.run_cancellations FROM PUBLIC;
+-- <<< additions
 
 ------------------------------------------------------------------------------------------------
 -- Definitions: queue mode, persisted routes, execution mode, the shared slug rules
@@ -5040,6 +5080,44 @@ END;
 $$;
 REVOKE ALL ON FUNCTION pgflow._lock_manual_task(text, uuid, text, integer, text, jsonb, text) FROM PUBLIC;
 
+-- sql/functions/runtime/_lock_restart_source.sql
+-- The source run of retry_run / resume_run, locked for the restart in the runtime's order: the
+-- flow advisory lock in shared mode first (as every run start takes it: no restart while the flow
+-- is recompiled or deleted), then the source's run row FOR SHARE (it cannot be deleted or pruned
+-- under the restart; two restarts of one run do not block each other).
+-- p_function names the entry point in errors; p_run_id is the source.
+-- Raises: PF006 no such run; PF013 the run is not failed (only a failed run, cancelled ones
+-- included, can be restarted: a started run is still going, a completed one has nothing to redo).
+CREATE OR REPLACE FUNCTION pgflow._lock_restart_source(p_function text, p_run_id uuid)
+RETURNS pgflow.runs
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_flow text;
+  v_run pgflow.runs;
+BEGIN
+  SELECT r.flow_slug INTO v_flow FROM pgflow.runs AS r WHERE r.run_id = p_run_id;
+  IF v_flow IS NOT NULL THEN
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(1, pg_catalog.hashtext(v_flow));
+    SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = p_run_id FOR SHARE;
+  END IF;
+  IF v_run.run_id IS NULL THEN
+    RAISE EXCEPTION '%(): run % does not exist', p_function, p_run_id
+      USING ERRCODE = 'PF006', HINT = 'pgflow runs list shows the runs';
+  END IF;
+  IF v_run.status <> 'failed' THEN
+    RAISE EXCEPTION '%(): run % is %; only a failed (or cancelled) run can be restarted', p_function, p_run_id, v_run.status
+      USING ERRCODE = 'PF013',
+            HINT = CASE WHEN v_run.status = 'started' THEN 'await it (pgflow runs wait), or cancel it first (pgflow runs cancel)'
+                        ELSE 'start a new run of the flow instead (pgflow runs start)' END;
+  END IF;
+  RETURN v_run;
+END;
+$$;
+REVOKE ALL ON FUNCTION pgflow._lock_restart_source(text, uuid) FROM PUBLIC;
+
 -- sql/functions/runtime/_lock_worker_task.sql
 -- What every worker report (complete_task, fail_task, each element of complete_tasks) does before
 -- it records anything: it locks the run row FOR UPDATE, then the step state, then the task (the
@@ -5050,7 +5128,8 @@ REVOKE ALL ON FUNCTION pgflow._lock_manual_task(text, uuid, text, integer, text,
 -- Returns (task, started):
 --   task NULL                  no such run or task: the caller returns nothing;
 --   started false              a late report (the run or step is no longer started, or the task is
---                              not started): nothing changes and the task's message is archived
+--                              not started): nothing changes (but the refusal count of a cancelled
+--                              task, refused_reports) and the task's message is archived
 --                              here, idempotently, unless stalled recovery queued the task again in
 --                              a run and step that go on (the next claim needs that message); the
 --                              caller returns the task as it is;
@@ -5087,6 +5166,16 @@ BEGIN
   END IF;
 
   started := v_run.status = 'started' AND v_state.status = 'started' AND task.status = 'started';
+  IF task.status = 'cancelled' THEN
+    -- the handler's result came after its run was cancelled (or failed): refused, and counted, so
+    -- an operator can see that work went on after the cancel; the caller returns the task as it
+    -- is, status cancelled, which tells the worker apart from a recorded report
+    UPDATE pgflow.step_tasks AS t
+       SET refused_reports = t.refused_reports + 1, last_refused_report_at = pg_catalog.clock_timestamp()
+     WHERE t.run_id = task.run_id AND t.step_slug = task.step_slug AND t.task_index = task.task_index
+    RETURNING t.* INTO task;
+  END IF;
+  -- (the task row first, its message after: the helpers' rule)
   IF NOT started AND NOT (task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN
     PERFORM pgflow._archive_task_messages(ARRAY[task.run_id], ARRAY[task.step_slug], ARRAY[task.task_index]);
   END IF;
@@ -5222,7 +5311,9 @@ REVOKE ALL ON FUNCTION pgflow._start_manual_tasks(uuid, text) FROM PUBLIC;
 -- starts is queue-backed and all of them send to one queue with one start delay and realtime.send
 -- does not exist. Then the step states are started with one UPDATE and every task's message goes
 -- out in one pgmq.send_batch, in the order the calls per run would send them (runs in array
--- order, steps by slug, tasks by index), and the tasks are created with one INSERT. Otherwise it
+-- order, steps by slug, tasks by index), and the tasks are created with one INSERT. A resumed run
+-- (run_restarts.restart_kind 'resume') reuses tasks as its steps start, which only start_ready_steps does: with
+-- one among the runs, as with a manual step among the steps, it changes nothing. Otherwise it
 -- changes nothing and returns false (the caller starts the runs one by one). The caller holds
 -- every run's row lock or created the runs (_start_runs). Returns true when it started the runs'
 -- ready steps (or none was ready).
@@ -5240,10 +5331,11 @@ DECLARE
 BEGIN
   SELECT pg_catalog.count(DISTINCT s.queue_name), pg_catalog.count(DISTINCT coalesce(s.opt_start_delay, 0)),
          pg_catalog.min(s.queue_name), pg_catalog.min(coalesce(s.opt_start_delay, 0)),
-         pg_catalog.bool_or(s.execution_mode <> 'queue')
+         pg_catalog.bool_or(s.execution_mode <> 'queue' OR rr.run_id IS NOT NULL)
   INTO v_queues, v_delays, v_queue, v_delay, v_manual
   FROM pg_catalog.unnest(_start_ready_steps_of_runs.run_ids) AS u (run_id)
   JOIN pgflow.runs AS r ON r.run_id = u.run_id AND r.status = 'started'
+  LEFT JOIN pgflow.run_restarts AS rr ON rr.run_id = u.run_id AND rr.restart_kind = 'resume'
   JOIN pgflow.step_states AS ss
     ON ss.run_id = u.run_id AND ss.status = 'created' AND ss.remaining_deps = 0 AND ss.initial_tasks > 0
   JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug;
@@ -5293,14 +5385,17 @@ REVOKE ALL ON FUNCTION pgflow._start_ready_steps_of_runs(uuid[]) FROM PUBLIC;
 -- The core of start_flow and start_flows: starts one run per element of p_inputs (a JSON
 -- array of run inputs), created in array order; p_run_id, when given, is the first run's id.
 -- p_function names the entry point in errors; start_flows' per-element errors name the element's
--- 0-based index. Under the flow advisory lock in shared mode (no run starts while its flow is
+-- 0-based index. p_restart_of_run_id and p_restart_kind ('retry' or 'resume') mark the runs as
+-- restarts of that run (retry_run, resume_run: a row of pgflow.run_restarts each); a resumed run reuses its source's completed tasks as
+-- its steps start (start_ready_steps). Under the flow advisory lock in shared mode (no run starts while its flow is
 -- being recompiled or deleted), set-based: one insert of the runs, one of their step states.
 -- Then, per run in array order, what start_flow always did: run:started (when realtime.send
 -- exists) and the run moves on. A flow without conditions or map steps (the common
 -- case) only starts its root steps (start_ready_steps: one send per root step); any other flow
 -- goes through _advance_run (conditions, empty-map cascades, ready steps, run completion).
 -- Returns the runs in array order, as they are after starting.
-CREATE OR REPLACE FUNCTION pgflow._start_runs(p_function text, p_flow_slug text, p_inputs jsonb, p_run_id uuid DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pgflow._start_runs(p_function text, p_flow_slug text, p_inputs jsonb, p_run_id uuid DEFAULT NULL,
+                                              p_restart_of_run_id uuid DEFAULT NULL, p_restart_kind text DEFAULT NULL)
 RETURNS SETOF pgflow.runs
 LANGUAGE plpgsql
 VOLATILE
@@ -5369,6 +5464,11 @@ BEGIN
   SELECT u.run_id, p_flow_slug, u.input, v_steps
   FROM ROWS FROM (pg_catalog.unnest(v_run_ids), pg_catalog.unnest(v_inputs)) WITH ORDINALITY AS u (run_id, input, n)
   ORDER BY u.n;
+  -- the lineage before any step starts: start_ready_steps reads it to reuse a resumed run's work
+  IF p_restart_of_run_id IS NOT NULL THEN
+    INSERT INTO pgflow.run_restarts (run_id, restart_of_run_id, restart_kind)
+    SELECT u.run_id, p_restart_of_run_id, p_restart_kind FROM pg_catalog.unnest(v_run_ids) AS u (run_id);
+  END IF;
 
   INSERT INTO pgflow.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   SELECT s.flow_slug, u.run_id, s.step_slug, s.deps_count,
@@ -5412,7 +5512,7 @@ BEGIN
   ORDER BY u.n;
 END;
 $$;
-REVOKE ALL ON FUNCTION pgflow._start_runs(text, text, jsonb, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgflow._start_runs(text, text, jsonb, uuid, uuid, text) FROM PUBLIC;
 
 -- sql/functions/runtime/_task_report_elements.sql
 -- The elements of a batch report (complete_tasks, fail_tasks), checked before anything is applied,
@@ -5632,6 +5732,97 @@ IMMUTABLE
 SET search_path = ''
 AS $$
   SELECT pg_catalog.floor(base_delay * pg_catalog.power(2::numeric, attempts_count::numeric))::integer
+$$;
+
+-- sql/functions/runtime/cancel_run.sql
+-- Cancels a started run on an operator's word: the run ends failed with the reason recorded
+-- (a row of pgflow.run_cancellations: cancelled_at, reason, cancelled_by); every step with work
+-- in flight (started) fails with the error "[CANCELLED] <reason>"; every queued or started task of the run, manual ones included,
+-- becomes cancelled and the messages of the queue-backed ones are archived; the step and run
+-- events go out (realtime). Steps that never started stay created, as when a run fails.
+-- Locks in the runtime's order: the run row FOR UPDATE (so it takes turns with every report,
+-- claim and manual completion of the run, which lock it first), then its step states, its tasks,
+-- and last the queue rows through the helper. A worker report that arrives afterwards is a late
+-- report: refused and counted on its task (step_tasks.refused_reports, _lock_worker_task);
+-- complete_manual_task / fail_manual_task raise PF011 (not active).
+-- Parameters: run_id, the run; reason, why (free text, at most 1000 characters; NULL or blank:
+-- "cancelled by <role>").
+-- Returns the run as it is now. A run cancelled already is returned unchanged (a second cancel,
+-- e.g. from another connection at the same moment, changes nothing).
+-- Raises: 42501 the caller is not an operator (_require_caller); PF006 no such run; PF013 the
+-- run already ended (completed, or failed on its own); 22023 a reason longer than 1000 characters.
+CREATE OR REPLACE FUNCTION pgflow.cancel_run(run_id uuid, reason text DEFAULT NULL)
+RETURNS pgflow.runs
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_reason text := coalesce(NULLIF(pg_catalog.btrim(cancel_run.reason), ''), 'cancelled by ' || current_user);
+  v_run pgflow.runs;
+  v_now timestamptz;
+  v_states pgflow.step_states[];
+  v_run_ids uuid[];
+  v_step_slugs text[];
+  v_task_indexes integer[];
+BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'cancel runs');
+  IF pg_catalog.char_length(v_reason) > 1000 THEN
+    RAISE EXCEPTION 'cancel_run(): the reason is % characters long; at most 1000 are kept', pg_catalog.char_length(v_reason)
+      USING ERRCODE = '22023';
+  END IF;
+
+  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = cancel_run.run_id FOR UPDATE;
+  IF v_run.run_id IS NULL THEN
+    RAISE EXCEPTION 'run % does not exist', cancel_run.run_id
+      USING ERRCODE = 'PF006', HINT = 'pgflow runs list shows the runs';
+  END IF;
+  -- the run's row lock orders cancels: a second one finds the first's row and changes nothing
+  IF EXISTS (SELECT 1 FROM pgflow.run_cancellations AS c WHERE c.run_id = v_run.run_id) THEN
+    RETURN v_run;
+  END IF;
+  IF v_run.status <> 'started' THEN
+    RAISE EXCEPTION 'run % already %; there is nothing to cancel', v_run.run_id, v_run.status
+      USING ERRCODE = 'PF013',
+            HINT = CASE WHEN v_run.status = 'failed' THEN 'a failed run can be retried or resumed (pgflow runs retry|resume)'
+                        ELSE 'a completed run stays completed' END;
+  END IF;
+
+  -- the moment the run lock was granted, not the transaction's start: every report applied before
+  -- the cancel committed before this moment, so cancelled_at orders them truthfully
+  v_now := pg_catalog.clock_timestamp();
+  UPDATE pgflow.runs AS r
+     SET status = 'failed', failed_at = v_now
+   WHERE r.run_id = v_run.run_id
+  RETURNING r.* INTO v_run;
+  INSERT INTO pgflow.run_cancellations (run_id, cancelled_at, reason, cancelled_by)
+  VALUES (v_run.run_id, v_now, v_reason, current_user);
+
+  WITH failed AS (
+    UPDATE pgflow.step_states AS ss
+       SET status = 'failed', failed_at = v_now, error_message = '[CANCELLED] ' || v_reason
+     WHERE ss.run_id = v_run.run_id AND ss.status = 'started'
+    RETURNING ss AS state, ss.step_slug
+  )
+  SELECT pg_catalog.array_agg(f.state ORDER BY f.step_slug) INTO v_states FROM failed AS f;
+
+  WITH cancelled AS (
+    UPDATE pgflow.step_tasks AS t
+       SET status = 'cancelled'
+     WHERE t.run_id = v_run.run_id AND t.status IN ('queued', 'started')
+    RETURNING t.run_id, t.step_slug, t.task_index
+  )
+  SELECT pg_catalog.array_agg(c.run_id), pg_catalog.array_agg(c.step_slug), pg_catalog.array_agg(c.task_index)
+  INTO v_run_ids, v_step_slugs, v_task_indexes
+  FROM cancelled AS c;
+  PERFORM pgflow._archive_task_messages(v_run_ids, v_step_slugs, v_task_indexes);
+
+  FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(v_states), 0) LOOP
+    PERFORM pgflow._broadcast_step(v_states[v_i]);
+  END LOOP;
+  PERFORM pgflow._broadcast_run(v_run, '[CANCELLED] ' || v_reason);
+  RETURN v_run;
+END;
 $$;
 
 -- sql/functions/runtime/cascade_complete_taskless_steps.sql
@@ -6231,6 +6422,77 @@ BEGIN
 END;
 $$;
 
+-- sql/functions/runtime/resume_run.sql
+-- Resumes a failed (or cancelled) run: a new run of the same flow and input (restart_of_run_id
+-- names the source, restart_kind is 'resume') that reuses every task the source completed, map
+-- elements included, and queues only the others. The new run goes through the ordinary start path:
+-- conditions, empty maps and skips are decided again, as on a fresh run; when one of its steps
+-- starts, each task the source completed at the same step and task index is reused (created
+-- completed with the source task's output, attempts_count 0, no message) provided the step's
+-- dependencies ended exactly as in the source (same state, equal output), so the task's input is
+-- the source task's input (start_ready_steps). A step all of whose tasks are reused completes at
+-- once and its children start as after any completion. Steps that start later (after a worker
+-- completes a re-run task) reuse the same way. The source is not changed.
+-- Parameters: run_id, the source run.
+-- Returns the new run as it is after starting.
+-- Raises: 42501 not an operator; PF006 no such run; PF013 the run is not failed, or the flow was
+-- compiled again after the source started (its outputs may belong to another definition: retry
+-- instead); what start_flow raises.
+CREATE OR REPLACE FUNCTION pgflow.resume_run(run_id uuid)
+RETURNS pgflow.runs
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_source pgflow.runs;
+  v_run pgflow.runs;
+BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'resume runs');
+  v_source := pgflow._lock_restart_source('resume_run', resume_run.run_id);
+  IF EXISTS (SELECT 1 FROM pgflow.flows AS f
+             WHERE f.flow_slug = v_source.flow_slug AND f.created_at > v_source.started_at) THEN
+    RAISE EXCEPTION 'resume_run(): flow "%" was compiled again after run % started; its task outputs may not fit the flow now',
+      v_source.flow_slug, v_source.run_id
+      USING ERRCODE = 'PF013', HINT = 'retry the run instead (pgflow runs retry): a fresh run reuses nothing';
+  END IF;
+  SELECT r.* INTO v_run
+  FROM pgflow._start_runs('resume_run', v_source.flow_slug, pg_catalog.jsonb_build_array(v_source.input), NULL,
+                          v_source.run_id, 'resume') AS r;
+  RETURN v_run;
+END;
+$$;
+
+-- sql/functions/runtime/retry_run.sql
+-- Retries a failed (or cancelled) run as a fresh run: a new run of the same flow with exactly the
+-- source's input, started through the ordinary start path (conditions, empty maps, start delays,
+-- events), reusing nothing of the source; restart_of_run_id names the source (the immediate one:
+-- a retry of a retry names the retry) and restart_kind is 'retry'. The source is not changed.
+-- The current definition of the flow runs: an input it cannot take any more (a root map step
+-- added since) raises what start_flow raises.
+-- Parameters: run_id, the source run.
+-- Returns the new run as it is after starting.
+-- Raises: 42501 not an operator; PF006 no such run; PF013 the run is not failed
+-- (_lock_restart_source); what start_flow raises.
+CREATE OR REPLACE FUNCTION pgflow.retry_run(run_id uuid)
+RETURNS pgflow.runs
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+  v_source pgflow.runs;
+  v_run pgflow.runs;
+BEGIN
+  PERFORM pgflow._require_caller('pgflow_operator', 'retry runs');
+  v_source := pgflow._lock_restart_source('retry_run', retry_run.run_id);
+  SELECT r.* INTO v_run
+  FROM pgflow._start_runs('retry_run', v_source.flow_slug, pg_catalog.jsonb_build_array(v_source.input), NULL,
+                          v_source.run_id, 'retry') AS r;
+  RETURN v_run;
+END;
+$$;
+
 -- sql/functions/runtime/start_flow.sql
 -- Starts a run of a flow. A flow with root map steps needs a JSON array input (each element
 -- becomes one task). Takes the flow advisory lock in shared mode, so a run never starts while
@@ -6281,6 +6543,19 @@ $$;
 REVOKE ALL ON FUNCTION pgflow.start_flows(text, jsonb) FROM PUBLIC;
 
 -- sql/functions/runtime/start_ready_steps.sql
+-- Starts the ready steps of a started run (created, every dependency done, at least one task):
+-- each becomes started with remaining_tasks = initial_tasks, and gets one task per task_index; a
+-- queue-backed step's tasks are sent to its queue in one pgmq.send_batch (with the step's start
+-- delay), a manual step's are created started with no message (_start_manual_tasks).
+-- A resumed run (run_restarts.restart_kind 'resume', resume_run) reuses its source's work: of a starting step,
+-- every task the source completed at the same task index is created completed with the source
+-- task's output (attempts_count 0, no message), when the step's dependencies ended exactly as in
+-- the source (same state, equal output: the task's input is then the source task's) and the step
+-- has as many tasks as in the source. The other tasks are sent as usual. The reused tasks complete
+-- through the completion core once every starting step has its tasks, so a step all of whose
+-- tasks are reused completes, and its children start, as after a worker's last report.
+-- The caller holds the run row lock (or created the run), so the ready steps need no separate
+-- ordered lock first.
 CREATE OR REPLACE FUNCTION pgflow.start_ready_steps(run_id uuid)
 RETURNS void
 LANGUAGE plpgsql
@@ -6290,6 +6565,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
   v_flow text;
+  v_source uuid;
   v_started text[];
   v_step text;
   v_tasks integer;
@@ -6297,16 +6573,21 @@ DECLARE
   v_queue text;
   v_mode text;
   v_state pgflow.step_states;
+  v_reuse integer[];
+  v_reuse_outputs jsonb[];
+  v_reused_steps text[] := '{}';
+  v_reused_indexes integer[] := '{}';
+  v_reused_outputs jsonb[] := '{}';
+  v_reused_modes text[] := '{}';
   v_realtime boolean := pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL;
 BEGIN
-  SELECT r.flow_slug INTO v_flow FROM pgflow.runs AS r
+  SELECT r.flow_slug INTO v_flow
+  FROM pgflow.runs AS r
   WHERE r.run_id = start_ready_steps.run_id AND r.status = 'started';
   IF v_flow IS NULL THEN
     RETURN;
   END IF;
 
-  -- One UPDATE: every caller holds the run row lock (or created the run), so the ready
-  -- steps need no separate ordered lock first.
   WITH started AS (
     UPDATE pgflow.step_states AS ss
        SET status = 'started', started_at = pg_catalog.now(), remaining_tasks = ss.initial_tasks
@@ -6319,6 +6600,10 @@ BEGIN
   IF v_started IS NULL THEN
     RETURN;
   END IF;
+  -- only when steps start: one primary-key probe for a resumed run's source
+  SELECT rr.restart_of_run_id INTO v_source
+  FROM pgflow.run_restarts AS rr
+  WHERE rr.run_id = start_ready_steps.run_id AND rr.restart_kind = 'resume';
 
   FOREACH v_step IN ARRAY v_started LOOP
     SELECT ss.initial_tasks, coalesce(s.opt_start_delay, 0), s.queue_name, s.execution_mode
@@ -6326,29 +6611,91 @@ BEGIN
     FROM pgflow.step_states AS ss
     JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug
     WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
-    IF v_mode = 'manual' THEN
-      -- no queue, no message (docs/manual-tasks.md)
-      PERFORM pgflow._start_manual_tasks(start_ready_steps.run_id, v_step);
-      CONTINUE;
+
+    v_reuse := NULL;
+    IF v_source IS NOT NULL THEN
+      SELECT pg_catalog.array_agg(t.task_index ORDER BY t.task_index), pg_catalog.array_agg(t.output ORDER BY t.task_index)
+      INTO v_reuse, v_reuse_outputs
+      FROM pgflow.step_tasks AS t
+      WHERE t.run_id = v_source AND t.step_slug = v_step AND t.status = 'completed'
+        AND EXISTS (SELECT 1 FROM pgflow.step_states AS o
+                    WHERE o.run_id = v_source AND o.step_slug = v_step AND o.initial_tasks = v_tasks)
+        AND NOT EXISTS (
+          SELECT 1
+          FROM pgflow.deps AS d
+          JOIN pgflow.step_states AS n ON n.run_id = start_ready_steps.run_id AND n.step_slug = d.dep_slug
+          LEFT JOIN pgflow.step_states AS o ON o.run_id = v_source AND o.step_slug = d.dep_slug
+          WHERE d.flow_slug = v_flow AND d.step_slug = v_step
+            AND (o.status IS DISTINCT FROM n.status OR o.output IS DISTINCT FROM n.output));
     END IF;
 
-    INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
-    SELECT v_flow, start_ready_steps.run_id, v_step, (m.n - 1)::integer, v_queue, m.msg_id
-    FROM pgmq.send_batch(
-           v_queue,
-           ARRAY(SELECT pg_catalog.jsonb_build_object('flow_slug', v_flow,
-                                                      'run_id', start_ready_steps.run_id,
-                                                      'step_slug', v_step,
-                                                      'task_index', g.i)
-                 FROM pg_catalog.generate_series(0, v_tasks - 1) AS g (i)
-                 ORDER BY g.i),
-           v_delay) WITH ORDINALITY AS m (msg_id, n);
+    IF v_mode = 'manual' THEN
+      -- no queue, no message (docs/manual-tasks.md); a reused one completes below, as a manual task
+      PERFORM pgflow._start_manual_tasks(start_ready_steps.run_id, v_step);
+      IF v_reuse IS NOT NULL THEN
+        UPDATE pgflow.step_tasks AS t SET attempts_count = 0
+         WHERE t.run_id = start_ready_steps.run_id AND t.step_slug = v_step AND t.task_index = ANY (v_reuse);
+      END IF;
+    ELSIF v_reuse IS NULL THEN
+      INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+      SELECT v_flow, start_ready_steps.run_id, v_step, (m.n - 1)::integer, v_queue, m.msg_id
+      FROM pgmq.send_batch(
+             v_queue,
+             ARRAY(SELECT pg_catalog.jsonb_build_object('flow_slug', v_flow,
+                                                        'run_id', start_ready_steps.run_id,
+                                                        'step_slug', v_step,
+                                                        'task_index', g.i)
+                   FROM pg_catalog.generate_series(0, v_tasks - 1) AS g (i)
+                   ORDER BY g.i),
+             v_delay) WITH ORDINALITY AS m (msg_id, n);
+    ELSE
+      -- the tasks to run again, sent in task_index order; the reused ones, started with no message
+      -- and no attempt, complete below
+      IF pg_catalog.cardinality(v_reuse) < v_tasks THEN
+        WITH fresh AS (
+          SELECT g.i, pg_catalog.row_number() OVER (ORDER BY g.i) AS k
+          FROM pg_catalog.generate_series(0, v_tasks - 1) AS g (i)
+          WHERE g.i <> ALL (v_reuse)
+        ), sent AS (
+          SELECT m.msg_id, m.k
+          FROM pgmq.send_batch(
+                 v_queue,
+                 ARRAY(SELECT pg_catalog.jsonb_build_object('flow_slug', v_flow, 'run_id', start_ready_steps.run_id,
+                                                            'step_slug', v_step, 'task_index', f.i)
+                       FROM fresh AS f ORDER BY f.k),
+                 v_delay) WITH ORDINALITY AS m (msg_id, k)
+        )
+        INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id)
+        SELECT v_flow, start_ready_steps.run_id, v_step, f.i, v_queue, m.msg_id
+        FROM fresh AS f JOIN sent AS m ON m.k = f.k
+        ORDER BY f.i;
+      END IF;
+      INSERT INTO pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, queue_name, message_id, status,
+                                     attempts_count, started_at)
+      SELECT v_flow, start_ready_steps.run_id, v_step, r.i, v_queue, NULL, 'started', 0, pg_catalog.now()
+      FROM pg_catalog.unnest(v_reuse) AS r (i)
+      ORDER BY r.i;
+    END IF;
+    IF v_reuse IS NOT NULL THEN
+      v_reused_steps := v_reused_steps || pg_catalog.array_fill(v_step, ARRAY[pg_catalog.cardinality(v_reuse)]);
+      v_reused_indexes := v_reused_indexes || v_reuse;
+      v_reused_outputs := v_reused_outputs || v_reuse_outputs;
+      v_reused_modes := v_reused_modes || pg_catalog.array_fill(v_mode, ARRAY[pg_catalog.cardinality(v_reuse)]);
+    END IF;
 
-    IF v_realtime THEN
+    IF v_realtime AND v_mode <> 'manual' THEN
       SELECT ss.* INTO v_state FROM pgflow.step_states AS ss
       WHERE ss.run_id = start_ready_steps.run_id AND ss.step_slug = v_step;
       PERFORM pgflow._broadcast_step(v_state);
     END IF;
+  END LOOP;
+
+  -- Reused tasks complete one by one, each as a report of it would (a step's last one completes the
+  -- step and moves the run on, which may start and reuse further steps).
+  FOR v_i IN 1 .. pg_catalog.cardinality(v_reused_steps) LOOP
+    PERFORM pgflow._complete_started_tasks(ARRAY[start_ready_steps.run_id], ARRAY[v_reused_steps[v_i]],
+                                           ARRAY[v_reused_indexes[v_i]], ARRAY[v_reused_outputs[v_i]],
+                                           v_reused_modes[v_i]);
   END LOOP;
 END;
 $$;
@@ -7195,8 +7542,9 @@ CREATE TRIGGER worker_functions_count_enabled_changes
 -- version of that call reaches, so the upgrade takes no right away from an existing worker or
 -- producer role (the recipe grants EXECUTE on the schema's functions once, before the upgrade).
 -- Granting again what a role holds changes nothing. PUBLIC, anon and authenticated get nothing,
--- whatever default privileges gave them; the manual entry points are granted by nobody here
--- (docs/manual-tasks.md: a trusted role, on purpose).
+-- whatever default privileges gave them; the manual entry points and the run operations
+-- (cancel_run, retry_run, resume_run) are granted by nobody here (docs/manual-tasks.md,
+-- docs/permissions.md "Run operators": a trusted role, on purpose).
 ------------------------------------------------------------------------------------------------
 
 -- >>> grants
@@ -7270,7 +7618,7 @@ BEGIN
           ('group:fail', 'fail_tasks(jsonb)'),
           ('group:fail', '_task_report_elements(text, jsonb, text)'),
           ('group:fail', '_raise_task_report_error(text, integer, text, text, text, text)'),
-          ('group:start', '_start_runs(text, text, jsonb, uuid)'),
+          ('group:start', '_start_runs(text, text, jsonb, uuid, uuid, text)'),
           ('group:start', 'start_flows(text, jsonb)'),
           ('group:start', '_start_ready_steps_of_runs(uuid[])')
         ) AS g (target, fn)
@@ -7291,7 +7639,26 @@ BEGIN
     EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I', v_grant.fn, v_grant.rolname);
   END LOOP;
 
+  -- The records kept beside a run (its restart, its cancel) are read wherever the run is: every
+  -- run start and step start looks for a restart. A role gets on them what it holds on
+  -- pgflow.runs, so a role granted before this migration keeps working.
+  FOR v_grant IN
+    SELECT r.rolname::text AS rolname, p.privilege
+    FROM pg_catalog.pg_roles AS r
+    CROSS JOIN (VALUES ('SELECT'), ('INSERT'), ('UPDATE'), ('DELETE')) AS p (privilege)
+    WHERE NOT r.rolsuper AND r.rolname <> current_user AND r.rolname !~ '^pg_'
+      AND r.rolname NOT IN ('anon', 'authenticated')
+      AND pg_catalog.has_table_privilege(r.oid, 'pgflow.runs'::regclass, p.privilege)
+    ORDER BY 1, 2
+  LOOP
+    EXECUTE pg_catalog.format('GRANT %s ON pgflow.run_restarts, pgflow.run_cancellations TO %I',
+                              v_grant.privilege, v_grant.rolname);
+  END LOOP;
+
   -- Supabase's client roles: nothing of the stage, whatever they held or default privileges gave
+  FOR v_client IN SELECT r.rolname FROM pg_catalog.pg_roles AS r WHERE r.rolname IN ('anon', 'authenticated') ORDER BY 1 LOOP
+    EXECUTE pg_catalog.format('REVOKE ALL ON pgflow.run_restarts, pgflow.run_cancellations FROM %I', v_client);
+  END LOOP;
   FOR v_client IN SELECT r.rolname FROM pg_catalog.pg_roles AS r WHERE r.rolname IN ('anon', 'authenticated') ORDER BY 1 LOOP
     EXECUTE pg_catalog.format(
       'REVOKE ALL ON FUNCTION pgflow.claim_tasks(text, bigint[], uuid, text, text), '
@@ -7309,10 +7676,12 @@ BEGIN
       'pgflow.complete_tasks(jsonb), pgflow._task_report_elements(text, jsonb, text), '
       'pgflow._raise_task_report_error(text, integer, text, text, text, text), '
       'pgflow._start_ready_steps_of_runs(uuid[]), pgflow.fail_tasks(jsonb), '
-      'pgflow.fail_task(uuid, text, integer, text, double precision, boolean), pgflow._start_runs(text, text, jsonb, uuid), '
+      'pgflow.fail_task(uuid, text, integer, text, double precision, boolean), '
+      'pgflow._start_runs(text, text, jsonb, uuid, uuid, text), '
       'pgflow.start_flows(text, jsonb), '
       'pgflow.complete_manual_task(uuid, text, integer, jsonb), pgflow.fail_manual_task(uuid, text, integer, text), '
-      'pgflow._require_caller(text, text) '
+      'pgflow.cancel_run(uuid, text), pgflow.retry_run(uuid), pgflow.resume_run(uuid), '
+      'pgflow._lock_restart_source(text, uuid), pgflow._require_caller(text, text) '
       'FROM %I', v_client);
   END LOOP;
 

@@ -39,6 +39,60 @@ SELECT r.run_id, r.flow_slug, r.status, r.started_at, r.completed_at, r.failed_a
 FROM pgflow.runs AS r
 WHERE r.run_id = %(run_id)s::uuid;
 
+--@name run_record
+-- A run's lineage and its cancel's record (migration 0003: tables beside pgflow.runs, keyed by
+-- run_id; NULL where there is none): one primary-key probe each.
+SELECT rr.restart_of_run_id, rr.restart_kind, c.cancelled_at, c.reason AS cancel_reason, c.cancelled_by
+FROM (SELECT %(run_id)s::uuid AS run_id) AS k
+LEFT JOIN pgflow.run_restarts AS rr ON rr.run_id = k.run_id
+LEFT JOIN pgflow.run_cancellations AS c ON c.run_id = k.run_id;
+
+--@name has_run_operations
+-- Whether this schema can cancel and restart runs (migration 0003).
+SELECT pg_catalog.to_regprocedure('pgflow.cancel_run(uuid,text)') IS NOT NULL
+       AND pg_catalog.to_regprocedure('pgflow.resume_run(uuid)') IS NOT NULL;
+
+--@name has_restarts
+-- Whether this schema records restarts and cancels (migration 0003: pgflow.run_restarts,
+-- pgflow.run_cancellations).
+SELECT pg_catalog.to_regclass('pgflow.run_restarts') IS NOT NULL
+       AND pg_catalog.to_regclass('pgflow.run_cancellations') IS NOT NULL;
+
+--@name restarted_as
+-- The runs that restart this one (retry_run, resume_run), oldest first, at most 20.
+SELECT r.run_id, rr.restart_kind, r.status, r.started_at
+FROM pgflow.run_restarts AS rr
+JOIN pgflow.runs AS r ON r.run_id = rr.run_id
+WHERE rr.restart_of_run_id = %(run_id)s::uuid
+ORDER BY r.started_at, r.run_id
+LIMIT 20;
+
+--@name in_flight
+-- What a cancel would end: the run's queued and started tasks, manual ones counted apart.
+SELECT pg_catalog.count(*) FILTER (WHERE t.status = 'queued')::integer AS queued,
+       pg_catalog.count(*) FILTER (WHERE t.status = 'started'
+                                   AND coalesce(pg_catalog.to_jsonb(t) ->> 'execution_mode', 'queue') = 'queue')::integer AS running,
+       pg_catalog.count(*) FILTER (WHERE t.status = 'started'
+                                   AND pg_catalog.to_jsonb(t) ->> 'execution_mode' = 'manual')::integer AS manual
+FROM pgflow.step_tasks AS t
+WHERE t.run_id = %(run_id)s::uuid AND t.status IN ('queued', 'started');
+
+--@name cancel_record
+-- Whether the run is cancelled, and how many of its tasks are (read before and after a cancel).
+SELECT EXISTS (SELECT 1 FROM pgflow.run_cancellations AS c WHERE c.run_id = r.run_id) AS cancelled,
+       (SELECT pg_catalog.count(*) FROM pgflow.step_tasks AS t
+        WHERE t.run_id = r.run_id AND t.status = 'cancelled')::integer AS tasks_cancelled
+FROM pgflow.runs AS r
+WHERE r.run_id = %(run_id)s::uuid;
+
+--@name restart_tasks
+-- How a restarted run began: tasks reused from its source (completed with no attempt, resume_run)
+-- and tasks queued or waiting (manual).
+SELECT pg_catalog.count(*) FILTER (WHERE t.status = 'completed' AND t.attempts_count = 0)::integer AS reused,
+       pg_catalog.count(*) FILTER (WHERE t.status IN ('queued', 'started'))::integer AS queued
+FROM pgflow.step_tasks AS t
+WHERE t.run_id = %(run_id)s::uuid;
+
 --@name steps
 -- The run's steps in definition order, with their options as they apply (step over flow).
 SELECT ss.step_slug, s.step_index, s.step_type, ss.status, ss.initial_tasks, ss.remaining_tasks,
@@ -67,6 +121,7 @@ SELECT t.step_slug, t.task_index, t.status, t.attempts_count, t.requeued_count, 
        t.message_id, t.last_worker_id, t.queued_at, t.started_at, t.completed_at, t.failed_at,
        t.permanently_stalled_at,
        coalesce(pg_catalog.to_jsonb(t) ->> 'execution_mode', 'queue') AS execution_mode,
+       coalesce((pg_catalog.to_jsonb(t) ->> 'refused_reports')::integer, 0) AS refused_reports,
        -- what the handler asked for with the latest failure (absent before schema 0003: NULL, false)
        (pg_catalog.to_jsonb(t) ->> 'requested_retry_delay')::integer AS requested_retry_delay,
        coalesce((pg_catalog.to_jsonb(t) ->> 'failed_now')::boolean, false) AS failed_now,

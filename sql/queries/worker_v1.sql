@@ -37,10 +37,15 @@ CROSS JOIN LATERAL (SELECT x.attempts_count, x.status, x.last_worker_id FROM pgf
 WHERE t.status = 'started' AND t.last_worker_id = %(worker_id)s;
 
 --@name complete
-SELECT count(*) FROM pgflow.complete_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(output)s::jsonb);
+-- Returns how many reports were refused: a task that comes back cancelled (its run was cancelled or
+-- failed before the report), whose result nothing records.
+SELECT count(*) FILTER (WHERE status = 'cancelled')::integer
+FROM pgflow.complete_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(output)s::jsonb);
 
 --@name fail
-SELECT count(*) FROM pgflow.fail_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(error_message)s);
+-- Returns how many reports were refused (as complete).
+SELECT count(*) FILTER (WHERE status = 'cancelled')::integer
+FROM pgflow.fail_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(error_message)s);
 
 --@name release
 -- Messages read but not claimed (the worker is stopping): visible again at once.

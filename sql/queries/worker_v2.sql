@@ -19,12 +19,13 @@ SELECT pgflow.register_worker(%(worker_id)s, %(function_name)s, %(queue_name)s, 
 
 --@name complete_many
 -- tasks: a JSON array of {run_id, step_slug, task_index, output}, applied in array order, all or nothing.
-SELECT count(*) FROM pgflow.complete_tasks(%(tasks)s::jsonb);
+-- Returns how many were refused (their task came back cancelled: the run ended before the report).
+SELECT count(*) FILTER (WHERE status = 'cancelled')::integer FROM pgflow.complete_tasks(%(tasks)s::jsonb);
 
 --@name fail_many
 -- tasks: a JSON array of {run_id, step_slug, task_index, error_message, retry_delay_seconds, fail_now},
--- applied in array order, all or nothing.
-SELECT count(*) FROM pgflow.fail_tasks(%(tasks)s::jsonb);
+-- applied in array order, all or nothing. Returns how many were refused (as complete_many).
+SELECT count(*) FILTER (WHERE status = 'cancelled')::integer FROM pgflow.fail_tasks(%(tasks)s::jsonb);
 
 --@name has_retry_control
 -- True where fail_task takes a handler's retry delay and fail-now (and fail_tasks elements do).
@@ -33,8 +34,21 @@ SELECT pg_catalog.to_regprocedure('pgflow.fail_task(uuid, text, integer, text, d
 --@name fail_directed
 -- retry_delay_seconds: seconds before the next attempt instead of the step's backoff (NULL: the
 -- backoff); fail_now: the task fails for good now. Both are ignored once the attempts are used up.
-SELECT count(*) FROM pgflow.fail_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(error_message)s,
-                                      %(retry_delay_seconds)s, %(fail_now)s);
+-- Returns 1 when the report was refused (the task came back cancelled), else 0.
+SELECT count(*) FILTER (WHERE status = 'cancelled')::integer
+FROM pgflow.fail_task(%(run_id)s, %(step_slug)s, %(task_index)s, %(error_message)s,
+                      %(retry_delay_seconds)s, %(fail_now)s);
+
+--@name has_cancellations
+-- 1 where this schema records cancels (migration 0003: pgflow.run_cancellations) and this role may
+-- read them; else 0 (the reason is then "the run failed").
+SELECT (pg_catalog.to_regclass('pgflow.run_cancellations') IS NOT NULL
+        AND pg_catalog.has_table_privilege(pg_catalog.to_regclass('pgflow.run_cancellations'), 'SELECT'))::integer;
+
+--@name cancel_reasons
+-- Why an operator cancelled each of these failed runs (one primary-key probe per run id; a run
+-- that failed on its own has no row).
+SELECT c.run_id, c.reason FROM pgflow.run_cancellations AS c WHERE c.run_id = ANY (%(run_ids)s::uuid[]);
 
 --@name claimed_attempts
 -- The attempt each task of one claim batch is in (attempts_count after the claim), by the claimed
@@ -82,7 +96,8 @@ SELECT k.n,
             ELSE 'the task is no longer this attempt (' || coalesce(t.status, 'gone') || ')'
        END AS reason,
        coalesce(t.status = 'started' AND (t.attempts_count <> k.attempt OR t.last_worker_id IS DISTINCT FROM %(worker_id)s),
-                false) AS taken_over
+                false) AS taken_over,
+       r.status AS run_status
 FROM ROWS FROM (pg_catalog.unnest(%(run_ids)s::uuid[]), pg_catalog.unnest(%(step_slugs)s::text[]),
                 pg_catalog.unnest(%(task_indexes)s::integer[]), pg_catalog.unnest(%(attempts)s::integer[]))
      WITH ORDINALITY AS k (run_id, step_slug, task_index, attempt, n)

@@ -141,10 +141,12 @@ def test_an_upgrade_keeps_an_existing_worker_role_working(baseline_db, client_ro
         "JOIN pg_namespace AS n ON n.oid = p.pronamespace "
         "WHERE n.nspname = 'pgflow' AND p.prorettype <> 'trigger'::regtype AND NOT has_function_privilege(%s, p.oid, 'EXECUTE')",
         (role,)).fetchone()[0]
-    # operator-only functions of the fence and whole-flow deletion are never handed to
+    # operator-only functions of the fence, whole-flow deletion and the run operations are never handed to
     # worker roles either (docs/permissions.md); the manual entry points are what this test is about
     operator_only = ("pgflow.fence_", "pgflow._fence", "pgflow.drop_flow", "pgflow._drop_flow",
                      "pgflow._require_flow", "pgflow._lock_flow_for_deletion", "pgflow._delete_flow_rows",
+                     "pgflow.cancel_run", "pgflow.retry_run", "pgflow.resume_run",
+                     "pgflow._lock_restart_source",
                      "pgflow._require_caller",  # the caller check: only operator and trusted calls reach it
                      "pgflow.prune_")  # pgflow prune, an operator command
     # sorted in Python too: the expected list is in code-point order, whatever the database's collation

@@ -34,8 +34,11 @@ COMMANDS = {
     "prune": (["prune", "--older-than", "1d", "--dry-run"], {0}),
     "runs-start": (["runs", "start", "review"], {0}),
     "runs-wait": (["runs", "wait", "{run_id}", "--timeout", "0"], {5}),
+    "runs-cancel": (["runs", "cancel", "{run_id}", "--yes"], {0}),
+    "runs-retry": (["runs", "retry", "{cancelled_run_id}"], {0}),
+    "runs-resume": (["runs", "resume", "{cancelled_run_id}"], {0}),
 }
-"""``{run_id}``: the seeded run of flow ``review``."""
+"""``{run_id}``: the seeded run of flow ``review``; ``{cancelled_run_id}``: that run, cancelled first."""
 
 
 @pytest.fixture
@@ -47,8 +50,12 @@ def seeded(db):
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_json_document_validates_against_its_schema(seeded, name):
     args, codes = COMMANDS[name]
-    run_id = str(seeded.connect().execute("SELECT run_id FROM pgflow.runs WHERE flow_slug = 'review'").fetchone()[0])
-    result = run_cli(*(arg.replace("{run_id}", run_id) for arg in args), "--dsn", seeded.conninfo, "--format", "json")
+    conn = seeded.connect()
+    run_id = str(conn.execute("SELECT run_id FROM pgflow.runs WHERE flow_slug = 'review'").fetchone()[0])
+    if any("{cancelled_run_id}" in arg for arg in args):
+        conn.execute("SELECT pgflow.cancel_run(%s)", (run_id,))
+    result = run_cli(*(arg.replace("{run_id}", run_id).replace("{cancelled_run_id}", run_id) for arg in args),
+                     "--dsn", seeded.conninfo, "--format", "json")
     assert result.code in codes, result.output
     if result.code == ExitCode.CONFLICT:  # restore without a fence: the error document on stderr
         validate(json.loads(result.stderr), "error")

@@ -22,7 +22,7 @@ NEW = {
     "pgflow._fail_started_task(uuid, text, integer, text, boolean, jsonb)": "pgflow.fail_task(uuid, text, integer, text)",
     "pgflow._task_report_elements(text, jsonb, text)": "pgflow.fail_task(uuid, text, integer, text)",
     "pgflow.start_flows(text, jsonb)": "pgflow.start_flow(text, jsonb, uuid)",
-    "pgflow._start_runs(text, text, jsonb, uuid)": "pgflow.start_flow(text, jsonb, uuid)",
+    "pgflow._start_runs(text, text, jsonb, uuid, uuid, text)": "pgflow.start_flow(text, jsonb, uuid)",
 }
 
 
@@ -103,6 +103,8 @@ RENAMED = {
                                      "pgflow._raise_task_report_error(text,integer,text,text,text,text)"),
     "pgflow.fail_tasks(jsonb)": ("pgflow.fail_tasks(jsonb)", "pgflow._task_report_elements(text,jsonb,text)",
                                  "pgflow._raise_task_report_error(text,integer,text,text,text,text)"),
+    # the start core gained the restart lineage (retry_run, resume_run)
+    "pgflow._start_runs(text,text,jsonb,uuid)": ("pgflow._start_runs(text,text,jsonb,uuid,uuid,text)",),
     # the failure with a retry delay or fail-now, which the earlier build did not have
     "pgflow.fail_task(uuid,text,integer,text)": ("pgflow.fail_task(uuid,text,integer,text)",
                                                  "pgflow.fail_task(uuid,text,integer,text,double precision,boolean)"),

@@ -31,6 +31,9 @@ ARGUMENTS = {
     "pgflow.delete_flow_and_data(text)": "'payments'",
     "pgflow.prune_runs(timestamp with time zone, uuid, integer, boolean)": "now() - interval '30 days', NULL, 100, false",
     "pgflow.prune_archive(text, timestamp with time zone, integer, boolean)": "'payments', now() - interval '30 days', 100, false",
+    "pgflow.cancel_run(uuid, text)": "%(run)s, 'deploy'",
+    "pgflow.retry_run(uuid)": "%(run)s",
+    "pgflow.resume_run(uuid)": "%(run)s",
     "pgflow.complete_manual_task(uuid, text, integer, jsonb)": "%(run)s, 'approve', 0, '{\"ok\": true}'",
     "pgflow.fail_manual_task(uuid, text, integer, text)": "%(run)s, 'approve', 0, 'rejected'",
 }

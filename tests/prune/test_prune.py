@@ -38,18 +38,20 @@ def test_finished_runs_before_the_cutoff_go_with_their_states_and_tasks_and_noth
 
 
 def test_the_tables_referring_to_runs_are_the_ones_prune_runs_deletes(rt):
-    referring = {r["table"] for r in rt.rows(
-        "SELECT conrelid::regclass::text AS table FROM pg_constraint "
+    referring = {r["table"]: r["cascade"] for r in rt.rows(
+        "SELECT conrelid::regclass::text AS table, confdeltype = 'c' AS cascade FROM pg_constraint "
         "WHERE contype = 'f' AND confrelid = 'pgflow.runs'::regclass")}
     with_run_id = {r["table"] for r in rt.rows(
         "SELECT c.oid::regclass::text AS table FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid "
         "WHERE c.relnamespace = 'pgflow'::regnamespace AND c.relkind IN ('r', 'p') AND a.attname = 'run_id' "
         "AND NOT a.attisdropped")}
-    assert referring == {"pgflow.step_states", "pgflow.step_tasks"}
-    assert with_run_id == {"pgflow.runs", "pgflow.step_states", "pgflow.step_tasks"}
+    # the tables kept beside a run (its lineage, its cancel) go with it by ON DELETE CASCADE
+    assert referring == {"pgflow.step_states": False, "pgflow.step_tasks": False,
+                         "pgflow.run_restarts": True, "pgflow.run_cancellations": True}
+    assert with_run_id == {"pgflow.runs", *referring}
     source = rt.val("SELECT prosrc FROM pg_proc WHERE oid = 'pgflow.prune_runs'::regproc")
     for table in with_run_id:
-        assert f"DELETE FROM {table} " in source, table
+        assert (f"DELETE FROM {table} " in source) != referring.get(table, False), table
 
 
 def test_a_dry_run_changes_nothing_and_counts_what_the_prune_then_deletes(rt, db):
@@ -151,3 +153,26 @@ def test_a_finished_run_with_a_task_still_open_is_kept(rt, db):
     rt.conn.execute("DELETE FROM pgflow.step_tasks WHERE run_id = %s", (odd,))  # for the invariants
     rt.conn.execute("DELETE FROM pgflow.step_states WHERE run_id = %s", (odd,))
     rt.conn.execute("DELETE FROM pgflow.runs WHERE run_id = %s", (odd,))
+
+
+def test_a_pruned_run_takes_its_restart_and_cancel_records_with_it_and_a_kept_restart_still_names_it(rt, db):
+    rt.flow("redo", [{"slug": "a"}])
+    source = rt.start("redo", {"n": 1})
+    rt.one("SELECT * FROM pgflow.cancel_run(%s, 'wrong batch')", (source,))
+    retry = rt.one("SELECT * FROM pgflow.retry_run(%s)", (source,))["run_id"]
+    rt.one("SELECT * FROM pgflow.cancel_run(%s, 'again')", (retry,))
+    resumed = rt.one("SELECT * FROM pgflow.resume_run(%s)", (retry,))["run_id"]
+    records = ("SELECT (SELECT count(*) FROM pgflow.run_restarts WHERE run_id = ANY (%(ids)s)) AS restarts, "
+               "(SELECT count(*) FROM pgflow.run_cancellations WHERE run_id = ANY (%(ids)s)) AS cancels")
+    assert rt.one(records, {"ids": [source, retry]}) == {"restarts": 1, "cancels": 2}
+    age_run(rt, source)
+    age_run(rt, retry)
+
+    with db.connect() as conn:
+        report = op.prune(conn, older_than=DAYS, batch_size=10)
+
+    assert report.totals.runs == 2
+    assert rt.one(records, {"ids": [source, retry]}) == {"restarts": 0, "cancels": 0}
+    # the run kept (still started) names its pruned source: the lineage has no foreign key to it
+    assert rt.one("SELECT restart_of_run_id, restart_kind FROM pgflow.run_restarts WHERE run_id = %s",
+                  (resumed,)) == {"restart_of_run_id": retry, "restart_kind": "resume"}

@@ -91,7 +91,15 @@ class Runtime(RowQueries):
         return row["run_id"]
 
     def run(self, run_id: uuid.UUID) -> dict:
-        return self.one("SELECT * FROM pgflow.runs WHERE run_id = %s", (run_id,))
+        """The run's row, and where the schema keeps them (migration 0003) its restart and cancel
+        records beside it (``restart_of_run_id``, ``restart_kind``, ``cancelled_at``,
+        ``cancel_reason``, ``cancelled_by``: None where there is none)."""
+        if not self.one("SELECT to_regclass('pgflow.run_cancellations') IS NOT NULL AS present")["present"]:
+            return self.one("SELECT * FROM pgflow.runs WHERE run_id = %s", (run_id,))
+        return self.one(
+            "SELECT r.*, rr.restart_of_run_id, rr.restart_kind, c.cancelled_at, c.reason AS cancel_reason, "
+            "c.cancelled_by FROM pgflow.runs AS r LEFT JOIN pgflow.run_restarts AS rr ON rr.run_id = r.run_id "
+            "LEFT JOIN pgflow.run_cancellations AS c ON c.run_id = r.run_id WHERE r.run_id = %s", (run_id,))
 
     def steps(self, run_id: uuid.UUID) -> dict[str, dict]:
         return {

@@ -119,7 +119,8 @@ def _path(conn: psycopg.Connection, plan: installer.Plan, migration: installer.M
     """How ``apply`` runs ``migration`` here, in words (``migrate plan``)."""
     if plan.converts(migration):
         return (f"conversion of 0003-0016 of pgflow-cli {installer.old_levels.OLD_BUILD} (one transaction: a catalog "
-                "comparison, then the stage's later columns, functions and grants; no table scanned or rewritten)")
+                "comparison, then the stage's later columns and tables, functions and grants; no table scanned "
+                "or rewritten)")
     return migration.phased.path(conn) if migration.phased else "one transaction"
 
 

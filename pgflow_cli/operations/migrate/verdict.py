@@ -13,7 +13,7 @@ from pgflow_cli import installer
 from pgflow_cli.db import Target, connect
 from pgflow_cli.errors import ExitCode, PgflowError
 from pgflow_cli.installer import shapes
-from pgflow_cli.operations import upstream
+from pgflow_cli.operations import schema, upstream
 
 
 @dataclass
@@ -25,7 +25,7 @@ class StatusReport:
         verdict: ``conflict`` (changed checksum, newer database, foreign pgflow: nothing can be
             applied), ``in_progress`` (a phased run stopped part way), ``broken`` (a table, column,
             constraint, index or trigger the runtime needs is missing or changed:
-            :func:`pgflow_cli.installer.shapes.database_breaks`), ``drift`` (installed
+            :func:`pgflow_cli.operations.schema.database_breaks`), ``drift`` (installed
             function text differs from the files, or an invalid index is left, with nothing
             pending to fix it), ``pending`` (migrations, or the online completion of an
             adoption: its index and validations) or ``up_to_date`` (an optional history
@@ -141,7 +141,7 @@ def status(conn: psycopg.Connection) -> StatusReport:
     plan = installer.make_plan(conn)
     found = upstream.inspect(conn)
     conflict = blocking_conflict(plan, found)
-    breaks = [shapes.describe(d) for d in shapes.database_breaks(conn)]
+    breaks = [shapes.describe(d) for d in schema.database_breaks(conn)]
     if conflict:
         verdict = "conflict"
     elif plan.in_progress:

@@ -7,7 +7,8 @@
 -- Returns (task, started):
 --   task NULL                  no such run or task: the caller returns nothing;
 --   started false              a late report (the run or step is no longer started, or the task is
---                              not started): nothing changes and the task's message is archived
+--                              not started): nothing changes (but the refusal count of a cancelled
+--                              task, refused_reports) and the task's message is archived
 --                              here, idempotently, unless stalled recovery queued the task again in
 --                              a run and step that go on (the next claim needs that message); the
 --                              caller returns the task as it is;
@@ -44,6 +45,16 @@ BEGIN
   END IF;
 
   started := v_run.status = 'started' AND v_state.status = 'started' AND task.status = 'started';
+  IF task.status = 'cancelled' THEN
+    -- the handler's result came after its run was cancelled (or failed): refused, and counted, so
+    -- an operator can see that work went on after the cancel; the caller returns the task as it
+    -- is, status cancelled, which tells the worker apart from a recorded report
+    UPDATE pgflow.step_tasks AS t
+       SET refused_reports = t.refused_reports + 1, last_refused_report_at = pg_catalog.clock_timestamp()
+     WHERE t.run_id = task.run_id AND t.step_slug = task.step_slug AND t.task_index = task.task_index
+    RETURNING t.* INTO task;
+  END IF;
+  -- (the task row first, its message after: the helpers' rule)
   IF NOT started AND NOT (task.status = 'queued' AND v_run.status = 'started' AND v_state.status = 'started') THEN
     PERFORM pgflow._archive_task_messages(ARRAY[task.run_id], ARRAY[task.step_slug], ARRAY[task.task_index]);
   END IF;

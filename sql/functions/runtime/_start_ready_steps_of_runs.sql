@@ -3,7 +3,9 @@
 -- starts is queue-backed and all of them send to one queue with one start delay and realtime.send
 -- does not exist. Then the step states are started with one UPDATE and every task's message goes
 -- out in one pgmq.send_batch, in the order the calls per run would send them (runs in array
--- order, steps by slug, tasks by index), and the tasks are created with one INSERT. Otherwise it
+-- order, steps by slug, tasks by index), and the tasks are created with one INSERT. A resumed run
+-- (run_restarts.restart_kind 'resume') reuses tasks as its steps start, which only start_ready_steps does: with
+-- one among the runs, as with a manual step among the steps, it changes nothing. Otherwise it
 -- changes nothing and returns false (the caller starts the runs one by one). The caller holds
 -- every run's row lock or created the runs (_start_runs). Returns true when it started the runs'
 -- ready steps (or none was ready).
@@ -21,10 +23,11 @@ DECLARE
 BEGIN
   SELECT pg_catalog.count(DISTINCT s.queue_name), pg_catalog.count(DISTINCT coalesce(s.opt_start_delay, 0)),
          pg_catalog.min(s.queue_name), pg_catalog.min(coalesce(s.opt_start_delay, 0)),
-         pg_catalog.bool_or(s.execution_mode <> 'queue')
+         pg_catalog.bool_or(s.execution_mode <> 'queue' OR rr.run_id IS NOT NULL)
   INTO v_queues, v_delays, v_queue, v_delay, v_manual
   FROM pg_catalog.unnest(_start_ready_steps_of_runs.run_ids) AS u (run_id)
   JOIN pgflow.runs AS r ON r.run_id = u.run_id AND r.status = 'started'
+  LEFT JOIN pgflow.run_restarts AS rr ON rr.run_id = u.run_id AND rr.restart_kind = 'resume'
   JOIN pgflow.step_states AS ss
     ON ss.run_id = u.run_id AND ss.status = 'created' AND ss.remaining_deps = 0 AND ss.initial_tasks > 0
   JOIN pgflow.steps AS s ON s.flow_slug = ss.flow_slug AND s.step_slug = ss.step_slug;

@@ -1,14 +1,17 @@
 -- The core of start_flow and start_flows: starts one run per element of p_inputs (a JSON
 -- array of run inputs), created in array order; p_run_id, when given, is the first run's id.
 -- p_function names the entry point in errors; start_flows' per-element errors name the element's
--- 0-based index. Under the flow advisory lock in shared mode (no run starts while its flow is
+-- 0-based index. p_restart_of_run_id and p_restart_kind ('retry' or 'resume') mark the runs as
+-- restarts of that run (retry_run, resume_run: a row of pgflow.run_restarts each); a resumed run reuses its source's completed tasks as
+-- its steps start (start_ready_steps). Under the flow advisory lock in shared mode (no run starts while its flow is
 -- being recompiled or deleted), set-based: one insert of the runs, one of their step states.
 -- Then, per run in array order, what start_flow always did: run:started (when realtime.send
 -- exists) and the run moves on. A flow without conditions or map steps (the common
 -- case) only starts its root steps (start_ready_steps: one send per root step); any other flow
 -- goes through _advance_run (conditions, empty-map cascades, ready steps, run completion).
 -- Returns the runs in array order, as they are after starting.
-CREATE OR REPLACE FUNCTION pgflow._start_runs(p_function text, p_flow_slug text, p_inputs jsonb, p_run_id uuid DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pgflow._start_runs(p_function text, p_flow_slug text, p_inputs jsonb, p_run_id uuid DEFAULT NULL,
+                                              p_restart_of_run_id uuid DEFAULT NULL, p_restart_kind text DEFAULT NULL)
 RETURNS SETOF pgflow.runs
 LANGUAGE plpgsql
 VOLATILE
@@ -77,6 +80,11 @@ BEGIN
   SELECT u.run_id, p_flow_slug, u.input, v_steps
   FROM ROWS FROM (pg_catalog.unnest(v_run_ids), pg_catalog.unnest(v_inputs)) WITH ORDINALITY AS u (run_id, input, n)
   ORDER BY u.n;
+  -- the lineage before any step starts: start_ready_steps reads it to reuse a resumed run's work
+  IF p_restart_of_run_id IS NOT NULL THEN
+    INSERT INTO pgflow.run_restarts (run_id, restart_of_run_id, restart_kind)
+    SELECT u.run_id, p_restart_of_run_id, p_restart_kind FROM pg_catalog.unnest(v_run_ids) AS u (run_id);
+  END IF;
 
   INSERT INTO pgflow.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks)
   SELECT s.flow_slug, u.run_id, s.step_slug, s.deps_count,
@@ -120,4 +128,4 @@ BEGIN
   ORDER BY u.n;
 END;
 $$;
-REVOKE ALL ON FUNCTION pgflow._start_runs(text, text, jsonb, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgflow._start_runs(text, text, jsonb, uuid, uuid, text) FROM PUBLIC;
