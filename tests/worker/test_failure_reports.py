@@ -85,7 +85,8 @@ def test_the_stop_summary_is_one_readable_line(env, caplog):
     caplog.set_level(logging.INFO, logger="pgflow.worker")
     flow = (Flow("summaryFlow", max_attempts=1)
             .step("ok", lambda v, ctx: 1)
-            .step("bad", explode))
+            # after "ok": a failure first would fail the run and its sibling's result would be refused
+            .step("bad", explode, depends_on=["ok"]))
     worker = env.start_worker(flow, max_concurrent=2)
     env.wait_runs_finished([env.start_run("summaryFlow", {})])
     wait_until(lambda: worker.stats.snapshot()["completed"] + worker.stats.snapshot()["failed"] == 2, "both reports")
