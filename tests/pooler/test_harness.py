@@ -49,14 +49,14 @@ def test_the_pooler_multiplexes_clients_over_its_server_connections(pooled, pgbo
 
 
 _STARTER = """
-import sys, tempfile, time
+import signal, sys, tempfile
 from pathlib import Path
 from pgflow_cli.sandbox import LocalServer
 from pgflow_cli.sandbox.pooler import LocalPooler
 pooler = LocalPooler(Path(tempfile.mkdtemp(prefix="pgflow-pooler-orphan-", dir="/tmp")), LocalServer(Path(sys.argv[1])))
 pooler.start()
 print(pooler.pid, pooler.base_dir, flush=True)
-time.sleep(600)
+signal.pause()  # alive until the test kills it
 """
 
 
