@@ -24,9 +24,12 @@ def test_the_handler_tour_runs_and_shows_each_feature(db):
     assert tasks["summary[0]"].startswith('completed after 1 attempt(s) -> {"deadline": "')
     assert tasks["summary[0]"].endswith('"pages": 3, "source": "news"}')
     assert tasks["notify[0]"] == 'completed after 1 attempt(s) -> {"sent": true, "to": "ops@example.com"}'
-    # FailNow ends its task on the first attempt and skips the step (when_exhausted=skip), with the
-    # other task, whose retry the provider's Retry-After put five seconds out
-    assert tasks["enrich[0]"] == "skipped after 1 attempt(s); last error: RetryLater: RateLimited: rate limited; retry after 5s"
+    # FailNow ends its task on the first attempt and skips the step (when_exhausted=skip) with the
+    # other task. The two run concurrently: the other task's RetryLater report either landed first
+    # (its error stays on the row) or arrived after the skip and was refused (no error on the row).
+    assert tasks["enrich[0]"] in (
+        "skipped after 1 attempt(s); last error: RetryLater: RateLimited: rate limited; retry after 5s",
+        "skipped after 1 attempt(s)")
     assert tasks["enrich[1]"] == "failed after 1 attempt(s); last error: FailNow: item 'missing' does not exist"
     assert "fetch: last attempt (3/3)" not in lines  # fetch succeeded on its second attempt
     assert 'run completed: {"notify": {"sent": true, "to": "ops@example.com"}}' in lines  # enrich was skipped
