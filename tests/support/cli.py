@@ -138,7 +138,7 @@ def _clean_env() -> dict[str, str]:
 
 
 def kill_cli_when(conninfo: str, *args: str, ready: Callable[[psycopg.Connection], bool],
-                  what: str, timeout: float = 60) -> CliResult:
+                  what: str, timeout: float = 240) -> CliResult:
     """Run ``python -m pgflow_cli ARGS``, SIGKILL it as soon as ``ready(watcher)`` is true, and
     wait until every session of it has left the database ``conninfo`` names.
 
