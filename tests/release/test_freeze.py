@@ -1,0 +1,115 @@
+"""Freezing a release on a throwaway copy of the repository (docs/releasing.md): the freeze script
+pins the unreleased migration and sets the version, the layout tests then hold the files to the
+frozen migration, a function changed after the release is refused until the next migration exists,
+and that migration is then generated and checked as the unreleased one."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pgflow_cli import installer
+from tests.support.checkout import fresh_copy
+
+LAYOUT_TESTS = ("tests/layout/test_released.py", "tests/layout/test_function_files.py")
+
+
+class Copy:
+    """A copy of the repository whose own ``pgflow_cli`` and ``scripts`` are imported (first on
+    ``PYTHONPATH``, before this venv's editable install of the real tree)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def python(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], cwd=self.root, env=self.env, capture_output=True, text=True,
+                              timeout=300)
+
+    def layout_tests(self) -> subprocess.CompletedProcess[str]:
+        return self.python("-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *LAYOUT_TESTS)
+
+    def sha(self, relative: str) -> str:
+        return hashlib.sha256((self.root / relative).read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def copy(tmp_path) -> Copy:
+    return Copy(fresh_copy(tmp_path / "pgflow-cli"))
+
+
+def _unreleased() -> installer.Migration:
+    (migration,) = [m for m in installer.available_migrations() if not m.released]
+    return migration
+
+
+def test_a_freeze_pins_the_migration_and_the_function_files_stay_held_to_it(copy):
+    frozen = _unreleased()
+    sql = f"sql/{frozen.path}"
+    before = copy.sha(sql)
+    where = copy.python("-c", "import pgflow_cli, scripts; print(pgflow_cli.__file__); print(scripts.__path__[0])")
+    assert where.stdout.split() == [str(copy.root / "pgflow_cli" / "__init__.py"), str(copy.root / "scripts")]
+
+    for version, reason in (("99.0.0-rc.1", "normalised form: 99.0.0rc1"), ("next", "not a PEP 440 version"),
+                            ("0.0.1", "not newer than the current version")):
+        refused = copy.python("scripts/freeze_release.py", version)
+        assert refused.returncode == 1 and reason in refused.stderr, (version, refused)
+    done = copy.python("scripts/freeze_release.py", "99.0.0rc1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"froze {sql} (SHA-256 {before})" in done.stdout
+
+    # the version in its one place, the checksum in the tool's and the test's pins
+    assert '__version__ = "99.0.0rc1"' in (copy.root / "pgflow_cli/__init__.py").read_text()
+    assert f'"{frozen.path}": "{before}",' in (copy.root / "pgflow_cli/installer/files.py").read_text()
+    assert f'{frozen.version}: "{before}",' in (copy.root / "tests/layout/test_released.py").read_text()
+    assert copy.sha(sql) == before, "the freeze never changes the migration itself"
+    released = copy.python("-c", "from pgflow_cli import installer; "
+                                 "print(all(m.released for m in installer.available_migrations()))")
+    assert released.stdout.strip() == "True", released.stderr
+    layout = copy.layout_tests()
+    assert layout.returncode == 0, layout.stdout[-3000:]
+    assert f"test_a_released_migration_is_byte_for_byte_what_was_released[{frozen.version}] PASSED" in \
+        copy.python("-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:xdist", LAYOUT_TESTS[0]).stdout
+    assert copy.python("scripts/regenerate_migration.py", "--check").returncode == 0
+    again = copy.python("scripts/freeze_release.py", "99.0.0rc2")
+    assert again.returncode == 1 and "no unreleased migration" in again.stderr
+
+    # a function changed after the release: refused, the released file untouched
+    function = copy.root / "sql/functions/claim/claim_tasks.sql"
+    function.write_text(function.read_text().replace("$$", "$$\n-- changed after the release", 1))
+    check = copy.python("scripts/regenerate_migration.py", "--check")
+    following = f"sql/migrations/{frozen.version + 1:04d}_<name>.sql"
+    assert check.returncode == 1 and "released and frozen" in check.stderr and following in check.stderr, check
+    rewrite = copy.python("scripts/regenerate_migration.py")
+    assert rewrite.returncode == 1 and copy.sha(sql) == before
+    assert copy.layout_tests().returncode == 1
+
+    # the next migration: its generated sections are written from the files and checked
+    (copy.root / f"sql/migrations/{frozen.version + 1:04d}_next.sql").write_text(
+        "-- next: a function changed after the release.\n\n"
+        "-- >>> types: generated by scripts/regenerate_migration.py from sql/functions; do not edit\n"
+        "-- <<< types\n\n"
+        "-- >>> functions: generated by scripts/regenerate_migration.py from sql/functions; do not edit\n"
+        "-- <<< functions\n")
+    assert copy.python("scripts/regenerate_migration.py").returncode == 0
+    generated = (copy.root / f"sql/migrations/{frozen.version + 1:04d}_next.sql").read_text()
+    assert "-- changed after the release" in generated and copy.sha(sql) == before
+    assert not re.search(r"CREATE TYPE", generated), "the types the frozen migration creates are not repeated"
+    layout = copy.layout_tests()
+    assert layout.returncode == 0, layout.stdout[-3000:]
+
+
+def test_a_stale_migration_is_not_frozen(copy):
+    function = copy.root / "sql/functions/claim/claim_tasks.sql"
+    function.write_text(function.read_text().replace("$$", "$$\n-- not regenerated", 1))
+    refused = copy.python("scripts/freeze_release.py", "99.0.0rc1")
+    assert refused.returncode == 1 and "is stale" in refused.stderr, refused
+    assert '__version__ = "99.0.0rc1"' not in (copy.root / "pgflow_cli/__init__.py").read_text()
+    assert copy.python("-c", "from pgflow_cli import installer; "
+                             "print(sum(not m.released for m in installer.available_migrations()))").stdout.strip() == "1"
