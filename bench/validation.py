@@ -52,11 +52,12 @@ def uptime() -> str:
 
 
 def run(command: list[str], timeout: float) -> tuple[int, str, float]:
-    """``(exit status, stdout and stderr, seconds)`` of ``command`` run in the repository."""
+    """``(exit status, output, seconds)`` of ``command`` run in the repository: its stdout, and its
+    stderr too when it failed (progress lines otherwise)."""
     started = time.monotonic()
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        code, output = done.returncode, done.stdout + done.stderr
+        code, output = done.returncode, done.stdout + (done.stderr if done.returncode else "")
     except subprocess.TimeoutExpired as expired:
         code, output = 124, f"timed out after {timeout:.0f} s\n{expired.stdout or ''}{expired.stderr or ''}"
     return code, output, time.monotonic() - started
@@ -105,7 +106,7 @@ def measure(part: str, wheel: Path | None) -> dict[str, object]:
         out = Path(tempfile.mkdtemp(prefix="pgflow-validation-")) / "starvation.json"
         command = [sys.executable, "bench/run.py", "--only", "ingest_starvation", "--repeat", "3", "--out", str(out)]
         code, output, seconds = run(command, 1800)
-        figures = output[output.find("| "):].split("\nresults written")[0].strip() if code == 0 else output[-3000:]
+        figures = output[output.find("| "):].strip() if code == 0 else output[-3000:]
     else:
         command = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-rP", "-p", "no:cacheprovider", "tests/validation"]
         code, output, seconds = run(command, 1800)
