@@ -95,7 +95,7 @@ def measure(part: str, wheel: Path | None) -> dict[str, object]:
     before = uptime()
     if part == "identity":
         started = time.monotonic()
-        return {"part": part, "command": "python -m build --wheel (unless --wheel)", "exit": 0,
+        return {"part": part, "command": f"--wheel {wheel}" if wheel else "python -m build --wheel", "exit": 0,
                 "identity": identity(wheel), "load_before": before, "load_after": uptime(),
                 "seconds": round(time.monotonic() - started, 1)}
     if part == "code":
