@@ -69,19 +69,19 @@ def sha256(path: Path) -> str:
 
 def identity(wheel: Path | None) -> dict[str, object]:
     """The candidate: version, commit, wheel digest, migration checksums."""
-    built = None
     if wheel is None:
-        built = Path(tempfile.mkdtemp(prefix="pgflow-validation-"))
-        code, output, _ = run([sys.executable, "-m", "build", "--wheel", "--outdir", str(built), str(ROOT)], 600)
-        if code != 0:
-            raise SystemExit(f"python -m build failed:\n{output[-3000:]}")
-        (wheel,) = built.glob("*.whl")
-    found = {
+        with tempfile.TemporaryDirectory(prefix="pgflow-validation-") as built:
+            code, output, _ = run([sys.executable, "-m", "build", "--wheel", "--outdir", built, str(ROOT)], 600)
+            if code != 0:
+                raise SystemExit(f"python -m build failed:\n{output[-3000:]}")
+            (made,) = Path(built).glob("*.whl")
+            return {**identity(made), "wheel_built_here": True}
+    found: dict[str, object] = {
         "version": __version__,
         "git_commit": _git_commit(),
         "wheel": wheel.name,
         "wheel_sha256": sha256(wheel),
-        "wheel_built_here": built is not None,
+        "wheel_built_here": False,
         "migrations": [{"migration": m.label, "sha256": m.checksum, "released": m.released}
                        for m in installer.available_migrations()],
     }
@@ -103,9 +103,10 @@ def measure(part: str, wheel: Path | None) -> dict[str, object]:
         code, output, seconds = run(command, 120)
         figures = output.strip()
     elif part == "starvation":
-        out = Path(tempfile.mkdtemp(prefix="pgflow-validation-")) / "starvation.json"
-        command = [sys.executable, "bench/run.py", "--only", "ingest_starvation", "--repeat", "3", "--out", str(out)]
-        code, output, seconds = run(command, 1800)
+        with tempfile.TemporaryDirectory(prefix="pgflow-validation-") as out:  # its JSON: the table is enough
+            command = [sys.executable, "bench/run.py", "--only", "ingest_starvation", "--repeat", "3",
+                       "--out", str(Path(out) / "starvation.json")]
+            code, output, seconds = run(command, 1800)
         figures = output[output.find("| "):].strip() if code == 0 else output[-3000:]
     else:
         command = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-rP", "-p", "no:cacheprovider", "tests/validation"]
