@@ -89,7 +89,7 @@ def installed(artifacts, tmp_path_factory) -> Installed:
     pip_env = {k: v for k, v in os.environ.items() if k.startswith(("PIP_", "PYENV", "XDG_CACHE"))}
     # pip keeps the machine's own HOME (its configuration and cache); pgflow gets a home of its own
     pip_env.update(PATH=path, HOME=os.environ.get("HOME", str(home)))
-    # a current pip first, as docs/releasing.md says: older ones (23.x) read no License-Expression
+    # a current pip first (docs/releasing.md): pip before 25.1 shows no License-Expression
     for args in (["install", "-q", "--upgrade", "pip>=25.1"], ["install", "-q", f"{artifacts.wheel}[binary]"]):
         done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", *args], cwd=workdir, env=pip_env,
                               capture_output=True, text=True, timeout=600)
