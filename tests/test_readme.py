@@ -6,7 +6,6 @@ over TCP with a password (docs/commands/README.md "Runnable blocks")."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,23 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.support import runnable
+from tests.support.checkout import fresh_copy
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-
-
-def _fresh_copy(into: Path) -> Path:
-    """The repository's files as a clone would have them (tracked and new files, nothing ignored:
-    no .venv, no caches), so uncommitted work is what runs."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        source = REPO / name
-        if source.is_file():
-            target = into / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return into
 
 
 def _new_shell_env(home: Path) -> dict[str, str]:
@@ -53,7 +39,7 @@ def test_the_readme_has_the_operator_quickstart_and_a_place_for_developers():
 
 @pytest.mark.slow
 def test_the_readme_quickstart_runs_as_written_in_a_fresh_copy(harness, tmp_path):
-    clone = _fresh_copy(tmp_path / "pgflow-cli")
+    clone = fresh_copy(tmp_path / "pgflow-cli")
     home = tmp_path / "home"
     home.mkdir()
     found = runnable.blocks(README)

@@ -75,6 +75,9 @@ _RULES = [
 ]
 
 
+_MARKDOWN_RULE = re.compile(r"^\|(?:[-:]+\|)+$", re.MULTILINE)
+
+
 def normalise(text: str, conninfo: str, *, collapse: bool = True) -> list[str]:
     """What varies between runs replaced by the placeholders of docs/commands/README.md, spaces collapsed
     (``collapse=False``: kept, for writing a page)."""
@@ -91,6 +94,9 @@ def normalise(text: str, conninfo: str, *, collapse: bool = True) -> list[str]:
     text = re.sub(r"PostgreSQL \d+\.\d+( \([^)]*\))?", "PostgreSQL <server>", text)
     for pattern, replacement in _RULES:
         text = pattern.sub(replacement, text)
+    # a Markdown table's rule row is as wide as its widest cell, which may be a placeholder's value
+    # (the version): its width says nothing
+    text = _MARKDOWN_RULE.sub(lambda rule: re.sub(r"-+", "---", rule.group(0)), text)
     lines = [" ".join(line.split()) if collapse else line for line in text.splitlines()]
     while lines and not lines[-1].strip():
         lines.pop()
