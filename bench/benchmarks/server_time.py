@@ -31,9 +31,10 @@ bare cycle. Because ``total_exec_time`` is wall time, an overloaded machine infl
 statements more than short ones (a statement shorter than a scheduler time slice is seldom
 preempted; a 10-task ``complete_tasks`` of ~10 ms CPU is, and waits for every other runnable
 process each time: measured at a load average of 9 on 2 cores, 46 ms of exec time per such call
-against under 17 ms of backend CPU); so each side also reports the CPU time its one backend used over
-the same window (first field of ``/proc/<backend pid>/schedstat``, the server being local), per
-task, against the bare side's the same way. On a busy machine, read that pair.
+against under 17 ms of backend CPU); so every sample (the bare one and both pgflow ones) also
+reports the CPU time its one backend used over the same window (first field of
+``/proc/<backend pid>/schedstat``, the server being local), per task, each pgflow figure against
+the bare side's the same way. On a busy machine, read those pairs.
 Samples interleave (bare, pgflow, pgflow one call per task, ...), ``ctx.repeat`` times.
 """
 
@@ -174,6 +175,7 @@ def run(ctx: Context) -> list[Result]:
     single: list[float] = []
     bare_cpu: list[float] = []
     batched_cpu: list[float] = []
+    single_cpu: list[float] = []
     details: dict[str, Any] = {}
     single_details: dict[str, Any] = {}
     with statements_server(ctx, "server_time") as own:
@@ -186,9 +188,11 @@ def run(ctx: Context) -> list[Result]:
             batched_cpu.append(details["backend_cpu_us_per_task"])
             value, single_details = pgflow_sample(own, runs, batched=False)
             single.append(value)
+            single_cpu.append(single_details["backend_cpu_us_per_task"])
             ctx.log(f"server_time {i + 1}/{ctx.repeat}: bare cycle {bare[-1]:.0f} us/msg, pgflow {batched[-1]:.0f} "
                     f"us/task (batched reports: {details['batched']}), one call per task {single[-1]:.0f} us/task; "
-                    f"backend CPU: bare {bare_cpu[-1]:.0f}, pgflow {batched_cpu[-1]:.0f} us")
+                    f"backend CPU: bare {bare_cpu[-1]:.0f}, pgflow {batched_cpu[-1]:.0f}, one call per task "
+                    f"{single_cpu[-1]:.0f} us")
     baseline = "bare PGMQ send + read + archive, per message"
     common = {"lower_is_better": True, "read_batch": BATCH, "track": "top"}
     return [
@@ -200,5 +204,7 @@ def run(ctx: Context) -> list[Result]:
         Result(f"{baseline} (backend CPU)", "us/msg", bare_cpu, work=runs * STAGES,
                details={**common, "clock": "schedstat"}),
         Result(f"{LATEST.__name__} per task, as the Worker reports (backend CPU)", "us/task", batched_cpu,
+               work=runs * STAGES, baseline=f"{baseline} (backend CPU)", details={**common, "clock": "schedstat"}),
+        Result(f"{LATEST.__name__} per task, one complete_task per task (backend CPU)", "us/task", single_cpu,
                work=runs * STAGES, baseline=f"{baseline} (backend CPU)", details={**common, "clock": "schedstat"}),
     ]

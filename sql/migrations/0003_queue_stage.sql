@@ -4739,7 +4739,8 @@ $$;
 -- table instead of a chain of calls per element), and each element of a batch it cannot take.
 -- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
 -- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
--- lock FOR UPDATE; the step states and tasks are locked by _write_task_completions.
+-- lock FOR UPDATE; this function locks each element's step state and then its task FOR UPDATE,
+-- element after element in array order (a caller that locked them already holds them).
 -- It applies the elements only when that gives exactly what one call per element, in array order,
 -- gives: every element names a different run (no element can see another's effects); every
 -- element's run, step and task are started and the task has p_execution_mode; and with several
@@ -4749,8 +4750,15 @@ $$;
 -- Applying:
 --   * a single step whose output is not an array but feeds a map step fails its task and run
 --     through _fail_started_task with a [TYPE_VIOLATION] error (no later step could use it);
---   * every other task completes and its step counts down or completes, children released
---     (_write_task_completions);
+--   * every other task completes, no earlier than it started (a report that waited behind a newer
+--     claim of its task ends it no earlier than that claim); its step counts down and, on its last
+--     task, completes in the same UPDATE (a map step's output: its tasks' outputs in task_index
+--     order, [] for none; one row version per step state, as PostgreSQL checks a row's foreign
+--     keys again on every further update of a row the transaction already changed); the children
+--     of a step that completed are released (a map child learns its size) and the run has one
+--     step less. One element, the usual report, does this here with one statement per row, each
+--     by primary key; several go through _write_task_completions, one statement per table (a
+--     batch's statements need planner settings that cost every call that carries them);
 --   * the step:completed event goes out when realtime.send exists, and each run whose step
 --     completed moves on as _advance_run moves it. When several runs move on and no flow of them
 --     has a condition or a map step (no cascade can run), the runs with no step left complete and
@@ -4766,7 +4774,16 @@ VOLATILE
 SET search_path = ''
 AS $$
 DECLARE
-  v_realtime boolean := pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL;
+  v_run_status text;
+  v_flow text;
+  v_state_status text;
+  v_task_status text;
+  v_task_mode text;
+  v_step_type text;
+  v_violation text;
+  v_task pgflow.step_tasks;
+  v_state pgflow.step_states;
+  v_child_tasks integer;
   v_written record;
   v_done pgflow.step_states[];
   v_done_runs uuid[];
@@ -4774,17 +4791,81 @@ DECLARE
   v_finished uuid[];
   v_going uuid[];
 BEGIN
-  IF pg_catalog.cardinality(p_run_ids) > 1
-     AND (v_realtime OR (SELECT pg_catalog.count(DISTINCT u.run_id) FROM pg_catalog.unnest(p_run_ids) AS u (run_id))
-                        <> pg_catalog.cardinality(p_run_ids)) THEN
+  IF pg_catalog.cardinality(p_run_ids) = 1 THEN
+    SELECT ss.status INTO v_state_status FROM pgflow.step_states AS ss
+    WHERE ss.run_id = p_run_ids[1] AND ss.step_slug = p_step_slugs[1] FOR UPDATE;
+    SELECT t.status, t.execution_mode INTO v_task_status, v_task_mode FROM pgflow.step_tasks AS t
+    WHERE t.run_id = p_run_ids[1] AND t.step_slug = p_step_slugs[1] AND t.task_index = p_task_indexes[1] FOR UPDATE;
+    SELECT r.status, r.flow_slug, s.step_type INTO v_run_status, v_flow, v_step_type
+    FROM pgflow.runs AS r
+    LEFT JOIN pgflow.steps AS s ON s.flow_slug = r.flow_slug AND s.step_slug = p_step_slugs[1]
+    WHERE r.run_id = p_run_ids[1];
+    IF NOT coalesce(v_run_status = 'started' AND v_state_status = 'started' AND v_task_status = 'started'
+                    AND v_task_mode = p_execution_mode, false) THEN
+      RETURN NULL;
+    END IF;
+    IF v_step_type = 'single' AND pg_catalog.jsonb_typeof(p_outputs[1]) IS DISTINCT FROM 'array' THEN
+      SELECT pg_catalog.format('[TYPE_VIOLATION] step "%s" returned %s, but map step(s) %s need a JSON array from it',
+                               p_step_slugs[1],
+                               coalesce(pg_catalog.jsonb_typeof(p_outputs[1]), 'no output'),
+                               pg_catalog.string_agg('"' || d.step_slug || '"', ', ' ORDER BY d.step_slug))
+      INTO v_violation
+      FROM pgflow.deps AS d
+      JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
+      WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slugs[1] AND c.step_type = 'map'
+      HAVING pg_catalog.count(*) > 0;
+      IF v_violation IS NOT NULL THEN
+        RETURN ARRAY[pgflow._fail_started_task(p_run_ids[1], p_step_slugs[1], p_task_indexes[1], v_violation, true,
+                                               p_outputs[1])];
+      END IF;
+    END IF;
+
+    UPDATE pgflow.step_tasks AS t
+       SET status = 'completed', completed_at = GREATEST(pg_catalog.now(), t.started_at), output = p_outputs[1]
+     WHERE t.run_id = p_run_ids[1] AND t.step_slug = p_step_slugs[1] AND t.task_index = p_task_indexes[1]
+    RETURNING t.* INTO v_task;
+    UPDATE pgflow.step_states AS ss
+       SET remaining_tasks = ss.remaining_tasks - 1,
+           status = CASE WHEN ss.remaining_tasks = 1 THEN 'completed' ELSE ss.status END,
+           completed_at = CASE WHEN ss.remaining_tasks = 1 THEN pg_catalog.now() ELSE ss.completed_at END,
+           output = CASE WHEN ss.remaining_tasks <> 1 THEN ss.output
+                         WHEN v_step_type = 'map' THEN
+                           coalesce((SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
+                                     FROM pgflow.step_tasks AS t
+                                     WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
+                                    '[]'::jsonb)
+                         ELSE p_outputs[1] END
+     WHERE ss.run_id = p_run_ids[1] AND ss.step_slug = p_step_slugs[1]
+    RETURNING ss.* INTO v_state;
+    IF v_state.remaining_tasks = 0 THEN
+      IF pg_catalog.jsonb_typeof(v_state.output) = 'array' THEN
+        v_child_tasks := pg_catalog.jsonb_array_length(v_state.output);
+      END IF;
+      UPDATE pgflow.step_states AS cs
+         SET remaining_deps = cs.remaining_deps - 1,
+             initial_tasks = CASE WHEN c.step_type = 'map' AND cs.initial_tasks IS NULL THEN v_child_tasks
+                                  ELSE cs.initial_tasks END
+        FROM pgflow.deps AS d
+        JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
+       WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slugs[1]
+         AND cs.run_id = p_run_ids[1] AND cs.step_slug = d.step_slug AND cs.status = 'created';
+      UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = p_run_ids[1];
+      IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL THEN
+        PERFORM pgflow._broadcast_step(v_state);
+      END IF;
+      PERFORM pgflow._advance_run(p_run_ids[1]);
+    END IF;
+    RETURN ARRAY[v_task];
+  END IF;
+
+  -- several elements
+  IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL
+     OR (SELECT pg_catalog.count(DISTINCT u.run_id) FROM pg_catalog.unnest(p_run_ids) AS u (run_id))
+        <> pg_catalog.cardinality(p_run_ids) THEN
     RETURN NULL;
   END IF;
 
   v_written := pgflow._write_task_completions(p_run_ids, p_step_slugs, p_task_indexes, p_outputs, p_execution_mode);
-  IF v_written.type_violation IS NOT NULL THEN
-    RETURN ARRAY[pgflow._fail_started_task(p_run_ids[1], p_step_slugs[1], p_task_indexes[1], v_written.type_violation,
-                                           true, p_outputs[1])];
-  END IF;
   IF v_written.tasks IS NULL THEN
     RETURN NULL;
   END IF;
@@ -4792,15 +4873,10 @@ BEGIN
   IF v_done IS NULL THEN
     RETURN v_written.tasks;
   END IF;
-  -- Moving the runs on. One run (and every run where realtime.send exists, which is then the only
-  -- one) goes through _advance_run after its step's event.
-  IF v_realtime OR pg_catalog.cardinality(v_done) = 1 THEN
-    FOR v_i IN 1 .. pg_catalog.cardinality(v_done) LOOP
-      IF v_realtime THEN
-        PERFORM pgflow._broadcast_step(v_done[v_i]);
-      END IF;
-      PERFORM pgflow._advance_run((v_done[v_i]).run_id);
-    END LOOP;
+  -- Moving the runs on (realtime.send does not exist here: several elements need its absence). One
+  -- run goes through _advance_run.
+  IF pg_catalog.cardinality(v_done) = 1 THEN
+    PERFORM pgflow._advance_run((v_done[1]).run_id);
     RETURN v_written.tasks;
   END IF;
   -- Several: when a flow of them has a condition or a map step, each run moves on by itself, in
@@ -5591,33 +5667,30 @@ $$;
 REVOKE ALL ON FUNCTION pgflow._task_report_elements(text, jsonb, text) FROM PUBLIC;
 
 -- sql/functions/runtime/_write_task_completions.sql
--- The writes of _complete_started_tasks, the one way started tasks complete: it decides whether
--- the elements can be applied and records them, set-wise (one statement per table whatever the
--- number of elements); its caller fails a [TYPE_VIOLATION] and moves the runs on.
+-- The set-based writes of _complete_started_tasks, the one way started tasks complete, for a batch
+-- of several elements (one element is written by the core itself, by primary key): it decides
+-- whether the elements can be applied and records them, one statement per table whatever the
+-- number of elements; its caller moves the runs on.
 -- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
 -- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
 -- lock FOR UPDATE and has checked that the elements name different runs. This function locks each
 -- element's step state and then its task FOR UPDATE, element after element in array order (a
 -- caller that locked them already holds them), and then:
 --   * writes nothing and returns no tasks when an element's run, step or task is not started or
---     the task has another execution mode, or when one of several elements would raise a
---     [TYPE_VIOLATION] (a single step's output that is not an array, feeding a map step);
---   * writes nothing and returns the [TYPE_VIOLATION] error in type_violation for one such element;
---   * otherwise completes every task, no earlier than it started (a report that waited behind a
---     newer claim of its task ends it no earlier than that claim); counts each step state down and,
---     on its last task, completes it in the same UPDATE (a map step's output: its tasks' outputs in
---     task_index order, [] for none), one row version per step state (PostgreSQL checks a row's
---     foreign keys again on every further update of a row the transaction already changed);
---     releases the children of every step that completed (a map child of it learns its size) and
---     takes that step off its run's remaining_steps. Returns the tasks in array order and the step
---     states that completed, in array order.
+--     the task has another execution mode, or when an element would raise a [TYPE_VIOLATION] (a
+--     single step's output that is not an array, feeding a map step: the caller goes element by
+--     element, and that element fails its run between the others);
+--   * otherwise completes every task and counts its step down or completes it as the core does
+--     for one element (_complete_started_tasks), releases the children of every step that
+--     completed and takes that step off its run's remaining_steps. Returns the tasks in array
+--     order and the step states that completed, in array order.
 -- Every statement is planned once per session and reaches each row by key or by the ctid its lock
 -- returned, never by a scan or a hash of a table (the settings below): a generic plan made while a
--- table was small would otherwise keep scanning it as it grows.
+-- table was small would otherwise keep scanning it as it grows. Those settings are saved and
+-- restored on every call, which is why a single element does not come here.
 CREATE OR REPLACE FUNCTION pgflow._write_task_completions(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[],
                                                           p_outputs jsonb[], p_execution_mode text,
-                                                          OUT tasks pgflow.step_tasks[], OUT completed_steps pgflow.step_states[],
-                                                          OUT type_violation text)
+                                                          OUT tasks pgflow.step_tasks[], OUT completed_steps pgflow.step_states[])
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = ''
@@ -5657,18 +5730,7 @@ BEGIN
                      LIMIT 1 FOR UPDATE) AS t ON true
   LEFT JOIN LATERAL (SELECT w.flow_slug, w.step_slug, w.step_type FROM pgflow.steps AS w
                      WHERE w.flow_slug = r.flow_slug AND w.step_slug = k.step_slug LIMIT 1) AS s ON true;
-  IF v_ok IS NOT TRUE OR (v_violation AND pg_catalog.cardinality(p_run_ids) > 1) THEN
-    RETURN;
-  END IF;
-  IF v_violation THEN
-    SELECT pg_catalog.format('[TYPE_VIOLATION] step "%s" returned %s, but map step(s) %s need a JSON array from it',
-                             p_step_slugs[1],
-                             coalesce(pg_catalog.jsonb_typeof(p_outputs[1]), 'no output'),
-                             pg_catalog.string_agg('"' || d.step_slug || '"', ', ' ORDER BY d.step_slug))
-    INTO type_violation
-    FROM pgflow.deps AS d
-    JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-    WHERE d.flow_slug = v_flows[1] AND d.dep_slug = p_step_slugs[1] AND c.step_type = 'map';
+  IF v_ok IS NOT TRUE OR v_violation THEN
     RETURN;
   END IF;
 

@@ -10,6 +10,9 @@ tests/runtime/test_batch_reports.py compares single calls with batches row by ro
 from __future__ import annotations
 
 import pytest
+from psycopg.types.json import Jsonb
+
+from tests.runtime.test_batch_reports import _element
 
 pytestmark = pytest.mark.upgraded_only(reason="the worker progression of the queue stage (0003)")
 
@@ -61,3 +64,32 @@ def test_the_last_step_completes_the_run(rt):
     # the step once; the run twice (remaining_steps, then completed)
     assert written == {"step_states": 1, "step_tasks": 1, "runs": 2}
     assert rt.run(run)["status"] == "completed" and rt.run(run)["output"] == {"only": "done"}
+
+
+SET_WRITES = "pgflow._write_task_completions(uuid[], text[], integer[], jsonb[], text)"
+CALLS = "SELECT coalesce(pg_stat_get_xact_function_calls(%s::regprocedure), 0) AS n"
+
+
+def _set_writes(rt, report) -> int:
+    """How often ``report()`` ran the set-based writes (whose planner settings are saved and
+    restored on every call), inside one transaction."""
+    with rt.conn.transaction():
+        rt.conn.execute("SET LOCAL track_functions = 'all'")
+        before = rt.val(CALLS, (SET_WRITES,))
+        report()
+        return rt.val(CALLS, (SET_WRITES,)) - before
+
+
+def test_one_element_is_written_by_the_core_and_only_a_batch_of_several_by_the_set_based_writes(rt):
+    rt.flow("pairs", [{"slug": "a"}, {"slug": "b", "deps": ["a"]}])
+    runs = [rt.start("pairs", {"n": i}) for i in range(4)]
+    tasks = {t["run_id"]: t for t in rt.poll("pairs")}
+
+    def batch(*picked: tuple) -> None:
+        rt.rows("SELECT * FROM pgflow.complete_tasks(%s)", (Jsonb([_element(tasks[r], v) for r, v in picked]),))
+
+    assert _set_writes(rt, lambda: rt.complete(runs[0], "a", 0, "single")) == 0
+    assert _set_writes(rt, lambda: batch((runs[1], "batch of one"))) == 0
+    assert _set_writes(rt, lambda: batch((runs[2], "x"), (runs[3], "y"))) == 1
+    assert [rt.steps(r)["a"]["output"] for r in runs] == ["single", "batch of one", "x", "y"]
+    assert {rt.statuses(r)["b"] for r in runs} == {"started"}

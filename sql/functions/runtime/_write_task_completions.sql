@@ -1,30 +1,27 @@
--- The writes of _complete_started_tasks, the one way started tasks complete: it decides whether
--- the elements can be applied and records them, set-wise (one statement per table whatever the
--- number of elements); its caller fails a [TYPE_VIOLATION] and moves the runs on.
+-- The set-based writes of _complete_started_tasks, the one way started tasks complete, for a batch
+-- of several elements (one element is written by the core itself, by primary key): it decides
+-- whether the elements can be applied and records them, one statement per table whatever the
+-- number of elements; its caller moves the runs on.
 -- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
 -- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
 -- lock FOR UPDATE and has checked that the elements name different runs. This function locks each
 -- element's step state and then its task FOR UPDATE, element after element in array order (a
 -- caller that locked them already holds them), and then:
 --   * writes nothing and returns no tasks when an element's run, step or task is not started or
---     the task has another execution mode, or when one of several elements would raise a
---     [TYPE_VIOLATION] (a single step's output that is not an array, feeding a map step);
---   * writes nothing and returns the [TYPE_VIOLATION] error in type_violation for one such element;
---   * otherwise completes every task, no earlier than it started (a report that waited behind a
---     newer claim of its task ends it no earlier than that claim); counts each step state down and,
---     on its last task, completes it in the same UPDATE (a map step's output: its tasks' outputs in
---     task_index order, [] for none), one row version per step state (PostgreSQL checks a row's
---     foreign keys again on every further update of a row the transaction already changed);
---     releases the children of every step that completed (a map child of it learns its size) and
---     takes that step off its run's remaining_steps. Returns the tasks in array order and the step
---     states that completed, in array order.
+--     the task has another execution mode, or when an element would raise a [TYPE_VIOLATION] (a
+--     single step's output that is not an array, feeding a map step: the caller goes element by
+--     element, and that element fails its run between the others);
+--   * otherwise completes every task and counts its step down or completes it as the core does
+--     for one element (_complete_started_tasks), releases the children of every step that
+--     completed and takes that step off its run's remaining_steps. Returns the tasks in array
+--     order and the step states that completed, in array order.
 -- Every statement is planned once per session and reaches each row by key or by the ctid its lock
 -- returned, never by a scan or a hash of a table (the settings below): a generic plan made while a
--- table was small would otherwise keep scanning it as it grows.
+-- table was small would otherwise keep scanning it as it grows. Those settings are saved and
+-- restored on every call, which is why a single element does not come here.
 CREATE OR REPLACE FUNCTION pgflow._write_task_completions(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[],
                                                           p_outputs jsonb[], p_execution_mode text,
-                                                          OUT tasks pgflow.step_tasks[], OUT completed_steps pgflow.step_states[],
-                                                          OUT type_violation text)
+                                                          OUT tasks pgflow.step_tasks[], OUT completed_steps pgflow.step_states[])
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = ''
@@ -64,18 +61,7 @@ BEGIN
                      LIMIT 1 FOR UPDATE) AS t ON true
   LEFT JOIN LATERAL (SELECT w.flow_slug, w.step_slug, w.step_type FROM pgflow.steps AS w
                      WHERE w.flow_slug = r.flow_slug AND w.step_slug = k.step_slug LIMIT 1) AS s ON true;
-  IF v_ok IS NOT TRUE OR (v_violation AND pg_catalog.cardinality(p_run_ids) > 1) THEN
-    RETURN;
-  END IF;
-  IF v_violation THEN
-    SELECT pg_catalog.format('[TYPE_VIOLATION] step "%s" returned %s, but map step(s) %s need a JSON array from it',
-                             p_step_slugs[1],
-                             coalesce(pg_catalog.jsonb_typeof(p_outputs[1]), 'no output'),
-                             pg_catalog.string_agg('"' || d.step_slug || '"', ', ' ORDER BY d.step_slug))
-    INTO type_violation
-    FROM pgflow.deps AS d
-    JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
-    WHERE d.flow_slug = v_flows[1] AND d.dep_slug = p_step_slugs[1] AND c.step_type = 'map';
+  IF v_ok IS NOT TRUE OR v_violation THEN
     RETURN;
   END IF;
 
