@@ -26,9 +26,12 @@
 -- classifies the whole batch and claims its queued work (only when no message is fatal): a batch
 -- of plain queued work runs the route check, the two lock statements, the body read, that
 -- statement and the visibility helper.
--- Lock order: runs (FOR SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
+-- Lock order: runs (FOR KEY SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
 -- messages are read after the task locks, so a claim that waited for a concurrent claim of
--- the same tasks sees that claim's result (duplicates), not the state before it.
+-- the same tasks sees that claim's result (duplicates), not the state before it. The run lock is
+-- the weakest that still takes turns with every report that can end a step or the run, fail or
+-- cancel it (those hold the run FOR UPDATE); a completion that only counts its step down holds it
+-- FOR NO KEY UPDATE, which a claim does not wait for (docs/runtime.md "Lock order").
 CREATE OR REPLACE FUNCTION pgflow.claim_tasks(
   queue_name text,
   msg_ids bigint[],
@@ -146,7 +149,7 @@ BEGIN
     ORDER BY 1)) AS k (run_id)
   CROSS JOIN LATERAL (SELECT x.run_id FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r
   ORDER BY r.run_id
-  FOR SHARE;
+  FOR KEY SHARE;
   PERFORM 1 FROM pg_catalog.unnest(ARRAY(
     SELECT st.message_id FROM pg_catalog.unnest(v_ids) AS m CROSS JOIN LATERAL (
       SELECT x.* FROM pgflow.step_tasks AS x WHERE x.queue_name = claim_tasks.queue_name AND x.message_id = m LIMIT 1) AS st
