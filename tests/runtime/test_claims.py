@@ -358,16 +358,18 @@ def test_claim_classifies_a_vanished_message_as_missing(rt):
 
 
 @pytest.mark.upgraded_only(reason="the claim_tasks visibility guard")
-def test_claim_guard_rolls_back_when_a_message_vanishes_during_the_claim(rt, db):
+@pytest.mark.parametrize("read_vt", [30, 62], ids=["visibility-set", "visibility-kept"])
+def test_claim_guard_rolls_back_when_a_message_vanishes_during_the_claim(rt, db, read_vt):
     """The message is there when claim_tasks reads it and gone when it sets the visibility: nothing is consumed.
 
     Someone holds the queue row; the claim classifies, claims the task and waits on that row in
-    the visibility helper; the holder deletes the message and commits; the helper changes 0 of
-    1 messages, so the claim raises and rolls back.
+    the visibility helper (a 30 s read), or where it locks the row to keep the read's visibility (a
+    62 s read: the default timeout + 2 s); the holder deletes the message and commits; the claim
+    changed 0 of 1 messages, so it raises and rolls back.
     """
     rt.flow("midguard", [{"slug": "a"}])
     run = rt.start("midguard", {})
-    [msg] = rt.read("midguard")
+    [msg] = rt.read("midguard", vt=read_vt)
     worker = rt.worker_for("midguard")
     holder = db.connect(autocommit=False)
     holder.execute("SELECT 1 FROM pgmq.q_midguard WHERE msg_id = %s FOR UPDATE", (msg["msg_id"],))
