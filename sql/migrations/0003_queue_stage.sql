@@ -1848,7 +1848,7 @@ SET LOCAL check_function_bodies = off;
 --   queued task of this exact route, run and step started -> claimed: attempt counted, worker
 --       recorded, visibility = effective step timeout + 2 s (all or nothing, as the baseline's start_tasks);
 --       a message whose visibility the read already set to within 1 s of that is kept as it is
---       (locked instead of rewritten: a worker that knows its steps' timeout reads with it)
+--       (only locked, not rewritten: a worker that knows its steps' timeout reads with it)
 --   started task                      -> duplicate: no attempt used, no handler; the message
 --       is deferred toward the task's recovery deadline (started_at + timeout + 30 s)
 --   completed/failed/skipped/cancelled or permanently stalled task -> archived_terminal
@@ -1929,7 +1929,6 @@ DECLARE
   v_claimable integer;
   v_claimed integer;
   v_changed integer;
-  v_locked integer;
   v_terminal integer;
   v_foreign bigint[];
 BEGIN
@@ -2009,12 +2008,15 @@ BEGIN
   FOR UPDATE;
 
   -- The messages, read after the task locks (a concurrent claim of the same tasks has committed
-  -- by now). A queue without a table has no messages (the batch is fatal, see above).
+  -- by now) and locked in message-id order: each is written below anyway (visibility, archive),
+  -- except a claimed one whose visibility the claim keeps, which the lock keeps in the queue until
+  -- the claim commits. A queue without a table has no messages (the batch is fatal, see above).
   IF v_has_qtable THEN
     EXECUTE pg_catalog.format(
-      'SELECT pg_catalog.array_agg(q.msg_id ORDER BY q.msg_id), pg_catalog.array_agg(q.message ORDER BY q.msg_id),
-              pg_catalog.array_agg(q.vt ORDER BY q.msg_id)
-         FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1)', v_qtable)
+      'SELECT pg_catalog.array_agg(x.msg_id ORDER BY x.msg_id), pg_catalog.array_agg(x.message ORDER BY x.msg_id),
+              pg_catalog.array_agg(x.vt ORDER BY x.msg_id)
+         FROM (SELECT q.msg_id, q.message, q.vt FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1) ORDER BY q.msg_id FOR UPDATE) AS x',
+      v_qtable)
     INTO v_found, v_bodies, v_vts
     USING v_ids;
   END IF;
@@ -2220,17 +2222,9 @@ BEGIN
   END IF;
 
   IF v_claimed > 0 THEN
-    v_changed := pgflow._set_task_messages_vt(v_c_run, v_c_step, v_c_index, v_c_offset);
-    IF v_kept IS NOT NULL THEN
-      -- kept visibility: the row is locked instead (the guard below still counts a message that
-      -- vanished since the read; nobody can archive or delete a locked one before this commits)
-      EXECUTE pg_catalog.format(
-        'SELECT pg_catalog.count(*)::integer FROM (SELECT 1 FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1) ORDER BY q.msg_id FOR UPDATE) AS x',
-        v_qtable)
-      INTO v_locked
-      USING v_kept;
-      v_changed := v_changed + v_locked;
-    END IF;
+    -- a kept visibility counts as set: its message was there when read and is locked since
+    v_changed := pgflow._set_task_messages_vt(v_c_run, v_c_step, v_c_index, v_c_offset)
+                 + coalesce(pg_catalog.cardinality(v_kept), 0);
     IF v_changed < v_claimed THEN
       RAISE EXCEPTION 'claim_tasks(): visibility updated % of % claimed messages in queue "%"; the claim was rolled back and no attempt was consumed',
         v_changed, v_claimed, claim_tasks.queue_name
