@@ -39,6 +39,7 @@ from bench.core import Context, Result, timed
 from pgflow_cli import installer
 from pgflow_cli.worker import Flow
 from pgflow_cli.worker.protocol import LATEST, ProtocolV1
+from pgflow_cli.worker.runner import read_visibility
 
 FLOW = "benchClaim"
 BATCH = 10
@@ -66,10 +67,13 @@ def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | No
         if analyze:
             conn.execute("ANALYZE")  # steady-state statistics, as a live database has them
 
+        # the visibility the reference worker reads with (its steps' timeout + 2 s where the claim keeps it)
+        read_vt = read_visibility(None, protocol.version, protocol.step_settings(conn, FLOW, None))
+
         def loop() -> int:
             claimed = 0
             while claimed < messages:
-                ids = protocol.read(conn, queue_name=queue, vt=30, qty=batch, max_poll_seconds=1, poll_interval_ms=10)
+                ids = protocol.read(conn, queue_name=queue, vt=read_vt, qty=batch, max_poll_seconds=1, poll_interval_ms=10)
                 if not ids:
                     raise RuntimeError(f"queue ran dry after {claimed} claims")
                 outcome = protocol.claim(conn, flow_slug=FLOW, step_slug=None, queue_name=queue,

@@ -48,6 +48,7 @@ import psycopg
 from bench.core import Context, Result, statements_server
 from pgflow_cli.worker import Flow
 from pgflow_cli.worker.protocol import LATEST
+from pgflow_cli.worker.runner import read_visibility
 
 FLOW = "benchServerTime"
 STAGES = 3
@@ -106,10 +107,13 @@ def pgflow_sample(ctx: Context, runs: int, *, batched: bool) -> tuple[float, dic
                 conn.execute("SELECT count(*) FROM generate_series(1, %s) AS i, "
                              "LATERAL pgflow.start_flow(%s, jsonb_build_object('i', i))", (n, FLOW))
 
+        # the visibility the reference worker reads with (its steps' timeout + 2 s where the claim keeps it)
+        read_vt = read_visibility(None, protocol.version, protocol.step_settings(conn, FLOW, None))
+
         def drain(n: int) -> None:
             done = 0
             while done < n * STAGES:
-                ids = protocol.read(conn, queue_name=queue, vt=30, qty=BATCH, max_poll_seconds=1, poll_interval_ms=10)
+                ids = protocol.read(conn, queue_name=queue, vt=read_vt, qty=BATCH, max_poll_seconds=1, poll_interval_ms=10)
                 if not ids:
                     raise RuntimeError(f"queue ran dry after {done} of {n * STAGES} tasks")
                 claimed = protocol.claim(conn, flow_slug=FLOW, step_slug=None, queue_name=queue, message_ids=ids,

@@ -26,7 +26,11 @@ class WorkerOptions:
             same number of slots for ``async def`` handlers on the worker's event loop.
         batch_size: most messages read per poll, and most tasks claimed beyond the free slots
             (see "Capacity" in :mod:`pgflow_cli.worker.runner`).
-        poll_vt: seconds a read message stays invisible before the claim extends it.
+        poll_vt: seconds a read message stays invisible until its claim sets its visibility. ``None``
+            (the default): the served steps' effective timeout + 2 s when they all have the same
+            one (on protocol 2 the claim then keeps the read's visibility instead of writing the
+            message a second time; docs/claim-protocol.md), else 5 s. A message read but never
+            claimed (the worker died in between) stays hidden that long.
         max_poll_seconds: long-poll duration of one read, seconds.
         poll_interval_ms: pause between empty reads inside one long poll, milliseconds.
         heartbeat_interval: seconds between heartbeats; also how often the worker checks, in one
@@ -60,7 +64,7 @@ class WorkerOptions:
 
     max_concurrent: int = 10
     batch_size: int = 10
-    poll_vt: int = 5
+    poll_vt: int | None = None
     max_poll_seconds: int = 2
     poll_interval_ms: int = 100
     heartbeat_interval: float = 5.0
@@ -79,6 +83,8 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         for name in ("max_concurrent", "batch_size", "poll_vt", "max_poll_seconds", "run_inputs_cached"):
             value = getattr(self, name)
+            if name == "poll_vt" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise DefinitionError(f"worker option {name} must be a whole number of at least 1, got {value!r}")
         for name in ("heartbeat_interval", "drain_timeout", "poll_interval_ms", "connect_timeout"):

@@ -113,6 +113,32 @@ DEFAULT_SETTINGS = StepSettings(timeout=60, max_attempts=3, base_delay=5)
 """Settings assumed for a step the database did not describe (``create_flow``'s defaults)."""
 DEFAULT_TIMEOUT = DEFAULT_SETTINGS.timeout
 
+SHORT_READ_VT = 5
+"""Seconds a read message stays hidden before its claim when the claim sets the visibility anyway."""
+
+
+def read_visibility(poll_vt: int | None, protocol_version: int, settings: dict[str, StepSettings]) -> int:
+    """Seconds a read hides its messages until the claim (``pgmq.read``'s visibility timeout).
+
+    Args:
+        poll_vt: the worker option; a number of seconds wins.
+        protocol_version: the worker's protocol; from 2 on, a claim keeps a visibility already within
+            1 s of its own target (effective timeout + 2 s) instead of writing the message again.
+        settings: the effective settings of the steps the worker serves, by step slug.
+
+    Returns:
+        ``poll_vt`` when set; else, on protocol 2 and later when every served step has the same
+        effective timeout, that timeout + 2 (the claim's target, so it need not touch the message);
+        else :data:`SHORT_READ_VT`.
+    """
+    if poll_vt is not None:
+        return poll_vt
+    timeouts = {s.timeout for s in settings.values()}
+    if protocol_version >= 2 and len(timeouts) == 1:
+        return timeouts.pop() + 2
+    return SHORT_READ_VT
+
+
 SLOT_AVERAGE_WEIGHT = 0.2
 """Weight of the newest handler-slot duration in the moving average the capacity estimate uses."""
 
@@ -269,6 +295,7 @@ class Worker:
         self._tokens = itertools.count()
         self._settings: dict[str, StepSettings] = {}
         self._start_budget = DEFAULT_TIMEOUT / 2
+        self._read_vt = self.options.poll_vt or SHORT_READ_VT
         most = max(self.options.batch_size, self.options.max_concurrent)
         self._reports = ReportQueue(2 * most)
         self._inputs = RunInputs(self._read_run_input, self.options.run_inputs_cached)
@@ -321,6 +348,7 @@ class Worker:
             self._stopped.set()
             raise
         self._start_budget = min((s.timeout for s in self._settings.values()), default=DEFAULT_TIMEOUT) / 2
+        self._read_vt = read_visibility(self.options.poll_vt, self.protocol.version, self._settings)
         log.info(
             "worker %s started: flow=%s step=%s queue=%s function=%s compile=%s protocol=%s reports=%s",
             self.worker_id, self.flow.slug, self.step_slug or "-", self.queue_name, self.function_name,
@@ -505,7 +533,7 @@ class Worker:
         assert self._pool is not None
         with self._pool.connection() as conn:
             message_ids = self.protocol.read(
-                conn, queue_name=self.queue_name, vt=self.options.poll_vt, qty=qty,
+                conn, queue_name=self.queue_name, vt=self._read_vt, qty=qty,
                 # a long poll never outlasts the heartbeat interval by much: the fence and coverage
                 # tell a live worker from a dead one by its heartbeat age
                 max_poll_seconds=min(self.options.max_poll_seconds, max(1, math.ceil(self.options.heartbeat_interval))),
@@ -528,9 +556,12 @@ class Worker:
                     conn, flow_slug=self.flow.slug, step_slug=self.step_slug, queue_name=self.queue_name,
                     message_ids=message_ids, worker_id=self.worker_id,
                 )
-            except psycopg.Error as exc:
-                if getattr(exc, "sqlstate", None) in (SQLSTATE_PROTOCOL, SQLSTATE_NOT_REGISTERED):
-                    self._release_quietly(conn, message_ids)  # nothing was claimed: hand them back now
+            except psycopg.Error:
+                # the claim rolled back (nothing was claimed): hand the batch back now rather than
+                # after the read's visibility, which may be the steps' whole timeout (read_visibility);
+                # on a lost connection the hand-back fails too and the read's visibility stands
+                if not conn.closed:
+                    self._release_quietly(conn, message_ids)
                 raise
         self.stats.add(claimed=len(outcome.claimed), duplicates=len(outcome.duplicates),
                        archived=len(outcome.archived_terminal) + len(outcome.archived_foreign))
@@ -560,12 +591,12 @@ class Worker:
                 "flow_slug": self.flow.slug, "step_slug": self.step_slug}
 
     def _release_quietly(self, conn: psycopg.Connection, message_ids: list[int]) -> None:
-        """Make read-but-unclaimed messages visible again; a failure only means they wait out ``poll_vt``."""
+        """Make read-but-unclaimed messages visible again; a failure only means they wait out the read's visibility."""
         try:
             self.protocol.release(conn, self.queue_name, message_ids)
         except psycopg.Error as exc:
             log.warning("worker %s: could not hand back messages %s (%s); they are visible again after %ss",
-                        self.worker_id, ",".join(map(str, message_ids)), type(exc).__name__, self.options.poll_vt)
+                        self.worker_id, ",".join(map(str, message_ids)), type(exc).__name__, self._read_vt)
 
     # capacity -----------------------------------------------------------------------
     def _in_flight(self) -> int:

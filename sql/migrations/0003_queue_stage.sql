@@ -1846,7 +1846,9 @@ SET LOCAL check_function_bodies = off;
 -- (queue_name, message_id) first and message body second, before changing anything:
 --
 --   queued task of this exact route, run and step started -> claimed: attempt counted, worker
---       recorded, visibility = effective step timeout + 2 s (all or nothing, as the baseline's start_tasks)
+--       recorded, visibility = effective step timeout + 2 s (all or nothing, as the baseline's start_tasks);
+--       a message whose visibility the read already set to within 1 s of that is kept as it is
+--       (only locked, not rewritten: a worker that knows its steps' timeout reads with it)
 --   started task                      -> duplicate: no attempt used, no handler; the message
 --       is deferred toward the task's recovery deadline (started_at + timeout + 30 s)
 --   completed/failed/skipped/cancelled or permanently stalled task -> archived_terminal
@@ -1870,9 +1872,12 @@ SET LOCAL check_function_bodies = off;
 -- classifies the whole batch and claims its queued work (only when no message is fatal): a batch
 -- of plain queued work runs the route check, the two lock statements, the body read, that
 -- statement and the visibility helper.
--- Lock order: runs (FOR SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
+-- Lock order: runs (FOR KEY SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
 -- messages are read after the task locks, so a claim that waited for a concurrent claim of
--- the same tasks sees that claim's result (duplicates), not the state before it.
+-- the same tasks sees that claim's result (duplicates), not the state before it. The run lock is
+-- the weakest that still takes turns with every report that can end a step or the run, fail or
+-- cancel it (those hold the run FOR UPDATE); a completion that only counts its step down holds it
+-- FOR NO KEY UPDATE, which a claim does not wait for (docs/runtime.md "Lock order").
 CREATE OR REPLACE FUNCTION pgflow.claim_tasks(
   queue_name text,
   msg_ids bigint[],
@@ -1905,6 +1910,7 @@ DECLARE
   v_has_qtable boolean;
   v_found bigint[];
   v_bodies jsonb[];
+  v_vts timestamptz[];
   -- the whole batch's answer, one row per requested id in message-id order
   v_result pgflow.claim_result[];
   v_fatal integer;
@@ -1915,6 +1921,7 @@ DECLARE
   v_c_step text[];
   v_c_index integer[];
   v_c_offset integer[];
+  v_kept bigint[];  -- claimed messages whose visibility is already within 1 s of the claim's target
   v_d_run uuid[];
   v_d_step text[];
   v_d_index integer[];
@@ -1990,7 +1997,7 @@ BEGIN
     ORDER BY 1)) AS k (run_id)
   CROSS JOIN LATERAL (SELECT x.run_id FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r
   ORDER BY r.run_id
-  FOR SHARE;
+  FOR KEY SHARE;
   PERFORM 1 FROM pg_catalog.unnest(ARRAY(
     SELECT st.message_id FROM pg_catalog.unnest(v_ids) AS m CROSS JOIN LATERAL (
       SELECT x.* FROM pgflow.step_tasks AS x WHERE x.queue_name = claim_tasks.queue_name AND x.message_id = m LIMIT 1) AS st
@@ -2001,12 +2008,16 @@ BEGIN
   FOR UPDATE;
 
   -- The messages, read after the task locks (a concurrent claim of the same tasks has committed
-  -- by now). A queue without a table has no messages (the batch is fatal, see above).
+  -- by now) and locked in message-id order: each is written below anyway (visibility, archive),
+  -- except a claimed one whose visibility the claim keeps, which the lock keeps in the queue until
+  -- the claim commits. A queue without a table has no messages (the batch is fatal, see above).
   IF v_has_qtable THEN
     EXECUTE pg_catalog.format(
-      'SELECT pg_catalog.array_agg(q.msg_id ORDER BY q.msg_id), pg_catalog.array_agg(q.message ORDER BY q.msg_id)
-         FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1)', v_qtable)
-    INTO v_found, v_bodies
+      'SELECT pg_catalog.array_agg(x.msg_id ORDER BY x.msg_id), pg_catalog.array_agg(x.message ORDER BY x.msg_id),
+              pg_catalog.array_agg(x.vt ORDER BY x.msg_id)
+         FROM (SELECT q.msg_id, q.message, q.vt FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1) ORDER BY q.msg_id FOR UPDATE) AS x',
+      v_qtable)
+    INTO v_found, v_bodies, v_vts
     USING v_ids;
   END IF;
 
@@ -2016,12 +2027,14 @@ BEGIN
   WITH requested AS (
     SELECT m AS msg_id FROM pg_catalog.unnest(v_ids) AS m
   ), body AS (
-    SELECT b.msg_id, b.message
-    FROM ROWS FROM (pg_catalog.unnest(coalesce(v_found, '{}')), pg_catalog.unnest(coalesce(v_bodies, '{}'))) AS b (msg_id, message)
+    SELECT b.msg_id, b.message, b.vt
+    FROM ROWS FROM (pg_catalog.unnest(coalesce(v_found, '{}')), pg_catalog.unnest(coalesce(v_bodies, '{}')),
+                    pg_catalog.unnest(coalesce(v_vts, '{}'))) AS b (msg_id, message, vt)
   ), joined AS (
     SELECT rq.msg_id,
            b.msg_id IS NOT NULL AS present,
            b.message,
+           b.vt,
            t.tid, t.flow_slug AS task_flow, t.run_id, t.step_slug AS task_step, t.task_index, t.status, t.started_at,
            t.permanently_stalled_at,
            r.status AS run_status, ss.status AS step_status,
@@ -2045,6 +2058,10 @@ BEGIN
     LEFT JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.flows AS x WHERE x.flow_slug = t.flow_slug LIMIT 1) AS f ON true
   ), judged AS MATERIALIZED (  -- each verdict computed once, however often it is read
     SELECT j.*,
+           -- the read left the message hidden until within 1 s of the claim's target (effective
+           -- timeout + 2 s from now): the claim keeps that visibility instead of rewriting the row
+           pg_catalog.abs(EXTRACT(epoch FROM (j.vt - pg_catalog.clock_timestamp()))
+                          - (j.timeout + 2)) <= 1 AS vt_kept,
            CASE
              WHEN v_route_reason IS NOT NULL THEN ARRAY['fatal', v_route_reason]
              WHEN NOT j.present THEN ARRAY['missing', CASE WHEN j.run_id IS NULL THEN 'message_gone' ELSE 'message_gone_task_exists' END]
@@ -2140,10 +2157,11 @@ BEGIN
            j.msg_id,
            CASE WHEN b.fatal > 0 AND j.verdict[1] <> 'fatal' THEN 'batch_released' ELSE j.verdict[2] END,
            j.task_flow, j.run_id, j.task_step, j.task_index, cl.input, cl.flow_input)::pgflow.claim_result ORDER BY j.msg_id),
-         pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
-         pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
-         pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
-         pg_catalog.array_agg(j.timeout + 2) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND NOT j.vt_kept),
+         pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND NOT j.vt_kept),
+         pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND NOT j.vt_kept),
+         pg_catalog.array_agg(j.timeout + 2) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND NOT j.vt_kept),
+         pg_catalog.array_agg(j.msg_id ORDER BY j.msg_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND j.vt_kept),
          pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
          pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
          pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
@@ -2155,7 +2173,7 @@ BEGIN
          pg_catalog.count(*) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'archived_terminal')::integer,
          pg_catalog.array_agg(j.msg_id ORDER BY j.msg_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'archived_foreign'),
          pg_catalog.min(b.fatal)
-  INTO v_result, v_c_run, v_c_step, v_c_index, v_c_offset, v_d_run, v_d_step, v_d_index, v_d_offset,
+  INTO v_result, v_c_run, v_c_step, v_c_index, v_c_offset, v_kept, v_d_run, v_d_step, v_d_index, v_d_offset,
        v_claimable, v_claimed, v_terminal, v_foreign, v_fatal
   FROM judged AS j
   CROSS JOIN batch AS b
@@ -2204,7 +2222,9 @@ BEGIN
   END IF;
 
   IF v_claimed > 0 THEN
-    v_changed := pgflow._set_task_messages_vt(v_c_run, v_c_step, v_c_index, v_c_offset);
+    -- a kept visibility counts as set: its message was there when read and is locked since
+    v_changed := pgflow._set_task_messages_vt(v_c_run, v_c_step, v_c_index, v_c_offset)
+                 + coalesce(pg_catalog.cardinality(v_kept), 0);
     IF v_changed < v_claimed THEN
       RAISE EXCEPTION 'claim_tasks(): visibility updated % of % claimed messages in queue "%"; the claim was rolled back and no attempt was consumed',
         v_changed, v_claimed, claim_tasks.queue_name
@@ -4739,7 +4759,8 @@ $$;
 -- table instead of a chain of calls per element), and each element of a batch it cannot take.
 -- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
 -- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
--- lock FOR UPDATE; this function locks each element's step state and then its task FOR UPDATE,
+-- lock: FOR UPDATE where the element may end its step (so a run update here never waits for a claim's
+-- FOR KEY SHARE), else at least FOR NO KEY UPDATE; this function locks each element's step state and then its task FOR UPDATE,
 -- element after element in array order (a caller that locked them already holds them).
 -- It applies the elements only when that gives exactly what one call per element, in array order,
 -- gives: every element names a different run (no element can see another's effects); every
@@ -5196,9 +5217,12 @@ REVOKE ALL ON FUNCTION pgflow._lock_restart_source(text, uuid) FROM PUBLIC;
 
 -- sql/functions/runtime/_lock_worker_task.sql
 -- What every worker report (complete_task, fail_task, each element of complete_tasks) does before
--- it records anything: it locks the run row FOR UPDATE, then the step state, then the task (the
--- runtime's lock order: a report serialises with claims and with other reports of the run), and
--- decides whether the report still counts. A worker report may arrive late or twice, so only a
+-- it records anything: it locks the run row FOR NO KEY UPDATE, then the step state, then the task
+-- (the runtime's lock order: a report takes turns with the other reports of the run), and decides
+-- whether the report still counts. A caller whose report can end the step or the run, or change
+-- other tasks (a failure), holds the run FOR UPDATE already, so claims of the run wait for it; the
+-- run lock here is never stronger than that, because a caller may hold its task row by now and a
+-- stronger run lock would then wait for a claim that waits for that task. A worker report may arrive late or twice, so only a
 -- task that is started in a started step of a started run takes it.
 -- p_function names the entry point in the error it raises.
 -- Returns (task, started):
@@ -5223,7 +5247,7 @@ DECLARE
   v_state pgflow.step_states;
 BEGIN
   started := false;
-  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = p_run_id FOR UPDATE;
+  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE;
   IF v_run.run_id IS NULL THEN
     RETURN;
   END IF;
@@ -5596,10 +5620,16 @@ REVOKE ALL ON FUNCTION pgflow._start_runs(text, text, jsonb, uuid, uuid, text) F
 -- "step_slug" (a string), "task_index" (an integer) and p_value_key ('output': any JSON;
 -- 'error_message': a string or null; then optionally "retry_delay_seconds", a number or null, and
 -- "fail_now", true, false or null: fail_task's arguments, which the caller reads from p_tasks).
--- p_function names the entry point in the errors. Then every
--- run the batch names is locked FOR UPDATE in run_id order, before any element is applied: the
--- lock order of claims, so two batches (or a batch and a claim) whose runs overlap take turns and
--- never deadlock.
+-- p_function names the entry point in the errors. Then the runs the batch names are locked in
+-- run_id order, before any element is applied (the lock order of claims, so two batches, or a batch
+-- and a claim, whose runs overlap never deadlock):
+--   failures ('error_message') lock every run FOR UPDATE: a failure can end its step or the run and
+--   change sibling tasks, so claims of the run take turns with it;
+--   completions ('output') lock every run FOR NO KEY UPDATE, then the step states the batch names
+--   FOR UPDATE in (run_id, step_slug) order, then FOR UPDATE each run where the batch may end a
+--   step (a step state not started, or with no more remaining tasks than the batch names of it),
+--   all before any task row is locked. A batch that only counts steps down so neither waits for nor
+--   holds up the claims of its runs; reports of one run still take turns (docs/runtime.md "Lock order").
 -- Returns the elements as arrays in array order (all NULL for an empty array); the values stay
 -- JSON (an error message is read from it with #>> '{}').
 -- Raises 22023 when p_tasks is not an array, or naming the 0-based index of the first element that
@@ -5661,7 +5691,24 @@ BEGIN
   INTO run_ids, step_slugs, task_indexes, reported
   FROM pg_catalog.jsonb_array_elements(p_tasks) WITH ORDINALITY AS e (task, n);
 
-  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (run_ids) ORDER BY r.run_id FOR UPDATE;
+  IF p_value_key <> 'output' THEN
+    PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (run_ids) ORDER BY r.run_id FOR UPDATE;
+    RETURN;
+  END IF;
+  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (run_ids) ORDER BY r.run_id FOR NO KEY UPDATE;
+  -- each step state by its own key probe, in key order (the lock happens inside the probe)
+  PERFORM 1 FROM pgflow.runs AS r
+  WHERE r.run_id = ANY (ARRAY(
+    SELECT k.run_id
+    FROM (SELECT u.run_id, u.step_slug, pg_catalog.count(*) AS reported
+          FROM ROWS FROM (pg_catalog.unnest(run_ids), pg_catalog.unnest(step_slugs)) AS u (run_id, step_slug)
+          GROUP BY u.run_id, u.step_slug
+          ORDER BY u.run_id, u.step_slug) AS k
+    LEFT JOIN LATERAL (SELECT ss.status, ss.remaining_tasks FROM pgflow.step_states AS ss
+                       WHERE ss.run_id = k.run_id AND ss.step_slug = k.step_slug LIMIT 1 FOR UPDATE) AS s ON true
+    WHERE s.status IS DISTINCT FROM 'started' OR s.remaining_tasks <= k.reported))
+  ORDER BY r.run_id
+  FOR UPDATE;
 END;
 $$;
 REVOKE ALL ON FUNCTION pgflow._task_report_elements(text, jsonb, text) FROM PUBLIC;
@@ -5673,7 +5720,7 @@ REVOKE ALL ON FUNCTION pgflow._task_report_elements(text, jsonb, text) FROM PUBL
 -- number of elements; its caller moves the runs on.
 -- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
 -- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
--- lock FOR UPDATE and has checked that the elements name different runs. This function locks each
+-- lock (FOR UPDATE where the element may end its step, else at least FOR NO KEY UPDATE) and has checked that the elements name different runs. This function locks each
 -- element's step state and then its task FOR UPDATE, element after element in array order (a
 -- caller that locked them already holds them), and then:
 --   * writes nothing and returns no tasks when an element's run, step or task is not started or
@@ -6075,8 +6122,12 @@ REVOKE ALL ON FUNCTION pgflow.complete_manual_task(uuid, text, integer, jsonb) F
 -- claim; an unknown run or task returns nothing; a manual task is refused (PF010)
 -- (_lock_worker_task). Otherwise the task completes through _complete_started_tasks (step
 -- completion, map outputs in task_index order, children released, the run moves on; a
--- [TYPE_VIOLATION] fails the run) and its message is archived. Returns the task row.
--- Locks: the run FOR UPDATE, then its step state and the task (docs/runtime.md "Lock order").
+-- [TYPE_VIOLATION] fails the run) and its message is archived.
+-- Locks: the run FOR NO KEY UPDATE, then its step state FOR UPDATE; when this report may end the
+-- step (its step state is not started, or this is its last remaining task), the run FOR UPDATE
+-- too, before any task row is locked; then the task (docs/runtime.md "Lock order"). A completion
+-- that only counts a step down so does not wait for, nor hold up, the run's claims.
+-- Returns the task row.
 CREATE OR REPLACE FUNCTION pgflow.complete_task(run_id uuid, step_slug text, task_index integer, output jsonb)
 RETURNS SETOF pgflow.step_tasks
 LANGUAGE plpgsql
@@ -6087,8 +6138,18 @@ AS $$
 DECLARE
   v_task pgflow.step_tasks;
   v_report record;
+  v_counts_down boolean;
 BEGIN
-  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = complete_task.run_id FOR UPDATE;
+  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = complete_task.run_id FOR NO KEY UPDATE;
+  SELECT ss.status = 'started' AND ss.remaining_tasks > 1 INTO v_counts_down
+  FROM pgflow.step_states AS ss
+  WHERE ss.run_id = complete_task.run_id AND ss.step_slug = complete_task.step_slug
+  FOR UPDATE;
+  IF v_counts_down IS NOT TRUE THEN
+    -- this report may end the step, and so move or fail the run: claims of the run wait for it
+    -- (no task row is held yet, so a claim this waits for never waits for this call)
+    PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = complete_task.run_id FOR UPDATE;
+  END IF;
   -- a started task completes; anything else is a report that no longer (or never) counts
   v_task := (pgflow._complete_started_tasks(ARRAY[complete_task.run_id], ARRAY[complete_task.step_slug],
                                             ARRAY[complete_task.task_index], ARRAY[complete_task.output], 'queue'))[1];
@@ -6113,9 +6174,10 @@ $$;
 -- semantics, checks and errors as one complete_task per element in array order, in the caller's
 -- transaction (docs/runtime.md "Batch reports"):
 --   * every element is checked first; a malformed one raises 22023 naming its 0-based index;
---   * every named run is locked FOR UPDATE in run_id order before any element is applied
---     (_task_report_elements), so two batch callers (and a batch and a claim, which locks its runs
---     in the same order) never deadlock; then the elements' step states and tasks, in array order;
+--   * every named run is locked in run_id order before any element is applied, FOR UPDATE where
+--     the batch may end a step, else FOR NO KEY UPDATE (_task_report_elements), so two batch
+--     callers (and a batch and a claim, which locks its runs in the same order) never deadlock;
+--     then the elements' step states and tasks;
 --   * an element's error (PF010 for a manual task, ...) is raised with the single call's SQLSTATE,
 --     detail and hint, the message prefixed "complete_tasks(): element <index>: "; the whole call
 --     rolls back and nothing of the batch is applied;
@@ -6263,6 +6325,8 @@ REVOKE ALL ON FUNCTION pgflow.fail_manual_task(uuid, text, integer, text) FROM P
 -- Raises PF013, before anything is locked or changed, for a retry_delay_seconds that is negative,
 -- NaN, infinite or above 2147483647 (the largest visibility offset PGMQ's integer seconds carry),
 -- and for a retry delay together with fail_now.
+-- Locks: the run FOR UPDATE (a failure can end its step or the run and change sibling tasks, so
+-- claims of the run take turns with it), then its step state and the task (docs/runtime.md).
 CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text,
                                             retry_delay_seconds double precision, fail_now boolean DEFAULT false)
 RETURNS SETOF pgflow.step_tasks
@@ -6296,6 +6360,7 @@ BEGIN
     v_delay := pg_catalog.ceil(fail_task.retry_delay_seconds)::integer;
   END IF;
 
+  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = fail_task.run_id FOR UPDATE;
   v_report := pgflow._lock_worker_task('fail_task', fail_task.run_id, fail_task.step_slug, fail_task.task_index);
   v_task := v_report.task;
   IF v_task.run_id IS NULL THEN

@@ -2,7 +2,9 @@
 -- (queue_name, message_id) first and message body second, before changing anything:
 --
 --   queued task of this exact route, run and step started -> claimed: attempt counted, worker
---       recorded, visibility = effective step timeout + 2 s (all or nothing, as the baseline's start_tasks)
+--       recorded, visibility = effective step timeout + 2 s (all or nothing, as the baseline's start_tasks);
+--       a message whose visibility the read already set to within 1 s of that is kept as it is
+--       (only locked, not rewritten: a worker that knows its steps' timeout reads with it)
 --   started task                      -> duplicate: no attempt used, no handler; the message
 --       is deferred toward the task's recovery deadline (started_at + timeout + 30 s)
 --   completed/failed/skipped/cancelled or permanently stalled task -> archived_terminal
@@ -26,9 +28,12 @@
 -- classifies the whole batch and claims its queued work (only when no message is fatal): a batch
 -- of plain queued work runs the route check, the two lock statements, the body read, that
 -- statement and the visibility helper.
--- Lock order: runs (FOR SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
+-- Lock order: runs (FOR KEY SHARE) -> step_tasks (FOR UPDATE, key order) -> queue rows. The
 -- messages are read after the task locks, so a claim that waited for a concurrent claim of
--- the same tasks sees that claim's result (duplicates), not the state before it.
+-- the same tasks sees that claim's result (duplicates), not the state before it. The run lock is
+-- the weakest that still takes turns with every report that can end a step or the run, fail or
+-- cancel it (those hold the run FOR UPDATE); a completion that only counts its step down holds it
+-- FOR NO KEY UPDATE, which a claim does not wait for (docs/runtime.md "Lock order").
 CREATE OR REPLACE FUNCTION pgflow.claim_tasks(
   queue_name text,
   msg_ids bigint[],
@@ -61,6 +66,7 @@ DECLARE
   v_has_qtable boolean;
   v_found bigint[];
   v_bodies jsonb[];
+  v_vts timestamptz[];
   -- the whole batch's answer, one row per requested id in message-id order
   v_result pgflow.claim_result[];
   v_fatal integer;
@@ -71,6 +77,7 @@ DECLARE
   v_c_step text[];
   v_c_index integer[];
   v_c_offset integer[];
+  v_kept bigint[];  -- claimed messages whose visibility is already within 1 s of the claim's target
   v_d_run uuid[];
   v_d_step text[];
   v_d_index integer[];
@@ -146,7 +153,7 @@ BEGIN
     ORDER BY 1)) AS k (run_id)
   CROSS JOIN LATERAL (SELECT x.run_id FROM pgflow.runs AS x WHERE x.run_id = k.run_id LIMIT 1) AS r
   ORDER BY r.run_id
-  FOR SHARE;
+  FOR KEY SHARE;
   PERFORM 1 FROM pg_catalog.unnest(ARRAY(
     SELECT st.message_id FROM pg_catalog.unnest(v_ids) AS m CROSS JOIN LATERAL (
       SELECT x.* FROM pgflow.step_tasks AS x WHERE x.queue_name = claim_tasks.queue_name AND x.message_id = m LIMIT 1) AS st
@@ -157,12 +164,16 @@ BEGIN
   FOR UPDATE;
 
   -- The messages, read after the task locks (a concurrent claim of the same tasks has committed
-  -- by now). A queue without a table has no messages (the batch is fatal, see above).
+  -- by now) and locked in message-id order: each is written below anyway (visibility, archive),
+  -- except a claimed one whose visibility the claim keeps, which the lock keeps in the queue until
+  -- the claim commits. A queue without a table has no messages (the batch is fatal, see above).
   IF v_has_qtable THEN
     EXECUTE pg_catalog.format(
-      'SELECT pg_catalog.array_agg(q.msg_id ORDER BY q.msg_id), pg_catalog.array_agg(q.message ORDER BY q.msg_id)
-         FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1)', v_qtable)
-    INTO v_found, v_bodies
+      'SELECT pg_catalog.array_agg(x.msg_id ORDER BY x.msg_id), pg_catalog.array_agg(x.message ORDER BY x.msg_id),
+              pg_catalog.array_agg(x.vt ORDER BY x.msg_id)
+         FROM (SELECT q.msg_id, q.message, q.vt FROM pgmq.%I AS q WHERE q.msg_id = ANY ($1) ORDER BY q.msg_id FOR UPDATE) AS x',
+      v_qtable)
+    INTO v_found, v_bodies, v_vts
     USING v_ids;
   END IF;
 
@@ -172,12 +183,14 @@ BEGIN
   WITH requested AS (
     SELECT m AS msg_id FROM pg_catalog.unnest(v_ids) AS m
   ), body AS (
-    SELECT b.msg_id, b.message
-    FROM ROWS FROM (pg_catalog.unnest(coalesce(v_found, '{}')), pg_catalog.unnest(coalesce(v_bodies, '{}'))) AS b (msg_id, message)
+    SELECT b.msg_id, b.message, b.vt
+    FROM ROWS FROM (pg_catalog.unnest(coalesce(v_found, '{}')), pg_catalog.unnest(coalesce(v_bodies, '{}')),
+                    pg_catalog.unnest(coalesce(v_vts, '{}'))) AS b (msg_id, message, vt)
   ), joined AS (
     SELECT rq.msg_id,
            b.msg_id IS NOT NULL AS present,
            b.message,
+           b.vt,
            t.tid, t.flow_slug AS task_flow, t.run_id, t.step_slug AS task_step, t.task_index, t.status, t.started_at,
            t.permanently_stalled_at,
            r.status AS run_status, ss.status AS step_status,
@@ -201,6 +214,10 @@ BEGIN
     LEFT JOIN LATERAL (SELECT x.opt_timeout FROM pgflow.flows AS x WHERE x.flow_slug = t.flow_slug LIMIT 1) AS f ON true
   ), judged AS MATERIALIZED (  -- each verdict computed once, however often it is read
     SELECT j.*,
+           -- the read left the message hidden until within 1 s of the claim's target (effective
+           -- timeout + 2 s from now): the claim keeps that visibility instead of rewriting the row
+           pg_catalog.abs(EXTRACT(epoch FROM (j.vt - pg_catalog.clock_timestamp()))
+                          - (j.timeout + 2)) <= 1 AS vt_kept,
            CASE
              WHEN v_route_reason IS NOT NULL THEN ARRAY['fatal', v_route_reason]
              WHEN NOT j.present THEN ARRAY['missing', CASE WHEN j.run_id IS NULL THEN 'message_gone' ELSE 'message_gone_task_exists' END]
@@ -296,10 +313,11 @@ BEGIN
            j.msg_id,
            CASE WHEN b.fatal > 0 AND j.verdict[1] <> 'fatal' THEN 'batch_released' ELSE j.verdict[2] END,
            j.task_flow, j.run_id, j.task_step, j.task_index, cl.input, cl.flow_input)::pgflow.claim_result ORDER BY j.msg_id),
-         pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
-         pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
-         pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
-         pg_catalog.array_agg(j.timeout + 2) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim'),
+         pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND NOT j.vt_kept),
+         pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND NOT j.vt_kept),
+         pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND NOT j.vt_kept),
+         pg_catalog.array_agg(j.timeout + 2) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND NOT j.vt_kept),
+         pg_catalog.array_agg(j.msg_id ORDER BY j.msg_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'claim' AND j.vt_kept),
          pg_catalog.array_agg(j.run_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
          pg_catalog.array_agg(j.task_step) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
          pg_catalog.array_agg(j.task_index) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'duplicate'),
@@ -311,7 +329,7 @@ BEGIN
          pg_catalog.count(*) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'archived_terminal')::integer,
          pg_catalog.array_agg(j.msg_id ORDER BY j.msg_id) FILTER (WHERE b.fatal = 0 AND j.verdict[1] = 'archived_foreign'),
          pg_catalog.min(b.fatal)
-  INTO v_result, v_c_run, v_c_step, v_c_index, v_c_offset, v_d_run, v_d_step, v_d_index, v_d_offset,
+  INTO v_result, v_c_run, v_c_step, v_c_index, v_c_offset, v_kept, v_d_run, v_d_step, v_d_index, v_d_offset,
        v_claimable, v_claimed, v_terminal, v_foreign, v_fatal
   FROM judged AS j
   CROSS JOIN batch AS b
@@ -360,7 +378,9 @@ BEGIN
   END IF;
 
   IF v_claimed > 0 THEN
-    v_changed := pgflow._set_task_messages_vt(v_c_run, v_c_step, v_c_index, v_c_offset);
+    -- a kept visibility counts as set: its message was there when read and is locked since
+    v_changed := pgflow._set_task_messages_vt(v_c_run, v_c_step, v_c_index, v_c_offset)
+                 + coalesce(pg_catalog.cardinality(v_kept), 0);
     IF v_changed < v_claimed THEN
       RAISE EXCEPTION 'claim_tasks(): visibility updated % of % claimed messages in queue "%"; the claim was rolled back and no attempt was consumed',
         v_changed, v_claimed, claim_tasks.queue_name

@@ -3,7 +3,8 @@
 -- table instead of a chain of calls per element), and each element of a batch it cannot take.
 -- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
 -- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
--- lock FOR UPDATE; this function locks each element's step state and then its task FOR UPDATE,
+-- lock: FOR UPDATE where the element may end its step (so a run update here never waits for a claim's
+-- FOR KEY SHARE), else at least FOR NO KEY UPDATE; this function locks each element's step state and then its task FOR UPDATE,
 -- element after element in array order (a caller that locked them already holds them).
 -- It applies the elements only when that gives exactly what one call per element, in array order,
 -- gives: every element names a different run (no element can see another's effects); every

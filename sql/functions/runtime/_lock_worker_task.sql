@@ -1,7 +1,10 @@
 -- What every worker report (complete_task, fail_task, each element of complete_tasks) does before
--- it records anything: it locks the run row FOR UPDATE, then the step state, then the task (the
--- runtime's lock order: a report serialises with claims and with other reports of the run), and
--- decides whether the report still counts. A worker report may arrive late or twice, so only a
+-- it records anything: it locks the run row FOR NO KEY UPDATE, then the step state, then the task
+-- (the runtime's lock order: a report takes turns with the other reports of the run), and decides
+-- whether the report still counts. A caller whose report can end the step or the run, or change
+-- other tasks (a failure), holds the run FOR UPDATE already, so claims of the run wait for it; the
+-- run lock here is never stronger than that, because a caller may hold its task row by now and a
+-- stronger run lock would then wait for a claim that waits for that task. A worker report may arrive late or twice, so only a
 -- task that is started in a started step of a started run takes it.
 -- p_function names the entry point in the error it raises.
 -- Returns (task, started):
@@ -26,7 +29,7 @@ DECLARE
   v_state pgflow.step_states;
 BEGIN
   started := false;
-  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = p_run_id FOR UPDATE;
+  SELECT r.* INTO v_run FROM pgflow.runs AS r WHERE r.run_id = p_run_id FOR NO KEY UPDATE;
   IF v_run.run_id IS NULL THEN
     RETURN;
   END IF;

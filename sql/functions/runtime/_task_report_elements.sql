@@ -3,10 +3,16 @@
 -- "step_slug" (a string), "task_index" (an integer) and p_value_key ('output': any JSON;
 -- 'error_message': a string or null; then optionally "retry_delay_seconds", a number or null, and
 -- "fail_now", true, false or null: fail_task's arguments, which the caller reads from p_tasks).
--- p_function names the entry point in the errors. Then every
--- run the batch names is locked FOR UPDATE in run_id order, before any element is applied: the
--- lock order of claims, so two batches (or a batch and a claim) whose runs overlap take turns and
--- never deadlock.
+-- p_function names the entry point in the errors. Then the runs the batch names are locked in
+-- run_id order, before any element is applied (the lock order of claims, so two batches, or a batch
+-- and a claim, whose runs overlap never deadlock):
+--   failures ('error_message') lock every run FOR UPDATE: a failure can end its step or the run and
+--   change sibling tasks, so claims of the run take turns with it;
+--   completions ('output') lock every run FOR NO KEY UPDATE, then the step states the batch names
+--   FOR UPDATE in (run_id, step_slug) order, then FOR UPDATE each run where the batch may end a
+--   step (a step state not started, or with no more remaining tasks than the batch names of it),
+--   all before any task row is locked. A batch that only counts steps down so neither waits for nor
+--   holds up the claims of its runs; reports of one run still take turns (docs/runtime.md "Lock order").
 -- Returns the elements as arrays in array order (all NULL for an empty array); the values stay
 -- JSON (an error message is read from it with #>> '{}').
 -- Raises 22023 when p_tasks is not an array, or naming the 0-based index of the first element that
@@ -68,7 +74,24 @@ BEGIN
   INTO run_ids, step_slugs, task_indexes, reported
   FROM pg_catalog.jsonb_array_elements(p_tasks) WITH ORDINALITY AS e (task, n);
 
-  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (run_ids) ORDER BY r.run_id FOR UPDATE;
+  IF p_value_key <> 'output' THEN
+    PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (run_ids) ORDER BY r.run_id FOR UPDATE;
+    RETURN;
+  END IF;
+  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = ANY (run_ids) ORDER BY r.run_id FOR NO KEY UPDATE;
+  -- each step state by its own key probe, in key order (the lock happens inside the probe)
+  PERFORM 1 FROM pgflow.runs AS r
+  WHERE r.run_id = ANY (ARRAY(
+    SELECT k.run_id
+    FROM (SELECT u.run_id, u.step_slug, pg_catalog.count(*) AS reported
+          FROM ROWS FROM (pg_catalog.unnest(run_ids), pg_catalog.unnest(step_slugs)) AS u (run_id, step_slug)
+          GROUP BY u.run_id, u.step_slug
+          ORDER BY u.run_id, u.step_slug) AS k
+    LEFT JOIN LATERAL (SELECT ss.status, ss.remaining_tasks FROM pgflow.step_states AS ss
+                       WHERE ss.run_id = k.run_id AND ss.step_slug = k.step_slug LIMIT 1 FOR UPDATE) AS s ON true
+    WHERE s.status IS DISTINCT FROM 'started' OR s.remaining_tasks <= k.reported))
+  ORDER BY r.run_id
+  FOR UPDATE;
 END;
 $$;
 REVOKE ALL ON FUNCTION pgflow._task_report_elements(text, jsonb, text) FROM PUBLIC;

@@ -4,7 +4,7 @@
 -- number of elements; its caller moves the runs on.
 -- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
 -- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
--- lock FOR UPDATE and has checked that the elements name different runs. This function locks each
+-- lock (FOR UPDATE where the element may end its step, else at least FOR NO KEY UPDATE) and has checked that the elements name different runs. This function locks each
 -- element's step state and then its task FOR UPDATE, element after element in array order (a
 -- caller that locked them already holds them), and then:
 --   * writes nothing and returns no tasks when an element's run, step or task is not started or

@@ -3,9 +3,10 @@
 -- semantics, checks and errors as one complete_task per element in array order, in the caller's
 -- transaction (docs/runtime.md "Batch reports"):
 --   * every element is checked first; a malformed one raises 22023 naming its 0-based index;
---   * every named run is locked FOR UPDATE in run_id order before any element is applied
---     (_task_report_elements), so two batch callers (and a batch and a claim, which locks its runs
---     in the same order) never deadlock; then the elements' step states and tasks, in array order;
+--   * every named run is locked in run_id order before any element is applied, FOR UPDATE where
+--     the batch may end a step, else FOR NO KEY UPDATE (_task_report_elements), so two batch
+--     callers (and a batch and a claim, which locks its runs in the same order) never deadlock;
+--     then the elements' step states and tasks;
 --   * an element's error (PF010 for a manual task, ...) is raised with the single call's SQLSTATE,
 --     detail and hint, the message prefixed "complete_tasks(): element <index>: "; the whole call
 --     rolls back and nothing of the batch is applied;

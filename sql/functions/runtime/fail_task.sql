@@ -19,6 +19,8 @@
 -- Raises PF013, before anything is locked or changed, for a retry_delay_seconds that is negative,
 -- NaN, infinite or above 2147483647 (the largest visibility offset PGMQ's integer seconds carry),
 -- and for a retry delay together with fail_now.
+-- Locks: the run FOR UPDATE (a failure can end its step or the run and change sibling tasks, so
+-- claims of the run take turns with it), then its step state and the task (docs/runtime.md).
 CREATE OR REPLACE FUNCTION pgflow.fail_task(run_id uuid, step_slug text, task_index integer, error_message text,
                                             retry_delay_seconds double precision, fail_now boolean DEFAULT false)
 RETURNS SETOF pgflow.step_tasks
@@ -52,6 +54,7 @@ BEGIN
     v_delay := pg_catalog.ceil(fail_task.retry_delay_seconds)::integer;
   END IF;
 
+  PERFORM 1 FROM pgflow.runs AS r WHERE r.run_id = fail_task.run_id FOR UPDATE;
   v_report := pgflow._lock_worker_task('fail_task', fail_task.run_id, fail_task.step_slug, fail_task.task_index);
   v_task := v_report.task;
   IF v_task.run_id IS NULL THEN
