@@ -37,7 +37,8 @@ class StopSignal:
 
     It is set when the worker starts draining, and when the worker learns (at its next heartbeat,
     one query for all its in-flight tasks) that the task's run or step has ended, or that the task
-    is no longer this attempt's (stalled-task recovery gave it to another worker). A handler that
+    is no longer this attempt's (stalled-task recovery queued it again or gave it to another
+    worker; the worker then does not report this attempt's result). A handler that
     never looks at it runs to its end as before.
 
     Usable from threads (:meth:`is_set`, :meth:`wait`) and from ``async def`` handlers

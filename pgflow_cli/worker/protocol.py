@@ -397,8 +397,9 @@ class ProtocolV1:
 
         Returns:
             ``{position in running: (reason, taken_over)}``: the run or step is no longer started,
-            or the task is no longer this attempt of this worker; ``taken_over`` when another claim
-            of the task is running (a report of this attempt would end that one).
+            or the task is no longer this attempt of this worker; ``taken_over`` when the worker
+            must not report this attempt: another claim of the task runs, or stalled-task recovery
+            queued it again in a run and step that go on (a report would end the next attempt).
         """
         rows = conn.execute(sqlfiles.statement("queries/worker_v2.sql", "ended_tasks"), {
             "worker_id": worker_id,

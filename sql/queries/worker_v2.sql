@@ -82,7 +82,9 @@ SELECT r.input FROM pgflow.runs AS r WHERE r.run_id = %(run_id)s;
 -- where the worker has not read it; n = the position, 1-based),
 -- those whose work is no longer wanted: the run or the step is no longer started, or the task is
 -- no longer this attempt of this worker (stalled-task recovery requeued it, or another worker
--- took it over: taken_over, when a report of this attempt would end the other worker's). One
+-- took it over). taken_over: the worker must not report this attempt, because the report would
+-- end another claim's attempt: one that runs now, or one that can start before the report lands
+-- (a requeued task of a run and step that go on). One
 -- query per heartbeat for all of a worker's in-flight tasks; used by any protocol. Each row is
 -- one key probe per table (LATERAL ... LIMIT 1), never a scan of the runs or step states.
 SELECT k.n,
@@ -91,12 +93,15 @@ SELECT k.n,
             WHEN t.status = 'started' AND t.attempts_count <> k.attempt
               THEN 'a newer claim of the task runs (attempt ' || t.attempts_count || ')'
             WHEN r.status IS DISTINCT FROM 'started' THEN 'the run ' || coalesce(r.status, 'is gone')
+            WHEN t.status = 'queued' AND s.status = 'started'
+              THEN 'stalled-task recovery queued the task again (after attempt ' || t.attempts_count || ')'
             WHEN s.status IS DISTINCT FROM 'started'
               THEN 'the step ' || CASE s.status WHEN 'skipped' THEN 'was skipped' ELSE coalesce(s.status, 'is gone') END
             ELSE 'the task is no longer this attempt (' || coalesce(t.status, 'gone') || ')'
        END AS reason,
        coalesce(t.status = 'started' AND (t.attempts_count <> k.attempt OR t.last_worker_id IS DISTINCT FROM %(worker_id)s),
-                false) AS taken_over,
+                false)
+         OR coalesce(t.status = 'queued' AND r.status = 'started' AND s.status = 'started', false) AS taken_over,
        r.status AS run_status
 FROM ROWS FROM (pg_catalog.unnest(%(run_ids)s::uuid[]), pg_catalog.unnest(%(step_slugs)s::text[]),
                 pg_catalog.unnest(%(task_indexes)s::integer[]), pg_catalog.unnest(%(attempts)s::integer[]))
