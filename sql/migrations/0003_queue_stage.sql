@@ -5630,6 +5630,8 @@ REVOKE ALL ON FUNCTION pgflow._start_runs(text, text, jsonb, uuid, uuid, text) F
 --   step (a step state not started, or with no more remaining tasks than the batch names of it),
 --   all before any task row is locked. A batch that only counts steps down so neither waits for nor
 --   holds up the claims of its runs; reports of one run still take turns (docs/runtime.md "Lock order").
+--   Then every task the batch names FOR UPDATE in (run_id, step_slug, task_index) order: the order
+--   in which a claim beside it locks the tasks they share.
 -- Returns the elements as arrays in array order (all NULL for an empty array); the values stay
 -- JSON (an error message is read from it with #>> '{}').
 -- Raises 22023 when p_tasks is not an array, or naming the 0-based index of the first element that
@@ -5709,6 +5711,17 @@ BEGIN
     WHERE s.status IS DISTINCT FROM 'started' OR s.remaining_tasks <= k.reported))
   ORDER BY r.run_id
   FOR UPDATE;
+  -- every task the batch names, in key order (the element positions sorted by key, each task by its
+  -- own key probe): a claim of the same run runs beside a batch that only counts down and locks
+  -- the tasks it shares with the batch in this order, so the batch must not take them in array order
+  PERFORM 1 FROM pg_catalog.unnest(ARRAY(
+    SELECT u.n
+    FROM ROWS FROM (pg_catalog.unnest(run_ids), pg_catalog.unnest(step_slugs), pg_catalog.unnest(task_indexes))
+         WITH ORDINALITY AS u (run_id, step_slug, task_index, n)
+    ORDER BY u.run_id, u.step_slug, u.task_index, u.n)) AS k (n)
+  CROSS JOIN LATERAL (SELECT 1 FROM pgflow.step_tasks AS t
+                      WHERE t.run_id = run_ids[k.n] AND t.step_slug = step_slugs[k.n] AND t.task_index = task_indexes[k.n]
+                      LIMIT 1 FOR UPDATE) AS t;
 END;
 $$;
 REVOKE ALL ON FUNCTION pgflow._task_report_elements(text, jsonb, text) FROM PUBLIC;
@@ -6177,7 +6190,8 @@ $$;
 --   * every named run is locked in run_id order before any element is applied, FOR UPDATE where
 --     the batch may end a step, else FOR NO KEY UPDATE (_task_report_elements), so two batch
 --     callers (and a batch and a claim, which locks its runs in the same order) never deadlock;
---     then the elements' step states and tasks;
+--     then the step states, and every task it names in key order (the claims' order: a claim runs
+--     beside a batch that only counts down, and may name the same tasks);
 --   * an element's error (PF010 for a manual task, ...) is raised with the single call's SQLSTATE,
 --     detail and hint, the message prefixed "complete_tasks(): element <index>: "; the whole call
 --     rolls back and nothing of the batch is applied;

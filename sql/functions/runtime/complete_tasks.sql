@@ -6,7 +6,8 @@
 --   * every named run is locked in run_id order before any element is applied, FOR UPDATE where
 --     the batch may end a step, else FOR NO KEY UPDATE (_task_report_elements), so two batch
 --     callers (and a batch and a claim, which locks its runs in the same order) never deadlock;
---     then the elements' step states and tasks;
+--     then the step states, and every task it names in key order (the claims' order: a claim runs
+--     beside a batch that only counts down, and may name the same tasks);
 --   * an element's error (PF010 for a manual task, ...) is raised with the single call's SQLSTATE,
 --     detail and hint, the message prefixed "complete_tasks(): element <index>: "; the whole call
 --     rolls back and nothing of the batch is applied;
