@@ -7,7 +7,9 @@
 -- FOR KEY SHARE), else at least FOR NO KEY UPDATE; this function locks each element's step state and then its task FOR UPDATE,
 -- element after element in array order (a caller that locked them already holds them).
 -- It applies the elements only when that gives exactly what one call per element, in array order,
--- gives: every element names a different run (no element can see another's effects); every
+-- gives: every element names a different task and each run one step (no element can see another's
+-- effects but the count of its step, which several tasks of one map step take down together, and
+-- the step completes at the last of them as it would element by element); every
 -- element's run, step and task are started and the task has p_execution_mode; and with several
 -- elements, none can raise a [TYPE_VIOLATION] and realtime.send does not exist (a call per element
 -- fails its run, or sends its events, between the other elements). Otherwise it changes nothing and
@@ -124,9 +126,13 @@ BEGIN
   END IF;
 
   -- several elements
+  -- a task twice (the second is a late report) or two steps of one run (the first step's
+  -- completion moves the run on between them) must go element by element
   IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL
-     OR (SELECT pg_catalog.count(DISTINCT u.run_id) FROM pg_catalog.unnest(p_run_ids) AS u (run_id))
-        <> pg_catalog.cardinality(p_run_ids) THEN
+     OR (SELECT pg_catalog.count(DISTINCT (u.run_id, u.step_slug, u.task_index)) <> pg_catalog.count(*)
+                OR pg_catalog.count(DISTINCT (u.run_id, u.step_slug)) <> pg_catalog.count(DISTINCT u.run_id)
+         FROM ROWS FROM (pg_catalog.unnest(p_run_ids), pg_catalog.unnest(p_step_slugs),
+                         pg_catalog.unnest(p_task_indexes)) AS u (run_id, step_slug, task_index)) THEN
     RETURN NULL;
   END IF;
 
