@@ -12,10 +12,12 @@ server's per-transaction function call counts), so a case meant for the set-base
 silently go element by element, and the other way round.
 
 Cases the set-based pass could get wrong: a batch where only some elements are independent, two
-steps of one run, several tasks of one map step (counted down once, completed at the last), map tasks (not the last, the last, outputs in task_index order), the last task
-of a run, a run failed by another session while the batch waited for it, the same task twice, an
-error raised in the pass (named by its element, as the element path names it), and several
-callers on real connections reporting overlapping batches, with and without concurrent claims.
+steps of one run, several tasks of one map step (counted down once, completed at the last, with
+outputs in task_index order), the last task of a run, a run failed by another session while the
+batch waited for it, the same task twice, a late task among live ones of its step, an error raised
+in the pass (named by its element, as the element path names it), and several callers on real
+connections reporting overlapping batches (of different runs, and of one run's map step), with and
+without concurrent claims.
 """
 
 from __future__ import annotations
