@@ -4806,12 +4806,11 @@ DECLARE
   v_violation text;
   v_task pgflow.step_tasks;
   v_state pgflow.step_states;
+  v_run pgflow.runs;
   v_child_tasks integer;
   v_written record;
   v_done pgflow.step_states[];
-  v_done_runs uuid[];
   v_cascades boolean;
-  v_finished uuid[];
   v_going uuid[];
 BEGIN
   IF pg_catalog.cardinality(p_run_ids) = 1 THEN
@@ -4872,11 +4871,34 @@ BEGIN
         JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
        WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slugs[1]
          AND cs.run_id = p_run_ids[1] AND cs.step_slug = d.step_slug AND cs.status = 'created';
-      UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = p_run_ids[1];
+      UPDATE pgflow.runs AS r SET
+-- Fragment: the SET list of an UPDATE of pgflow.runs AS r (a started run, its lock held) whose step
+-- completed: the run has one step less and, when that was its last step, completes in the same row
+-- version, as maybe_complete_run would complete it next: status, completed_at and output, the
+-- {leaf_step: output} of the leaf steps (no dependents) that completed, {} for none. No cascade
+-- can change a run with no step left, so completing it at once is what _advance_run would do; one
+-- write instead of two spares a second row version and its foreign-key check.
+remaining_steps = r.remaining_steps - 1,
+status = CASE WHEN r.remaining_steps = 1 THEN 'completed' ELSE r.status END,
+completed_at = CASE WHEN r.remaining_steps = 1 THEN pg_catalog.now() ELSE r.completed_at END,
+output = CASE WHEN r.remaining_steps <> 1 THEN r.output
+              ELSE coalesce((SELECT pg_catalog.jsonb_object_agg(ls.step_slug, ls.output)
+                             FROM pgflow.step_states AS ls
+                             WHERE ls.run_id = r.run_id AND ls.status = 'completed'
+                               AND NOT EXISTS (SELECT 1 FROM pgflow.deps AS ld
+                                               WHERE ld.flow_slug = ls.flow_slug AND ld.dep_slug = ls.step_slug)),
+                            '{}'::jsonb) END
+       WHERE r.run_id = p_run_ids[1]
+      RETURNING r.* INTO v_run;
       IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL THEN
         PERFORM pgflow._broadcast_step(v_state);
+        IF v_run.status = 'completed' THEN
+          PERFORM pgflow._broadcast_run(v_run);
+        END IF;
       END IF;
-      PERFORM pgflow._advance_run(p_run_ids[1]);
+      IF v_run.status <> 'completed' THEN
+        PERFORM pgflow._advance_run(p_run_ids[1]);
+      END IF;
     END IF;
     RETURN ARRAY[v_task];
   END IF;
@@ -4900,39 +4922,29 @@ BEGIN
   IF v_done IS NULL THEN
     RETURN v_written.tasks;
   END IF;
-  -- Moving the runs on (realtime.send does not exist here: several elements need its absence). One
-  -- run goes through _advance_run.
-  IF pg_catalog.cardinality(v_done) = 1 THEN
-    PERFORM pgflow._advance_run((v_done[1]).run_id);
+  -- Moving the runs on (realtime.send does not exist here: several elements need its absence). A
+  -- run whose last step completed was completed by _write_task_completions (which sends nothing,
+  -- so the others' messages keep their order); the others move on in array order. One run goes
+  -- through _advance_run; several too, each by itself, when a flow of them has a condition or a map
+  -- step. Otherwise _advance_run would only start their ready steps, which can start together.
+  SELECT pg_catalog.array_agg(d.run_id ORDER BY d.n), pg_catalog.bool_or(d.cascades)
+  INTO v_going, v_cascades
+  FROM (SELECT u.run_id, u.ordinality AS n,
+               EXISTS (SELECT 1 FROM pgflow.steps AS s
+                       WHERE s.flow_slug = r.flow_slug
+                         AND (s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL
+                              OR s.step_type = 'map')) AS cascades
+        FROM pg_catalog.unnest(v_done) WITH ORDINALITY AS u
+        JOIN pgflow.runs AS r ON r.run_id = u.run_id
+        WHERE r.status = 'started') AS d;
+  IF v_going IS NULL THEN
     RETURN v_written.tasks;
   END IF;
-  -- Several: when a flow of them has a condition or a map step, each run moves on by itself, in
-  -- array order. Otherwise _advance_run would only complete the runs with no step left and start the
-  -- others' ready steps, which can start together.
-  SELECT pg_catalog.array_agg(d.run_id ORDER BY d.ordinality) INTO v_done_runs
-  FROM pg_catalog.unnest(v_done) WITH ORDINALITY AS d;
-  SELECT pg_catalog.bool_or(s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL
-                            OR s.step_type = 'map'),
-         pg_catalog.array_agg(DISTINCT d.run_id) FILTER (WHERE d.remaining_steps = 0)
-  INTO v_cascades, v_finished
-  FROM (SELECT r.run_id, r.flow_slug, r.remaining_steps
-        FROM pgflow.runs AS r WHERE r.run_id = ANY (v_done_runs)) AS d
-  JOIN pgflow.steps AS s ON s.flow_slug = d.flow_slug;
-  IF v_cascades THEN
-    FOR v_i IN 1 .. pg_catalog.cardinality(v_done_runs) LOOP
-      PERFORM pgflow._advance_run(v_done_runs[v_i]);
+  IF v_cascades OR pg_catalog.cardinality(v_going) = 1 THEN
+    FOR v_i IN 1 .. pg_catalog.cardinality(v_going) LOOP
+      PERFORM pgflow._advance_run(v_going[v_i]);
     END LOOP;
-    RETURN v_written.tasks;
-  END IF;
-  -- (a run completing sends nothing, so completing them first keeps the message order)
-  SELECT pg_catalog.array_agg(u.run_id ORDER BY u.n) FILTER (WHERE u.run_id = ANY (coalesce(v_finished, '{}'))),
-         pg_catalog.array_agg(u.run_id ORDER BY u.n) FILTER (WHERE u.run_id <> ALL (coalesce(v_finished, '{}')))
-  INTO v_finished, v_going
-  FROM ROWS FROM (pg_catalog.unnest(v_done_runs)) WITH ORDINALITY AS u (run_id, n);
-  FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(v_finished), 0) LOOP
-    PERFORM pgflow.maybe_complete_run(v_finished[v_i]);
-  END LOOP;
-  IF v_going IS NOT NULL AND NOT pgflow._start_ready_steps_of_runs(v_going) THEN
+  ELSIF NOT pgflow._start_ready_steps_of_runs(v_going) THEN
     FOR v_i IN 1 .. pg_catalog.cardinality(v_going) LOOP
       PERFORM pgflow.start_ready_steps(v_going[v_i]);
     END LOOP;
@@ -5840,7 +5852,24 @@ BEGIN
   WHERE done.remaining_tasks = 0;
 
   IF v_done_runs IS NOT NULL THEN
-    UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = ANY (v_done_runs);
+    UPDATE pgflow.runs AS r SET
+-- Fragment: the SET list of an UPDATE of pgflow.runs AS r (a started run, its lock held) whose step
+-- completed: the run has one step less and, when that was its last step, completes in the same row
+-- version, as maybe_complete_run would complete it next: status, completed_at and output, the
+-- {leaf_step: output} of the leaf steps (no dependents) that completed, {} for none. No cascade
+-- can change a run with no step left, so completing it at once is what _advance_run would do; one
+-- write instead of two spares a second row version and its foreign-key check.
+remaining_steps = r.remaining_steps - 1,
+status = CASE WHEN r.remaining_steps = 1 THEN 'completed' ELSE r.status END,
+completed_at = CASE WHEN r.remaining_steps = 1 THEN pg_catalog.now() ELSE r.completed_at END,
+output = CASE WHEN r.remaining_steps <> 1 THEN r.output
+              ELSE coalesce((SELECT pg_catalog.jsonb_object_agg(ls.step_slug, ls.output)
+                             FROM pgflow.step_states AS ls
+                             WHERE ls.run_id = r.run_id AND ls.status = 'completed'
+                               AND NOT EXISTS (SELECT 1 FROM pgflow.deps AS ld
+                                               WHERE ld.flow_slug = ls.flow_slug AND ld.dep_slug = ls.step_slug)),
+                            '{}'::jsonb) END
+     WHERE r.run_id = ANY (v_done_runs);
   END IF;
 END;
 $$;

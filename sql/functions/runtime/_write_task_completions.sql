@@ -118,7 +118,9 @@ BEGIN
   WHERE done.remaining_tasks = 0;
 
   IF v_done_runs IS NOT NULL THEN
-    UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = ANY (v_done_runs);
+    UPDATE pgflow.runs AS r SET
+--@include fragments/run_step_done.sql
+     WHERE r.run_id = ANY (v_done_runs);
   END IF;
 END;
 $$;
