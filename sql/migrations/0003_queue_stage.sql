@@ -4763,7 +4763,9 @@ $$;
 -- FOR KEY SHARE), else at least FOR NO KEY UPDATE; this function locks each element's step state and then its task FOR UPDATE,
 -- element after element in array order (a caller that locked them already holds them).
 -- It applies the elements only when that gives exactly what one call per element, in array order,
--- gives: every element names a different run (no element can see another's effects); every
+-- gives: every element names a different task and each run one step (no element can see another's
+-- effects but the count of its step, which several tasks of one map step take down together, and
+-- the step completes at the last of them as it would element by element); every
 -- element's run, step and task are started and the task has p_execution_mode; and with several
 -- elements, none can raise a [TYPE_VIOLATION] and realtime.send does not exist (a call per element
 -- fails its run, or sends its events, between the other elements). Otherwise it changes nothing and
@@ -4804,12 +4806,11 @@ DECLARE
   v_violation text;
   v_task pgflow.step_tasks;
   v_state pgflow.step_states;
+  v_run pgflow.runs;
   v_child_tasks integer;
   v_written record;
   v_done pgflow.step_states[];
-  v_done_runs uuid[];
   v_cascades boolean;
-  v_finished uuid[];
   v_going uuid[];
 BEGIN
   IF pg_catalog.cardinality(p_run_ids) = 1 THEN
@@ -4870,19 +4871,44 @@ BEGIN
         JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
        WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slugs[1]
          AND cs.run_id = p_run_ids[1] AND cs.step_slug = d.step_slug AND cs.status = 'created';
-      UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = p_run_ids[1];
+      -- one step less; on the last step the run completes in the same row version (status,
+      -- completed_at, the {leaf_step: output} of its completed leaf steps, as maybe_complete_run
+      -- would set them): no cascade can change a run with no step left, and one write spares a
+      -- second row version and its foreign-key check
+      UPDATE pgflow.runs AS r SET
+          remaining_steps = r.remaining_steps - 1,
+          status = CASE WHEN r.remaining_steps = 1 THEN 'completed' ELSE r.status END,
+          completed_at = CASE WHEN r.remaining_steps = 1 THEN pg_catalog.now() ELSE r.completed_at END,
+          output = CASE WHEN r.remaining_steps <> 1 THEN r.output
+                        ELSE coalesce((SELECT pg_catalog.jsonb_object_agg(ls.step_slug, ls.output)
+                                       FROM pgflow.step_states AS ls
+                                       WHERE ls.run_id = r.run_id AND ls.status = 'completed'
+                                         AND NOT EXISTS (SELECT 1 FROM pgflow.deps AS ld
+                                                         WHERE ld.flow_slug = ls.flow_slug AND ld.dep_slug = ls.step_slug)),
+                                      '{}'::jsonb) END
+       WHERE r.run_id = p_run_ids[1]
+      RETURNING r.* INTO v_run;
       IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL THEN
         PERFORM pgflow._broadcast_step(v_state);
+        IF v_run.status = 'completed' THEN
+          PERFORM pgflow._broadcast_run(v_run);
+        END IF;
       END IF;
-      PERFORM pgflow._advance_run(p_run_ids[1]);
+      IF v_run.status <> 'completed' THEN
+        PERFORM pgflow._advance_run(p_run_ids[1]);
+      END IF;
     END IF;
     RETURN ARRAY[v_task];
   END IF;
 
   -- several elements
+  -- a task twice (the second is a late report) or two steps of one run (the first step's
+  -- completion moves the run on between them) must go element by element
   IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL
-     OR (SELECT pg_catalog.count(DISTINCT u.run_id) FROM pg_catalog.unnest(p_run_ids) AS u (run_id))
-        <> pg_catalog.cardinality(p_run_ids) THEN
+     OR (SELECT pg_catalog.count(DISTINCT (u.run_id, u.step_slug, u.task_index)) <> pg_catalog.count(*)
+                OR pg_catalog.count(DISTINCT (u.run_id, u.step_slug)) <> pg_catalog.count(DISTINCT u.run_id)
+         FROM ROWS FROM (pg_catalog.unnest(p_run_ids), pg_catalog.unnest(p_step_slugs),
+                         pg_catalog.unnest(p_task_indexes)) AS u (run_id, step_slug, task_index)) THEN
     RETURN NULL;
   END IF;
 
@@ -4894,39 +4920,29 @@ BEGIN
   IF v_done IS NULL THEN
     RETURN v_written.tasks;
   END IF;
-  -- Moving the runs on (realtime.send does not exist here: several elements need its absence). One
-  -- run goes through _advance_run.
-  IF pg_catalog.cardinality(v_done) = 1 THEN
-    PERFORM pgflow._advance_run((v_done[1]).run_id);
+  -- Moving the runs on (realtime.send does not exist here: several elements need its absence). A
+  -- run whose last step completed was completed by _write_task_completions (which sends nothing,
+  -- so the others' messages keep their order); the others move on in array order. One run goes
+  -- through _advance_run; several too, each by itself, when a flow of them has a condition or a map
+  -- step. Otherwise _advance_run would only start their ready steps, which can start together.
+  SELECT pg_catalog.array_agg(d.run_id ORDER BY d.n), pg_catalog.bool_or(d.cascades)
+  INTO v_going, v_cascades
+  FROM (SELECT u.run_id, u.ordinality AS n,
+               EXISTS (SELECT 1 FROM pgflow.steps AS s
+                       WHERE s.flow_slug = r.flow_slug
+                         AND (s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL
+                              OR s.step_type = 'map')) AS cascades
+        FROM pg_catalog.unnest(v_done) WITH ORDINALITY AS u
+        JOIN pgflow.runs AS r ON r.run_id = u.run_id
+        WHERE r.status = 'started') AS d;
+  IF v_going IS NULL THEN
     RETURN v_written.tasks;
   END IF;
-  -- Several: when a flow of them has a condition or a map step, each run moves on by itself, in
-  -- array order. Otherwise _advance_run would only complete the runs with no step left and start the
-  -- others' ready steps, which can start together.
-  SELECT pg_catalog.array_agg(d.run_id ORDER BY d.ordinality) INTO v_done_runs
-  FROM pg_catalog.unnest(v_done) WITH ORDINALITY AS d;
-  SELECT pg_catalog.bool_or(s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL
-                            OR s.step_type = 'map'),
-         pg_catalog.array_agg(DISTINCT d.run_id) FILTER (WHERE d.remaining_steps = 0)
-  INTO v_cascades, v_finished
-  FROM (SELECT r.run_id, r.flow_slug, r.remaining_steps
-        FROM pgflow.runs AS r WHERE r.run_id = ANY (v_done_runs)) AS d
-  JOIN pgflow.steps AS s ON s.flow_slug = d.flow_slug;
-  IF v_cascades THEN
-    FOR v_i IN 1 .. pg_catalog.cardinality(v_done_runs) LOOP
-      PERFORM pgflow._advance_run(v_done_runs[v_i]);
+  IF v_cascades OR pg_catalog.cardinality(v_going) = 1 THEN
+    FOR v_i IN 1 .. pg_catalog.cardinality(v_going) LOOP
+      PERFORM pgflow._advance_run(v_going[v_i]);
     END LOOP;
-    RETURN v_written.tasks;
-  END IF;
-  -- (a run completing sends nothing, so completing them first keeps the message order)
-  SELECT pg_catalog.array_agg(u.run_id ORDER BY u.n) FILTER (WHERE u.run_id = ANY (coalesce(v_finished, '{}'))),
-         pg_catalog.array_agg(u.run_id ORDER BY u.n) FILTER (WHERE u.run_id <> ALL (coalesce(v_finished, '{}')))
-  INTO v_finished, v_going
-  FROM ROWS FROM (pg_catalog.unnest(v_done_runs)) WITH ORDINALITY AS u (run_id, n);
-  FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(v_finished), 0) LOOP
-    PERFORM pgflow.maybe_complete_run(v_finished[v_i]);
-  END LOOP;
-  IF v_going IS NOT NULL AND NOT pgflow._start_ready_steps_of_runs(v_going) THEN
+  ELSIF NOT pgflow._start_ready_steps_of_runs(v_going) THEN
     FOR v_i IN 1 .. pg_catalog.cardinality(v_going) LOOP
       PERFORM pgflow.start_ready_steps(v_going[v_i]);
     END LOOP;
@@ -5733,17 +5749,20 @@ REVOKE ALL ON FUNCTION pgflow._task_report_elements(text, jsonb, text) FROM PUBL
 -- number of elements; its caller moves the runs on.
 -- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
 -- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
--- lock (FOR UPDATE where the element may end its step, else at least FOR NO KEY UPDATE) and has checked that the elements name different runs. This function locks each
--- element's step state and then its task FOR UPDATE, element after element in array order (a
--- caller that locked them already holds them), and then:
+-- lock (FOR UPDATE where the element may end its step, else at least FOR NO KEY UPDATE) and has
+-- checked that the elements name different tasks and each run one step (several tasks of one map
+-- step may share a run). This function locks each element's step state and then its task FOR
+-- UPDATE, element after element in array order (a caller that locked them already holds them), and
+-- then:
 --   * writes nothing and returns no tasks when an element's run, step or task is not started or
 --     the task has another execution mode, or when an element would raise a [TYPE_VIOLATION] (a
 --     single step's output that is not an array, feeding a map step: the caller goes element by
 --     element, and that element fails its run between the others);
---   * otherwise completes every task and counts its step down or completes it as the core does
---     for one element (_complete_started_tasks), releases the children of every step that
---     completed and takes that step off its run's remaining_steps. Returns the tasks in array
---     order and the step states that completed, in array order.
+--   * otherwise completes every task and counts each step state down once, by the number of its
+--     elements, or completes it as the core does for one element (_complete_started_tasks),
+--     releases the children of every step that completed and takes that step off its run's
+--     remaining_steps. Returns the tasks in array order and the step states that completed, in
+--     the array order of each one's last element.
 -- Every statement is planned once per session and reaches each row by key or by the ctid its lock
 -- returned, never by a scan or a hash of a table (the settings below): a generic plan made while a
 -- table was small would otherwise keep scanning it as it grows. Those settings are saved and
@@ -5803,20 +5822,26 @@ BEGIN
   )
   SELECT pg_catalog.array_agg(c.task ORDER BY c.n) INTO tasks FROM completed AS c;
 
+  -- each step state once, counted down by the number of its elements (several tasks of one map
+  -- step); its position is its last element's, where one call per element would complete it
   WITH counted AS (
     UPDATE pgflow.step_states AS ss
-       SET remaining_tasks = ss.remaining_tasks - 1,
-           status = CASE WHEN ss.remaining_tasks = 1 THEN 'completed' ELSE ss.status END,
-           completed_at = CASE WHEN ss.remaining_tasks = 1 THEN pg_catalog.now() ELSE ss.completed_at END,
-           output = CASE WHEN ss.remaining_tasks <> 1 THEN ss.output
+       SET remaining_tasks = ss.remaining_tasks - u.reported,
+           status = CASE WHEN ss.remaining_tasks = u.reported THEN 'completed' ELSE ss.status END,
+           completed_at = CASE WHEN ss.remaining_tasks = u.reported THEN pg_catalog.now() ELSE ss.completed_at END,
+           output = CASE WHEN ss.remaining_tasks <> u.reported THEN ss.output
                          WHEN u.step_type = 'map' THEN
                            coalesce((SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
                                      FROM pgflow.step_tasks AS t
                                      WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
                                     '[]'::jsonb)
                          ELSE u.output END
-      FROM ROWS FROM (pg_catalog.unnest(v_state_tids), pg_catalog.unnest(p_outputs), pg_catalog.unnest(v_types),
-                      pg_catalog.unnest(v_flows)) WITH ORDINALITY AS u (tid, output, step_type, flow_slug, n)
+      FROM (SELECT e.tid, pg_catalog.count(*) AS reported, pg_catalog.max(e.n) AS n,
+                   (pg_catalog.array_agg(e.output ORDER BY e.n DESC))[1] AS output,
+                   pg_catalog.min(e.step_type) AS step_type, pg_catalog.min(e.flow_slug) AS flow_slug
+            FROM ROWS FROM (pg_catalog.unnest(v_state_tids), pg_catalog.unnest(p_outputs), pg_catalog.unnest(v_types),
+                            pg_catalog.unnest(v_flows)) WITH ORDINALITY AS e (tid, output, step_type, flow_slug, n)
+            GROUP BY e.tid) AS u
      WHERE ss.ctid = u.tid
     RETURNING ss AS state, ss.run_id, ss.step_slug, ss.remaining_tasks, ss.output, u.flow_slug, u.n
   ), released AS (
@@ -5838,7 +5863,22 @@ BEGIN
   WHERE done.remaining_tasks = 0;
 
   IF v_done_runs IS NOT NULL THEN
-    UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = ANY (v_done_runs);
+    -- one step less; on the last step the run completes in the same row version (status,
+    -- completed_at, the {leaf_step: output} of its completed leaf steps, as maybe_complete_run
+    -- would set them): no cascade can change a run with no step left, and one write spares a
+    -- second row version and its foreign-key check
+    UPDATE pgflow.runs AS r SET
+        remaining_steps = r.remaining_steps - 1,
+        status = CASE WHEN r.remaining_steps = 1 THEN 'completed' ELSE r.status END,
+        completed_at = CASE WHEN r.remaining_steps = 1 THEN pg_catalog.now() ELSE r.completed_at END,
+        output = CASE WHEN r.remaining_steps <> 1 THEN r.output
+                      ELSE coalesce((SELECT pg_catalog.jsonb_object_agg(ls.step_slug, ls.output)
+                                     FROM pgflow.step_states AS ls
+                                     WHERE ls.run_id = r.run_id AND ls.status = 'completed'
+                                       AND NOT EXISTS (SELECT 1 FROM pgflow.deps AS ld
+                                                       WHERE ld.flow_slug = ls.flow_slug AND ld.dep_slug = ls.step_slug)),
+                                    '{}'::jsonb) END
+     WHERE r.run_id = ANY (v_done_runs);
   END IF;
 END;
 $$;
@@ -6195,8 +6235,9 @@ $$;
 --   * an element's error (PF010 for a manual task, ...) is raised with the single call's SQLSTATE,
 --     detail and hint, the message prefixed "complete_tasks(): element <index>: "; the whole call
 --     rolls back and nothing of the batch is applied;
---   * a batch of independent completions (different runs, all started, no [TYPE_VIOLATION], no
---     realtime.send: _complete_started_tasks decides) is applied set-wise, one statement per table;
+--   * a batch of completions that cannot see each other (different tasks, one step per run, so
+--     several tasks of one map step; all started, no [TYPE_VIOLATION], no realtime.send:
+--     _complete_started_tasks decides) is applied set-wise, one statement per table;
 --     any other batch goes element by element, each element as complete_task applies it; so does a
 --     batch whose set-wise pass raised (the pass is undone and the element raises its error again,
 --     naming itself), except a deadlock or lock timeout, which is the caller's to retry;

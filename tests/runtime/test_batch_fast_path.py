@@ -1,6 +1,7 @@
 """The set-based pass of ``complete_tasks`` (``pgflow._complete_started_tasks`` over the whole batch).
 
-A batch whose elements name different runs, all started with started queue tasks, no possible
+A batch whose elements name different tasks and each run one step (several tasks of one map step
+may share a run), all started with started queue tasks, no possible
 [TYPE_VIOLATION] and no realtime.send, is applied with one statement per table; every other batch,
 or one whose set-based pass raises, goes element by element. Either way the outcome must be what
 one ``complete_task`` per element, in array order, gives. These tests drive two identical flows
@@ -11,10 +12,12 @@ server's per-transaction function call counts), so a case meant for the set-base
 silently go element by element, and the other way round.
 
 Cases the set-based pass could get wrong: a batch where only some elements are independent, two
-tasks of one run, map tasks (not the last, the last, outputs in task_index order), the last task
-of a run, a run failed by another session while the batch waited for it, the same task twice, an
-error raised in the pass (named by its element, as the element path names it), and several
-callers on real connections reporting overlapping batches, with and without concurrent claims.
+steps of one run, several tasks of one map step (counted down once, completed at the last, with
+outputs in task_index order), the last task of a run, a run failed by another session while the
+batch waited for it, the same task twice, a late task among live ones of its step, an error raised
+in the pass (named by its element, as the element path names it), and several callers on real
+connections reporting overlapping batches (of different runs, and of one run's map step), with and
+without concurrent claims.
 """
 
 from __future__ import annotations
@@ -172,13 +175,72 @@ def test_map_tasks_of_different_runs_take_the_pass_and_the_last_one_orders_the_o
     twin.complete([(0, "a", 0, [1, 2, 3]), (1, "a", 0, [4, 5])], path="set")
     twin.poll()
     twin.complete([(0, "m", 2, "m0.2"), (1, "m", 1, "m1.1")], path="set")   # neither is a step's last task
-    twin.complete([(0, "m", 1, "m0.1"), (0, "m", 0, "m0.0")], path="elements")  # two tasks of one run
+    twin.complete([(0, "m", 1, "m0.1"), (0, "m", 0, "m0.0")], path="set")  # two tasks of one run's map step
     twin.complete([(1, "m", 0, "m1.0")], path="set")  # the last task: output in task_index order
     twin.poll()
     twin.complete([(1, "z", 0, "z1"), (0, "z", 0, "z0")], path="set")
     twin.assert_same()
     assert rt.steps(twin.runs[True][1])["m"]["output"] == ["m1.0", "m1.1"]
     assert rt.steps(twin.runs[True][0])["m"]["output"] == ["m0.0", "m0.1", "m0.2"]
+
+
+MAP = [{"slug": "a"}, {"slug": "m", "deps": ["a"], "step_type": "map"}, {"slug": "z", "deps": ["m"]}]
+
+
+def test_several_tasks_of_one_map_step_count_it_down_once_and_complete_it_at_the_last(rt):
+    twin = Twin(rt, MAP, runs=3)
+    twin.poll()
+    twin.complete([(0, "a", 0, list(range(6))), (1, "a", 0, [10, 11, 12]), (2, "a", 0, [20, 21])], path="set")
+    twin.poll()
+    # two runs' map tasks interleaved, none the last: each step state written once, counted down by its share
+    batch_run0 = twin.runs[True][0]
+    twin.complete([(0, "m", 4, "m0.4"), (1, "m", 2, "m1.2"), (0, "m", 1, "m0.1"), (0, "m", 5, "m0.5"),
+                   (1, "m", 0, "m1.0")], path="set")
+    assert rt.steps(batch_run0)["m"]["remaining_tasks"] == 3
+    assert rt.steps(twin.runs[True][1])["m"]["remaining_tasks"] == 1
+    # run 1's last task sits between run 0's last three: run 1 moves on first (its element comes
+    # first), run 0 at its last element; outputs in task_index order whatever the array order
+    twin.complete([(0, "m", 3, "m0.3"), (1, "m", 1, "m1.1"), (0, "m", 0, "m0.0"), (2, "m", 1, "m2.1"),
+                   (0, "m", 2, "m0.2")], path="set")
+    twin.poll()
+    twin.complete([(2, "m", 0, "m2.0"), (0, "z", 0, "z0"), (1, "z", 0, "z1")], path="set")
+    twin.poll()
+    twin.complete([(2, "z", 0, "z2")], path="set")
+    twin.assert_same()
+    assert rt.steps(batch_run0)["m"]["output"] == [f"m0.{i}" for i in range(6)]
+    assert rt.steps(twin.runs[True][1])["m"]["output"] == ["m1.0", "m1.1", "m1.2"]
+    assert [rt.run(r)["status"] for r in twin.runs[True]] == ["completed"] * 3
+
+
+def test_a_map_task_twice_or_a_late_one_among_live_ones_goes_element_by_element(rt):
+    twin = Twin(rt, MAP, runs=2)
+    twin.poll()
+    twin.complete([(0, "a", 0, [1, 2, 3, 4]), (1, "a", 0, [5, 6])], path="set")
+    twin.poll()
+    # the same map task twice: the second is a late report, as two single calls
+    twin.complete([(0, "m", 0, "first"), (0, "m", 1, "m0.1"), (0, "m", 0, "second")], path="elements")
+    # a late element (completed above) among live ones of the same step
+    twin.complete([(0, "m", 2, "m0.2"), (0, "m", 1, "again"), (1, "m", 0, "m1.0")], path="elements")
+    # a map step's tasks and another step of the same run: the map completing starts z between them
+    twin.complete([(1, "m", 1, "m1.1"), (0, "m", 3, "m0.3")], path="set")
+    twin.poll()
+    twin.complete([(0, "z", 0, "z0"), (1, "z", 0, "z1")], path="set")
+    twin.assert_same()
+    assert rt.steps(twin.runs[True][0])["m"]["output"] == ["first", "m0.1", "m0.2", "m0.3"]
+
+
+def test_two_steps_of_one_run_go_element_by_element(rt):
+    shape = [{"slug": "a"}, {"slug": "m", "deps": ["a"], "step_type": "map"}, {"slug": "side"},
+             {"slug": "z", "deps": ["m", "side"]}]
+    twin = Twin(rt, shape, runs=1)
+    twin.poll()
+    twin.complete([(0, "a", 0, [1, 2])], path="set")
+    twin.poll()
+    # the map's tasks and the run's other root step in one batch
+    twin.complete([(0, "m", 0, "m0"), (0, "side", 0, "s"), (0, "m", 1, "m1")], path="elements")
+    twin.poll()
+    twin.complete([(0, "z", 0, "z")], path="set")
+    twin.assert_same()
 
 
 def test_an_empty_array_for_a_map_child_and_a_type_violation(rt):
@@ -327,3 +389,34 @@ def test_concurrent_claims_then_set_based_reports_run_each_task_exactly_once(rt,
             assert rt.run(run)["status"] == "completed"
             assert all(t["attempts_count"] == 1 and t["status"] == "completed" for t in rt.tasks(run))
     assert rt.messages("claimed") == []
+
+
+def test_overlapping_batches_of_one_map_step_from_several_connections_finish_it_once(rt, db):
+    """Three callers report overlapping batches of one run's map tasks in different orders: each
+    takes the run's and the step state's locks in the same order, so none deadlocks; the later ones
+    see the earlier ones' tasks completed (late elements, element by element). Every task ends
+    once, the step completes once with its outputs in task_index order, and z starts once."""
+    rt.flow("wide_map", MAP)
+    paths: list[str] = []
+    for round_no in range(3):
+        run = rt.start("wide_map", {"round": round_no})
+        rt.poll("wide_map")
+        rt.complete(run, "a", 0, list(range(12)))
+        tasks = sorted(rt.poll("wide_map"), key=lambda t: t["task_index"])
+        assert [t["task_index"] for t in tasks] == list(range(12))
+        picks = [(t, {"i": t["task_index"]}) for t in tasks]
+        payloads = [picks[:8], list(reversed(picks[4:])), picks[2:10][::-1]]
+        results = concurrently(db, [lambda c, p=p: _batch(c, p) for p in payloads])
+        paths += [path for _, path in results]
+        for rows, _ in results:
+            assert all(r["status"] == "completed" and r["attempts_count"] == 1 for r in rows)
+        state = rt.steps(run)["m"]
+        assert (state["status"], state["remaining_tasks"]) == ("completed", 0)
+        assert state["output"] == [{"i": i} for i in range(12)]
+        after = rt.tasks(run, "z")
+        assert len(after) == 1 and after[0]["status"] == "queued"  # started exactly once
+        rt.poll("wide_map")
+        rt.complete(run, "z", 0, "z")
+        assert rt.run(run)["status"] == "completed"
+    assert rt.messages("wide_map") == []
+    assert "set" in paths  # the first caller of each round took the pass

@@ -1,6 +1,7 @@
-"""What a worker's completion writes (the queue stage, 0003): each step state changes once per
-transition, so PostgreSQL never re-checks its foreign keys for a second update of a row the
-transaction already changed (docs/runtime.md "What each call does, and what it skips").
+"""What a worker's completion writes (the queue stage, 0003): each step state and run changes once
+per transition (a batch of several tasks of one map step counts its state down once), so
+PostgreSQL never re-checks their foreign keys for a second update of a row the transaction already
+changed (docs/runtime.md "What each call does, and what it skips").
 
 The counts come from the server's own per-transaction statistics
 (``pg_stat_get_xact_tuples_updated``); the end states are the runtime's usual ones, and
@@ -61,9 +62,36 @@ def test_the_last_step_completes_the_run(rt):
     run = rt.start("one", {})
     (task,) = rt.poll("one")
     written = _updates(rt, lambda: rt.complete(run, "only", task["task_index"], "done"))
-    # the step once; the run twice (remaining_steps, then completed)
-    assert written == {"step_states": 1, "step_tasks": 1, "runs": 2}
+    # the step once; the run once (one step less and completed in the same row version)
+    assert written == {"step_states": 1, "step_tasks": 1, "runs": 1}
     assert rt.run(run)["status"] == "completed" and rt.run(run)["output"] == {"only": "done"}
+
+
+def test_a_batch_writes_each_run_and_each_map_step_state_once(rt):
+    rt.flow("ones", [{"slug": "only"}])
+    runs = [rt.start("ones", {"n": i}) for i in range(3)]
+    tasks = {t["run_id"]: t for t in rt.poll("ones")}
+    report = Jsonb([_element(tasks[r], f"done{i}") for i, r in enumerate(runs)])
+    written = _updates(rt, lambda: rt.rows("SELECT * FROM pgflow.complete_tasks(%s)", (report,)))
+    # every run's last step: each run is written once, completed with its output
+    assert written == {"step_states": 3, "step_tasks": 3, "runs": 3}
+    assert [(rt.run(r)["status"], rt.run(r)["output"]) for r in runs] == [
+        ("completed", {"only": f"done{i}"}) for i in range(3)]
+
+    rt.flow("fan_batch", [{"slug": "m", "step_type": "map"}, {"slug": "z", "deps": ["m"]}])
+    run = rt.start("fan_batch", list(range(5)))
+    tasks = {t["task_index"]: t for t in rt.poll("fan_batch")}
+    report = Jsonb([_element(tasks[i], i * 10) for i in (3, 0, 4)])
+    written = _updates(rt, lambda: rt.rows("SELECT * FROM pgflow.complete_tasks(%s)", (report,)))
+    # three tasks of one map step: its state counted down once, by three
+    assert written == {"step_states": 1, "step_tasks": 3, "runs": 0}
+    assert rt.steps(run)["m"]["remaining_tasks"] == 2
+    report = Jsonb([_element(tasks[i], i * 10) for i in (2, 1)])
+    written = _updates(rt, lambda: rt.rows("SELECT * FROM pgflow.complete_tasks(%s)", (report,)))
+    # the last two: m completes once, z is released and started, the run has one step less
+    assert written == {"step_states": 3, "step_tasks": 2, "runs": 1}
+    assert rt.steps(run)["m"]["output"] == [0, 10, 20, 30, 40]
+    assert rt.statuses(run) == {"m": "completed", "z": "started"}
 
 
 SET_WRITES = "pgflow._write_task_completions(uuid[], text[], integer[], jsonb[], text)"

@@ -7,7 +7,9 @@
 -- FOR KEY SHARE), else at least FOR NO KEY UPDATE; this function locks each element's step state and then its task FOR UPDATE,
 -- element after element in array order (a caller that locked them already holds them).
 -- It applies the elements only when that gives exactly what one call per element, in array order,
--- gives: every element names a different run (no element can see another's effects); every
+-- gives: every element names a different task and each run one step (no element can see another's
+-- effects but the count of its step, which several tasks of one map step take down together, and
+-- the step completes at the last of them as it would element by element); every
 -- element's run, step and task are started and the task has p_execution_mode; and with several
 -- elements, none can raise a [TYPE_VIOLATION] and realtime.send does not exist (a call per element
 -- fails its run, or sends its events, between the other elements). Otherwise it changes nothing and
@@ -48,12 +50,11 @@ DECLARE
   v_violation text;
   v_task pgflow.step_tasks;
   v_state pgflow.step_states;
+  v_run pgflow.runs;
   v_child_tasks integer;
   v_written record;
   v_done pgflow.step_states[];
-  v_done_runs uuid[];
   v_cascades boolean;
-  v_finished uuid[];
   v_going uuid[];
 BEGIN
   IF pg_catalog.cardinality(p_run_ids) = 1 THEN
@@ -114,19 +115,44 @@ BEGIN
         JOIN pgflow.steps AS c ON c.flow_slug = d.flow_slug AND c.step_slug = d.step_slug
        WHERE d.flow_slug = v_flow AND d.dep_slug = p_step_slugs[1]
          AND cs.run_id = p_run_ids[1] AND cs.step_slug = d.step_slug AND cs.status = 'created';
-      UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = p_run_ids[1];
+      -- one step less; on the last step the run completes in the same row version (status,
+      -- completed_at, the {leaf_step: output} of its completed leaf steps, as maybe_complete_run
+      -- would set them): no cascade can change a run with no step left, and one write spares a
+      -- second row version and its foreign-key check
+      UPDATE pgflow.runs AS r SET
+          remaining_steps = r.remaining_steps - 1,
+          status = CASE WHEN r.remaining_steps = 1 THEN 'completed' ELSE r.status END,
+          completed_at = CASE WHEN r.remaining_steps = 1 THEN pg_catalog.now() ELSE r.completed_at END,
+          output = CASE WHEN r.remaining_steps <> 1 THEN r.output
+                        ELSE coalesce((SELECT pg_catalog.jsonb_object_agg(ls.step_slug, ls.output)
+                                       FROM pgflow.step_states AS ls
+                                       WHERE ls.run_id = r.run_id AND ls.status = 'completed'
+                                         AND NOT EXISTS (SELECT 1 FROM pgflow.deps AS ld
+                                                         WHERE ld.flow_slug = ls.flow_slug AND ld.dep_slug = ls.step_slug)),
+                                      '{}'::jsonb) END
+       WHERE r.run_id = p_run_ids[1]
+      RETURNING r.* INTO v_run;
       IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL THEN
         PERFORM pgflow._broadcast_step(v_state);
+        IF v_run.status = 'completed' THEN
+          PERFORM pgflow._broadcast_run(v_run);
+        END IF;
       END IF;
-      PERFORM pgflow._advance_run(p_run_ids[1]);
+      IF v_run.status <> 'completed' THEN
+        PERFORM pgflow._advance_run(p_run_ids[1]);
+      END IF;
     END IF;
     RETURN ARRAY[v_task];
   END IF;
 
   -- several elements
+  -- a task twice (the second is a late report) or two steps of one run (the first step's
+  -- completion moves the run on between them) must go element by element
   IF pg_catalog.to_regprocedure('realtime.send(jsonb,text,text,boolean)') IS NOT NULL
-     OR (SELECT pg_catalog.count(DISTINCT u.run_id) FROM pg_catalog.unnest(p_run_ids) AS u (run_id))
-        <> pg_catalog.cardinality(p_run_ids) THEN
+     OR (SELECT pg_catalog.count(DISTINCT (u.run_id, u.step_slug, u.task_index)) <> pg_catalog.count(*)
+                OR pg_catalog.count(DISTINCT (u.run_id, u.step_slug)) <> pg_catalog.count(DISTINCT u.run_id)
+         FROM ROWS FROM (pg_catalog.unnest(p_run_ids), pg_catalog.unnest(p_step_slugs),
+                         pg_catalog.unnest(p_task_indexes)) AS u (run_id, step_slug, task_index)) THEN
     RETURN NULL;
   END IF;
 
@@ -138,39 +164,29 @@ BEGIN
   IF v_done IS NULL THEN
     RETURN v_written.tasks;
   END IF;
-  -- Moving the runs on (realtime.send does not exist here: several elements need its absence). One
-  -- run goes through _advance_run.
-  IF pg_catalog.cardinality(v_done) = 1 THEN
-    PERFORM pgflow._advance_run((v_done[1]).run_id);
+  -- Moving the runs on (realtime.send does not exist here: several elements need its absence). A
+  -- run whose last step completed was completed by _write_task_completions (which sends nothing,
+  -- so the others' messages keep their order); the others move on in array order. One run goes
+  -- through _advance_run; several too, each by itself, when a flow of them has a condition or a map
+  -- step. Otherwise _advance_run would only start their ready steps, which can start together.
+  SELECT pg_catalog.array_agg(d.run_id ORDER BY d.n), pg_catalog.bool_or(d.cascades)
+  INTO v_going, v_cascades
+  FROM (SELECT u.run_id, u.ordinality AS n,
+               EXISTS (SELECT 1 FROM pgflow.steps AS s
+                       WHERE s.flow_slug = r.flow_slug
+                         AND (s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL
+                              OR s.step_type = 'map')) AS cascades
+        FROM pg_catalog.unnest(v_done) WITH ORDINALITY AS u
+        JOIN pgflow.runs AS r ON r.run_id = u.run_id
+        WHERE r.status = 'started') AS d;
+  IF v_going IS NULL THEN
     RETURN v_written.tasks;
   END IF;
-  -- Several: when a flow of them has a condition or a map step, each run moves on by itself, in
-  -- array order. Otherwise _advance_run would only complete the runs with no step left and start the
-  -- others' ready steps, which can start together.
-  SELECT pg_catalog.array_agg(d.run_id ORDER BY d.ordinality) INTO v_done_runs
-  FROM pg_catalog.unnest(v_done) WITH ORDINALITY AS d;
-  SELECT pg_catalog.bool_or(s.required_input_pattern IS NOT NULL OR s.forbidden_input_pattern IS NOT NULL
-                            OR s.step_type = 'map'),
-         pg_catalog.array_agg(DISTINCT d.run_id) FILTER (WHERE d.remaining_steps = 0)
-  INTO v_cascades, v_finished
-  FROM (SELECT r.run_id, r.flow_slug, r.remaining_steps
-        FROM pgflow.runs AS r WHERE r.run_id = ANY (v_done_runs)) AS d
-  JOIN pgflow.steps AS s ON s.flow_slug = d.flow_slug;
-  IF v_cascades THEN
-    FOR v_i IN 1 .. pg_catalog.cardinality(v_done_runs) LOOP
-      PERFORM pgflow._advance_run(v_done_runs[v_i]);
+  IF v_cascades OR pg_catalog.cardinality(v_going) = 1 THEN
+    FOR v_i IN 1 .. pg_catalog.cardinality(v_going) LOOP
+      PERFORM pgflow._advance_run(v_going[v_i]);
     END LOOP;
-    RETURN v_written.tasks;
-  END IF;
-  -- (a run completing sends nothing, so completing them first keeps the message order)
-  SELECT pg_catalog.array_agg(u.run_id ORDER BY u.n) FILTER (WHERE u.run_id = ANY (coalesce(v_finished, '{}'))),
-         pg_catalog.array_agg(u.run_id ORDER BY u.n) FILTER (WHERE u.run_id <> ALL (coalesce(v_finished, '{}')))
-  INTO v_finished, v_going
-  FROM ROWS FROM (pg_catalog.unnest(v_done_runs)) WITH ORDINALITY AS u (run_id, n);
-  FOR v_i IN 1 .. coalesce(pg_catalog.cardinality(v_finished), 0) LOOP
-    PERFORM pgflow.maybe_complete_run(v_finished[v_i]);
-  END LOOP;
-  IF v_going IS NOT NULL AND NOT pgflow._start_ready_steps_of_runs(v_going) THEN
+  ELSIF NOT pgflow._start_ready_steps_of_runs(v_going) THEN
     FOR v_i IN 1 .. pg_catalog.cardinality(v_going) LOOP
       PERFORM pgflow.start_ready_steps(v_going[v_i]);
     END LOOP;

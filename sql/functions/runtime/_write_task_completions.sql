@@ -4,17 +4,20 @@
 -- number of elements; its caller moves the runs on.
 -- The arrays are the elements in order; p_execution_mode is the mode the entry point reports
 -- ('queue': a worker's report, 'manual': trusted code's). The caller holds every element's run row
--- lock (FOR UPDATE where the element may end its step, else at least FOR NO KEY UPDATE) and has checked that the elements name different runs. This function locks each
--- element's step state and then its task FOR UPDATE, element after element in array order (a
--- caller that locked them already holds them), and then:
+-- lock (FOR UPDATE where the element may end its step, else at least FOR NO KEY UPDATE) and has
+-- checked that the elements name different tasks and each run one step (several tasks of one map
+-- step may share a run). This function locks each element's step state and then its task FOR
+-- UPDATE, element after element in array order (a caller that locked them already holds them), and
+-- then:
 --   * writes nothing and returns no tasks when an element's run, step or task is not started or
 --     the task has another execution mode, or when an element would raise a [TYPE_VIOLATION] (a
 --     single step's output that is not an array, feeding a map step: the caller goes element by
 --     element, and that element fails its run between the others);
---   * otherwise completes every task and counts its step down or completes it as the core does
---     for one element (_complete_started_tasks), releases the children of every step that
---     completed and takes that step off its run's remaining_steps. Returns the tasks in array
---     order and the step states that completed, in array order.
+--   * otherwise completes every task and counts each step state down once, by the number of its
+--     elements, or completes it as the core does for one element (_complete_started_tasks),
+--     releases the children of every step that completed and takes that step off its run's
+--     remaining_steps. Returns the tasks in array order and the step states that completed, in
+--     the array order of each one's last element.
 -- Every statement is planned once per session and reaches each row by key or by the ctid its lock
 -- returned, never by a scan or a hash of a table (the settings below): a generic plan made while a
 -- table was small would otherwise keep scanning it as it grows. Those settings are saved and
@@ -74,20 +77,26 @@ BEGIN
   )
   SELECT pg_catalog.array_agg(c.task ORDER BY c.n) INTO tasks FROM completed AS c;
 
+  -- each step state once, counted down by the number of its elements (several tasks of one map
+  -- step); its position is its last element's, where one call per element would complete it
   WITH counted AS (
     UPDATE pgflow.step_states AS ss
-       SET remaining_tasks = ss.remaining_tasks - 1,
-           status = CASE WHEN ss.remaining_tasks = 1 THEN 'completed' ELSE ss.status END,
-           completed_at = CASE WHEN ss.remaining_tasks = 1 THEN pg_catalog.now() ELSE ss.completed_at END,
-           output = CASE WHEN ss.remaining_tasks <> 1 THEN ss.output
+       SET remaining_tasks = ss.remaining_tasks - u.reported,
+           status = CASE WHEN ss.remaining_tasks = u.reported THEN 'completed' ELSE ss.status END,
+           completed_at = CASE WHEN ss.remaining_tasks = u.reported THEN pg_catalog.now() ELSE ss.completed_at END,
+           output = CASE WHEN ss.remaining_tasks <> u.reported THEN ss.output
                          WHEN u.step_type = 'map' THEN
                            coalesce((SELECT pg_catalog.jsonb_agg(t.output ORDER BY t.task_index)
                                      FROM pgflow.step_tasks AS t
                                      WHERE t.run_id = ss.run_id AND t.step_slug = ss.step_slug AND t.status = 'completed'),
                                     '[]'::jsonb)
                          ELSE u.output END
-      FROM ROWS FROM (pg_catalog.unnest(v_state_tids), pg_catalog.unnest(p_outputs), pg_catalog.unnest(v_types),
-                      pg_catalog.unnest(v_flows)) WITH ORDINALITY AS u (tid, output, step_type, flow_slug, n)
+      FROM (SELECT e.tid, pg_catalog.count(*) AS reported, pg_catalog.max(e.n) AS n,
+                   (pg_catalog.array_agg(e.output ORDER BY e.n DESC))[1] AS output,
+                   pg_catalog.min(e.step_type) AS step_type, pg_catalog.min(e.flow_slug) AS flow_slug
+            FROM ROWS FROM (pg_catalog.unnest(v_state_tids), pg_catalog.unnest(p_outputs), pg_catalog.unnest(v_types),
+                            pg_catalog.unnest(v_flows)) WITH ORDINALITY AS e (tid, output, step_type, flow_slug, n)
+            GROUP BY e.tid) AS u
      WHERE ss.ctid = u.tid
     RETURNING ss AS state, ss.run_id, ss.step_slug, ss.remaining_tasks, ss.output, u.flow_slug, u.n
   ), released AS (
@@ -109,7 +118,22 @@ BEGIN
   WHERE done.remaining_tasks = 0;
 
   IF v_done_runs IS NOT NULL THEN
-    UPDATE pgflow.runs AS r SET remaining_steps = r.remaining_steps - 1 WHERE r.run_id = ANY (v_done_runs);
+    -- one step less; on the last step the run completes in the same row version (status,
+    -- completed_at, the {leaf_step: output} of its completed leaf steps, as maybe_complete_run
+    -- would set them): no cascade can change a run with no step left, and one write spares a
+    -- second row version and its foreign-key check
+    UPDATE pgflow.runs AS r SET
+        remaining_steps = r.remaining_steps - 1,
+        status = CASE WHEN r.remaining_steps = 1 THEN 'completed' ELSE r.status END,
+        completed_at = CASE WHEN r.remaining_steps = 1 THEN pg_catalog.now() ELSE r.completed_at END,
+        output = CASE WHEN r.remaining_steps <> 1 THEN r.output
+                      ELSE coalesce((SELECT pg_catalog.jsonb_object_agg(ls.step_slug, ls.output)
+                                     FROM pgflow.step_states AS ls
+                                     WHERE ls.run_id = r.run_id AND ls.status = 'completed'
+                                       AND NOT EXISTS (SELECT 1 FROM pgflow.deps AS ld
+                                                       WHERE ld.flow_slug = ls.flow_slug AND ld.dep_slug = ls.step_slug)),
+                                    '{}'::jsonb) END
+     WHERE r.run_id = ANY (v_done_runs);
   END IF;
 END;
 $$;

@@ -11,8 +11,9 @@
 --   * an element's error (PF010 for a manual task, ...) is raised with the single call's SQLSTATE,
 --     detail and hint, the message prefixed "complete_tasks(): element <index>: "; the whole call
 --     rolls back and nothing of the batch is applied;
---   * a batch of independent completions (different runs, all started, no [TYPE_VIOLATION], no
---     realtime.send: _complete_started_tasks decides) is applied set-wise, one statement per table;
+--   * a batch of completions that cannot see each other (different tasks, one step per run, so
+--     several tasks of one map step; all started, no [TYPE_VIOLATION], no realtime.send:
+--     _complete_started_tasks decides) is applied set-wise, one statement per table;
 --     any other batch goes element by element, each element as complete_task applies it; so does a
 --     batch whose set-wise pass raised (the pass is undone and the element raises its error again,
 --     naming itself), except a deadlock or lock timeout, which is the caller's to retry;
