@@ -37,7 +37,8 @@
 --             baseline runtime keeps working unchanged;
 --   backfill  lower(flow_slug) into queue_name, a range of heap pages per transaction;
 --   validate  VALIDATE both task checks (SHARE UPDATE EXCLUSIVE: reads and claims go on);
---   index     the unique (queue_name, message_id) index and the manual-waiting index, CONCURRENTLY;
+--   index     the unique (queue_name, message_id) index, the manual-waiting index and the index of
+--             tasks by their last worker, CONCURRENTLY;
 --   main      recheck again; the other tables' columns and constraints, every function, grants,
 --             protocol 2, ledger row. No table is scanned except by the recheck.
 -- Until main commits the baseline runtime and protocol 1 keep working. `pgflow migrate apply`
@@ -861,12 +862,15 @@ ALTER TABLE pgflow.step_tasks VALIDATE CONSTRAINT queue_identity_matches_executi
 
 --@phase index notx
 -- Each statement runs on its own, outside any transaction; an invalid leftover of a failed build
--- is dropped first, and the phase is recorded only when both indexes are valid.
+-- is dropped first, and the phase is recorded only when every index is valid.
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS idx_step_tasks_queue_message
   ON pgflow.step_tasks (queue_name, message_id) WHERE message_id IS NOT NULL;
 -- waiting manual tasks, oldest first (pgflow task list --older-than)
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idx_step_tasks_manual_waiting ON pgflow.step_tasks (started_at)
-  WHERE execution_mode = 'manual' AND status = 'started'
+  WHERE execution_mode = 'manual' AND status = 'started';
+-- tasks by their last worker (main drops the partial index of started tasks it replaces)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS idx_step_tasks_last_worker_status ON pgflow.step_tasks (last_worker_id, status)
+  WHERE last_worker_id IS NOT NULL
 
 --@phase main
 --@lock pgflow.flows ACCESS EXCLUSIVE
@@ -1640,6 +1644,11 @@ BEGIN
                AND NOT i.indisvalid) THEN
     DROP INDEX pgflow.idx_step_tasks_manual_waiting;
   END IF;
+  IF EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i
+             WHERE i.indexrelid = pg_catalog.to_regclass('pgflow.idx_step_tasks_last_worker_status')
+               AND NOT i.indisvalid) THEN
+    DROP INDEX pgflow.idx_step_tasks_last_worker_status;
+  END IF;
 END
 $indexes$;
 CREATE UNIQUE INDEX IF NOT EXISTS idx_step_tasks_queue_message
@@ -1652,7 +1661,8 @@ DROP INDEX pgflow.idx_step_tasks_queued_msg;
 
 -- What the stage has beyond an earlier build's level 16, written by hand. A converted ledger of
 -- that build (docs/architecture.md "Databases built by an earlier build") gets exactly this section
--- too: catalog only (nullable columns, constant defaults, new empty tables). `runs`' row type stays
+-- too: catalog only (nullable columns, constant defaults, new empty tables) but for one index build
+-- on step_tasks (under the ACCESS EXCLUSIVE lock its columns take anyway). `runs`' row type stays
 -- upstream's: a start_flow in flight while this commits returns rows of the type it planned with.
 -- >>> additions
 -- What a handler asked for with its latest failure (fail_task's retry_delay_seconds and fail_now).
@@ -1700,6 +1710,15 @@ COMMENT ON TABLE pgflow.run_cancellations IS
   'runs an operator cancelled (cancel_run): when, why and by whom; the run ended failed';
 COMMENT ON COLUMN pgflow.run_cancellations.reason IS 'why an operator cancelled the run (cancel_run)';
 REVOKE ALL ON pgflow.run_cancellations FROM PUBLIC;
+
+-- Tasks by their last worker, whatever their status. Deleting a worker row (`pgflow workers
+-- forget`, pruning) sets last_worker_id to NULL in its tasks through the foreign key, and that
+-- look-up has no status condition: with only an index of started tasks it read the whole table
+-- once per deleted worker. (last_worker_id, status) also finds a worker's started tasks, which the
+-- partial index it replaces served. Queued tasks that never ran have no worker and no entry.
+CREATE INDEX IF NOT EXISTS idx_step_tasks_last_worker_status ON pgflow.step_tasks (last_worker_id, status)
+  WHERE last_worker_id IS NOT NULL;
+DROP INDEX IF EXISTS pgflow.idx_step_tasks_last_worker;
 -- <<< additions
 
 ------------------------------------------------------------------------------------------------
@@ -7882,6 +7901,7 @@ $grants$;
 LOCK TABLE pgflow.step_tasks IN ACCESS EXCLUSIVE MODE;
 DROP INDEX IF EXISTS pgflow.idx_step_tasks_queue_message;
 DROP INDEX IF EXISTS pgflow.idx_step_tasks_manual_waiting;
+DROP INDEX IF EXISTS pgflow.idx_step_tasks_last_worker_status;
 DROP TRIGGER IF EXISTS step_tasks_fill_queue_name ON pgflow.step_tasks;
 DROP FUNCTION IF EXISTS pgflow._fill_task_queue_name();
 ALTER TABLE pgflow.step_tasks DROP CONSTRAINT IF EXISTS queue_identity_matches_execution_mode;

@@ -73,13 +73,18 @@ def test_the_frozen_schema_of_level_16_is_the_fixtures_and_what_0003_builds_but_
 
 def _dropping_the_additions() -> str:
     """SQL that takes away what the ``additions`` section of 0003 adds: its columns (their
-    constraints and indexes go with them) and its tables."""
+    constraints and indexes go with them), its tables and its indexes, and builds again (as level 16
+    has them) the indexes it drops."""
     section = next(m for m in installer.available_migrations() if m.version == 3).section("additions")
     columns = re.findall(r"^ALTER TABLE (\S+) ADD COLUMN (?:IF NOT EXISTS )?(\w+)", section, re.MULTILINE)
     tables = re.findall(r"^CREATE TABLE (?:IF NOT EXISTS )?(\S+)", section, re.MULTILINE)
+    indexes = re.findall(r"^CREATE INDEX (?:IF NOT EXISTS )?(\w+) ON (\w+)\.", section, re.MULTILINE)
+    dropped = re.findall(r"^DROP INDEX (?:IF EXISTS )?\w+\.(\w+)", section, re.MULTILINE)
     assert columns and tables, "the additions section adds no column or no table any more: adapt this helper"
     return ";".join([f"DROP TABLE {table}" for table in tables]
-                    + [f"ALTER TABLE {table} DROP COLUMN {column}" for table, column in columns])
+                    + [f"ALTER TABLE {table} DROP COLUMN {column}" for table, column in columns]
+                    + [f"DROP INDEX IF EXISTS {schema}.{name}" for name, schema in indexes]
+                    + [old_levels.LEVEL_16_SCHEMA["index"][name] for name in dropped])
 
 
 def test_level_16_is_converted_in_one_transaction_and_then_equals_a_fresh_install(level_16, db):
