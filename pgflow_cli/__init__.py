@@ -9,4 +9,4 @@ The package is layered (see docs/architecture.md):
 * ``sql/`` (shipped as ``pgflow_cli/sql``) is the authoritative schema.
 """
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0rc1"

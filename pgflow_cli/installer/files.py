@@ -26,6 +26,7 @@ QUERIES = "queries/installer.sql"
 RELEASED_CHECKSUMS: dict[str, str] = {
     "migrations/0001_baseline_schema.sql": "24d9b44fbddf8dc55eb2de6cafd03b72a8603f2368a191d7fbf8a6711b2b68a6",
     "migrations/0002_baseline_runtime.sql": "ef9f0294a4248c0e8de1e8ebe1223ea570e239624e8979e7b7c02a915cceef2c",
+    "migrations/0003_queue_stage.sql": "8b0772a8dad8d4c44bd773ca0268863e837a15cfb88ffa56ba90f07388274090",
 }
 """SHA-256 of the text of every released migration (path below ``sql/`` -> hex digest).
 
