@@ -365,7 +365,8 @@ def apply(
     elif result.applied and result.protocol_change:
         page.line(common.with_target(
             f"next: deploy workers speaking protocol {result.protocol_change['protocol']}, check that every route has "
-            "a live worker (pgflow coverage), then lift the fence (docs/upgrade.md steps 6-7)"), "dim")
+            "a live worker (pgflow coverage), then restore the fence if you set one (pgflow fence status; "
+            "docs/upgrade.md steps 6-7)"), "dim")
 
 
 def describe_event(event: migrate_op.events.Event, dry_run: bool = False) -> list[tuple[str, str | None]]:

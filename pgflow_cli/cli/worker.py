@@ -32,11 +32,6 @@ SIGTERM or SIGINT stops polling, lets running handlers finish (--drain-timeout),
 worker stopped and exits 0. A second SIGINT (Ctrl-C again) or SIGTERM stops now: async handlers
 are cancelled, and the tasks still running stay started for stalled-task recovery (exit 130).
 
-\b
-Examples:
-  pgflow worker myapp.flows:scrape --concurrency 20
-  pgflow worker ./flows.py:scrape_queued --step parse --log-format json --log-tracebacks
-
 Exit 0: stopped cleanly. Exit 1: stopped after a fatal claim (unsupported work; the function is
 paused, see docs/claim-protocol.md). Exit 2: bad MODULE:FLOW, --step, options or flow definition.
 Exit 3: cannot connect. Exit 6: startup refused by the database: function fenced (PF001), protocol
@@ -51,6 +46,7 @@ the worker polls, 503 otherwise); a port in use, or the metrics extra missing, e
 Examples:
   pgflow worker myapp.flows:scrape --concurrency 20
   pgflow worker ./flows.py:scrape_queued --step parse --sandbox
+  pgflow worker ./flows.py:scrape_queued --step parse --log-format json --log-tracebacks
   pgflow worker myapp.flows:scrape --metrics-port 9464 --metrics-host 0.0.0.0"""
 
 
