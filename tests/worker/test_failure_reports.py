@@ -132,11 +132,14 @@ def test_directives_are_ordinary_failures_with_their_text_where_the_database_doe
 
     env.start_worker(Flow("steerFlow", max_attempts=2, base_delay=0).map("each", steer), max_concurrent=2,
                      protocol=_WithoutRetryControl())
-    run_id = env.start_run("steerFlow", ["retry", "fail"])
-    env.wait_runs_finished([run_id])
-    tasks = {t["task_index"]: t for t in env.tasks(run_id, "each")}
-    assert (tasks[0]["attempts_count"], tasks[0]["error_message"]) == (2, "RetryLater: provider busy")
-    assert (tasks[1]["attempts_count"], tasks[1]["error_message"]) == (2, "FailNow: the source is gone")
+    # one run per directive: in one run, the first task to exhaust its attempts fails the run, and
+    # its sibling's second attempt may then never be claimed
+    retry_run, fail_run = env.start_runs("steerFlow", [["retry"], ["fail"]])
+    env.wait_runs_finished([retry_run, fail_run])
+    [retried] = env.tasks(retry_run, "each")
+    [failed] = env.tasks(fail_run, "each")
+    assert (retried["attempts_count"], retried["error_message"]) == (2, "RetryLater: provider busy")
+    assert (failed["attempts_count"], failed["error_message"]) == (2, "FailNow: the source is gone")
     notes = {r.getMessage().rsplit("(", 1)[-1] for r in _failure_records(caplog) if r.attempt == 1}
     assert notes == {"asked to retry in 30s: this database does not support that yet, an ordinary failure)",
                      "asked to fail now: this database does not support that yet, an ordinary failure)"}
