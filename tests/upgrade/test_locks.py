@@ -66,7 +66,9 @@ def test_a_blocker_that_lets_go_is_waited_out(pre_upgrade):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgflow_cli", "migrate", "apply", "--dsn", database.conninfo,
-         "--lock-timeout", "0.5", "--retries", "10"],
+         # 2 s per wait: the migrator's lock watcher samples every 0.25 s on its own connection, and
+         # on a machine loaded far past its cores two 0.5 s waits passed without one sample
+         "--lock-timeout", "2", "--retries", "10"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
