@@ -468,6 +468,38 @@ def explain_batch(db: Database) -> dict[str, Any]:
             "statements": sorted({p.split("Query Text:", 1)[1].strip().split("\n")[0][:100] for p in plans})}
 
 
+def block_counts(conn: psycopg.Connection) -> dict[str, int]:
+    """Cumulative block counts of the connection's database: ``read`` (into shared buffers, from the
+    OS) and ``hit`` (found there), the blocks read per pgflow and PGMQ table and index, and the updates
+    (``updates:<table>``) and HOT updates (``hot:<table>``) of runs, step states and tasks."""
+    conn.execute("SELECT pg_stat_force_next_flush()")  # this backend's own counts, flushed when it idles
+    read, hit = conn.execute("SELECT blks_read, blks_hit FROM pg_stat_database WHERE datname = current_database()"
+                             ).fetchone()
+    out = {"read": int(read), "hit": int(hit)}
+    for name, blocks in conn.execute(
+            "SELECT relname, heap_blks_read FROM pg_statio_user_tables WHERE schemaname IN ('pgflow', 'pgmq') "
+            "UNION ALL SELECT indexrelname, idx_blks_read FROM pg_statio_user_indexes "
+            "WHERE schemaname IN ('pgflow', 'pgmq')").fetchall():
+        out[name] = int(blocks or 0)
+    for name, updates, hot in conn.execute(
+            "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = 'pgflow' "
+            "AND relname IN ('runs', 'step_states', 'step_tasks')").fetchall():
+        out[f"updates:{name}"], out[f"hot:{name}"] = int(updates), int(hot)
+    return out
+
+
+def blocks_per_task(before: dict[str, int], after: dict[str, int], tasks: int, top: int = 8) -> dict[str, Any]:
+    """Blocks read and hit per task between two :func:`block_counts`, the relations read most, and the
+    share of the updates of runs, step states and tasks that were HOT (no new index entries)."""
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    most = sorted(((k, v) for k, v in delta.items() if ":" not in k and k not in ("read", "hit") and v > 0),
+                  key=lambda kv: -kv[1])
+    hot = {k.split(":")[1]: round(delta[k] / delta["updates:" + k.split(":")[1]], 2)
+           for k in delta if k.startswith("hot:") and delta["updates:" + k.split(":")[1]]}
+    return {"read_per_task": round(delta["read"] / tasks, 2), "hit_per_task": round(delta["hit"] / tasks, 1),
+            "read_most": {k: round(v / tasks, 2) for k, v in most[:top]}, "hot_update_share": hot}
+
+
 def _per_task(sample: dict[str, float], tasks: int) -> dict[str, float]:
     """Microseconds per task: wall clock, and backend CPU in all and by call."""
     cpu = sample["read"] + sample["claim"] + sample["complete"]
@@ -540,7 +572,9 @@ def run(ctx: Context) -> list[Result]:
         table_sizes = sizes(big.conn)
         history_rows = table_sizes["pgflow.step_tasks"]["rows"]
         ctx.log(f"history_scale: VACUUM ANALYZE {vacuum_seconds:.0f}s; {history_rows:,} tasks, database "
-                f"{table_sizes['database_mb']:,} MB")
+                f"{table_sizes['database_mb']:,} MB; " + ", ".join(
+                    f"{t} {v['rows']:,} rows {v['mb']:,} MB" for t, v in table_sizes.items() if isinstance(v, dict)))
+        blocks = {side: block_counts(db.conn) for side, db in (("empty", empty), ("history", big))}
         for i in range(ctx.repeat):
             load = os.getloadavg()[0]
             for side, db in (("empty", empty), ("history", big)):
@@ -552,6 +586,14 @@ def run(ctx: Context) -> list[Result]:
                     f"{samples['history']['cpu'][-1]:.0f} (claim {samples['empty']['claim'][-1]:.0f} / "
                     f"{samples['history']['claim'][-1]:.0f}, complete {samples['empty']['complete'][-1]:.0f} / "
                     f"{samples['history']['complete'][-1]:.0f}); load {loads[-1][0]:.1f} -> {loads[-1][1]:.1f}")
+        # every task of the rounds, the untimed warm-up ones too
+        round_tasks = ctx.repeat * (WARM_RUNS + LIVE_RUNS) * len(LIVE.steps)
+        io = {side: blocks_per_task(blocks[side], block_counts(db.conn), round_tasks)
+              for side, db in (("empty", empty), ("history", big))}
+        ctx.log(f"history_scale: blocks read into shared buffers per task: empty {io['empty']['read_per_task']}, "
+                f"history {io['history']['read_per_task']} (most: {io['history']['read_most']}); hit: "
+                f"{io['empty']['hit_per_task']} / {io['history']['hit_per_task']}; HOT share of updates: empty "
+                f"{io['empty']['hot_update_share']}, history {io['history']['hot_update_share']}")
         # the plans the warm connection uses by now (generic or custom, as a long-lived worker's)
         plans = explain_batch(big)
         for scan in plans["over_limit"]:
@@ -563,7 +605,7 @@ def run(ctx: Context) -> list[Result]:
     details = {"lower_is_better": True, "batch": BATCH, "live_runs": LIVE_RUNS, "history_tasks": history_rows,
                "history_runs": counts["runs"], "generation_seconds": counts["seconds"], "vacuum_analyze_seconds":
                vacuum_seconds, "sizes": table_sizes, "load_at_generation": [load_before_write, load_after_write],
-               "load_per_round": loads, "plans": plans, "goal": "<= 1.2x"}
+               "load_per_round": loads, "plans": plans, "blocks": io, "goal": "<= 1.2x"}
     label = f"{history_rows:,} finished tasks"
     names = {"wall": ("read + claim + complete per task", "us/task", {}),
              "cpu": ("read + claim + complete per task (backend CPU)", "us/task", {"clock": "schedstat"}),
