@@ -23,20 +23,26 @@ written (``session_replication_role = replica``, the bench server's superuser): 
 consistent by construction (checked afterwards by counting orphans), and checking them would only
 slow the build. Each queue's message sequence is moved past the copies, as a live queue's would be.
 
-What is timed, in every sample: ``LIVE_RUNS`` runs of the 3-step flow are started (not timed), then
-one connection makes the reference Worker's calls until their ``3 * LIVE_RUNS`` tasks are completed:
-read 10 message ids (``read_with_poll``, the visibility the Worker reads with), ``claim_tasks`` them,
-report them in one ``complete_tasks`` call. Per task: the wall clock of that loop, and the backend's
-CPU (``/proc/<backend pid>/schedstat``, the server is local), also split into claim and complete.
-Samples interleave (empty, history, empty, ...), ``ctx.repeat`` rounds, on one long-lived warm
-connection per database (a worker's); the result is microseconds per task (**lower is better**).
+What is timed, in every sample (:func:`sample`): ``WARM_RUNS + LIVE_RUNS`` runs of the 3-step flow
+are started (not timed; the empty database is ANALYZEd then, see :func:`sample` for why), the tasks of
+``WARM_RUNS`` runs are drained untimed, then one connection makes the reference Worker's calls for the
+next ``3 * LIVE_RUNS`` tasks: read 10 message ids (``read_with_poll``, with the visibility the Worker
+reads with), ``claim_tasks`` them, report them in one ``complete_tasks`` call. Per task: the wall clock
+of that loop, and the backend's CPU (``/proc/<backend pid>/schedstat``, the server is local), also
+split into claim and complete. Samples interleave (empty, history, empty, ...), ``ctx.repeat`` rounds,
+on one long-lived connection per database (a worker's); the result is microseconds per task (**lower
+is better**). "Empty" holds only the templates and the finished runs of its own samples (under 2,000
+runs after 5 rounds).
 
-Also measured once: right after the bulk load, before any ``ANALYZE`` (autovacuum is off for these
-tables until then, so the planner still has the statistics of the small tables), a fresh connection
-drains ``LIVE_RUNS`` runs, next to an empty-database sample taken just before it. And the plans: with
-``auto_explain`` (``log_analyze``, nested statements) on the history database's connection, one
-claim batch and its report; every scan node on a history table (runs, step states, tasks, workers,
-PGMQ archives) that read more than ``SCAN_LIMIT`` rows, or any sequential scan of one, is reported.
+Also measured once: right after the bulk load, before any ``ANALYZE`` of it (autovacuum is off for
+these tables until then, so the planner still has the statistics of the small database), a fresh
+connection on each side takes one sample. Over the rounds: blocks read into shared buffers and found
+there per task, the relations read most, and the share of HOT updates of runs, step states and tasks
+(``pg_stat_database``, ``pg_statio_*``, ``pg_stat_user_tables``), on both sides. And the plans, after
+the rounds: with ``auto_explain`` (``log_analyze``, nested statements) on the history database's warm
+connection, one claim batch and its report; every scan node on a history table (runs, step states,
+tasks, workers, PGMQ archives, and their indexes) that read more than ``SCAN_LIMIT`` rows (returned
+and filtered out) is reported, and how many were sequential scans with the most rows one read.
 
 ``--scale`` scales ``HISTORY_TASKS`` (``--scale 0.1``: 1,000,000 tasks); the live work stays the same.
 """
@@ -170,7 +176,9 @@ class Database:
         return {"seconds": time.perf_counter() - began, **spent}
 
     def check_live_done(self) -> None:
-        left = self.conn.execute("SELECT count(*) FROM pgflow.runs WHERE flow_slug = %s AND status <> 'completed'",
+        """Raise unless every run of the live flow has ended (read through the status index: a run of it
+        cannot fail here, and a scan of its history would push the sample's pages out of the cache)."""
+        left = self.conn.execute("SELECT count(*) FROM pgflow.runs WHERE status = 'started' AND flow_slug = %s",
                                  (LIVE.slug,)).fetchone()[0]
         if left:
             raise RuntimeError(f"{left} live run(s) not completed")
