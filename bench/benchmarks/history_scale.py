@@ -14,7 +14,7 @@ Two databases of the same server, built once per bench run and dropped at its en
 The history is copies of real runs made through the protocol in the same database (the templates):
 a 3-step linear flow (the flow measured, 5 runs in 10), a flow whose middle step maps over an
 8-element array (1 in 10), a flow with private step queues (2 in 10), and a flow whose task fails
-once then completes (1 in 10) or fails twice and fails its run (1 in 10): about 3.1 tasks per run,
+once then completes (1 in 10) or fails twice and fails its run (1 in 10): about 3.2 tasks per run,
 five queues. Each copy gets a random run id, message ids unique per queue above the template's, its
 timestamps moved into the last 30 days, and a finished worker row (one of many per queue) as its
 tasks' last worker; every archived message of the templates is copied into its queue's archive with
@@ -76,7 +76,7 @@ WARM_RUNS = 20
 """Untimed runs before every sample (60 tasks: each statement of the loop runs 6 times or more)."""
 BATCH = 10
 RUNS_PER_WRITE = 100_000
-"""Copies written per transaction (about 310,000 tasks)."""
+"""Copies written per transaction (320,000 tasks)."""
 ID_STRIDE = 16
 """Message ids reserved per copied run and queue (more than any template's tasks in one queue)."""
 SPAN_DAYS = 30
