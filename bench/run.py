@@ -86,8 +86,9 @@ def _git_commit() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def machine_details(server: LocalServer) -> dict:
-    """CPU, cores, memory, PostgreSQL, PGMQ, Python, and what was measured."""
+def machine_details(server: LocalServer, settings: dict[str, str] | None = None) -> dict:
+    """CPU, cores, memory, PostgreSQL, PGMQ, Python, and what was measured (``settings``: the server
+    settings given with ``--server-setting``)."""
     with psycopg.connect(server.conninfo("bench_template")) as conn:
         pg_version = conn.execute("SELECT current_setting('server_version')").fetchone()[0]
         protocol = conn.execute("SELECT pgflow.protocol_version()").fetchone()[0]
@@ -105,7 +106,8 @@ def machine_details(server: LocalServer) -> dict:
         "os": platform.platform(),
         "python": platform.python_version(),
         "postgresql": pg_version,
-        "postgresql_settings": {k: v for k, v in FAST_SETTINGS.items() if k in ("fsync", "synchronous_commit", "shared_buffers")},
+        "postgresql_settings": {**{k: v for k, v in FAST_SETTINGS.items() if k in ("fsync", "synchronous_commit",
+                                                                                     "shared_buffers")}, **(settings or {})},
         "pgmq": installer.bundled_pgmq_sql()[0] + " (SQL install)",
         "pgflow_cli": __version__,
         "schema_version": schema,
@@ -168,7 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated benchmark names (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default bench/results/<timestamp>.json)")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    parser.add_argument("--server-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a postgresql.conf setting of the private server, e.g. shared_buffers=1GB (repeatable; "
+                             "shown with the machine's details)")
     args = parser.parse_args(argv)
+    settings = {}
+    for item in args.server_setting:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            parser.error(f"--server-setting takes NAME=VALUE, got {item!r}")
+        settings[name.strip()] = value.strip()
 
     names = discover()
     if args.list:
@@ -187,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now(timezone.utc)
     base = Path(tempfile.mkdtemp(prefix="pgflow-bench-", dir="/tmp"))
     os.chmod(base, 0o755)  # the server may run as the 'postgres' user
-    server = LocalServer(base / "pg")
+    server = LocalServer(base / "pg", settings=settings)
     ctx: Context | None = None
     results: list[Result] = []
     try:
@@ -196,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         server.wait_ready()
         ctx = Context(server, repeat=args.repeat, scale=args.scale)
         ctx.template()  # install once, before anything is timed
-        machine = machine_details(server)
+        machine = machine_details(server, settings)
         for name in names:
             print(f"{name}:", file=sys.stderr, flush=True)
             module = importlib.import_module(f"bench.benchmarks.{name}")
@@ -215,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "version": JSON_VERSION,
         "started_at": stamp.isoformat(timespec="seconds"),
         "seconds": round(seconds, 1),
-        "settings": {"repeat": args.repeat, "scale": args.scale, "benchmarks": names},
+        "settings": {"repeat": args.repeat, "scale": args.scale, "benchmarks": names, "server_settings": settings},
         "machine": machine,
         "results": [
             {
