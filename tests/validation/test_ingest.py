@@ -65,9 +65,16 @@ def test_the_last_attempt_applies_the_domain_failure_in_that_attempt(db):
         _ingest(app, 2, [(2, "parse", "fail_always")])
         assert (app.status(1), app.status(2), app.calls(2, "parse")) == ("done", "failed", 3)
         marked, error = app.conn.execute("SELECT updated_at, error FROM ingest.documents WHERE id = 2").fetchone()
-        started_at, failed_at, attempts = app.conn.execute(
-            "SELECT t.started_at, t.failed_at, t.attempts_count FROM pgflow.step_tasks t JOIN pgflow.runs r USING (run_id) "
-            "WHERE (r.input->>'doc_id')::int = 2 AND t.step_slug = 'parse'").fetchone()
+
+        # the handler fails the document during its last attempt; the worker's report of that
+        # attempt lands afterwards, so wait for it (on a loaded machine it can trail the document)
+        def parse_task_failed():
+            return app.conn.execute(
+                "SELECT t.started_at, t.failed_at, t.attempts_count FROM pgflow.step_tasks t "
+                "JOIN pgflow.runs r USING (run_id) WHERE (r.input->>'doc_id')::int = 2 AND t.step_slug = 'parse' "
+                "AND t.failed_at IS NOT NULL").fetchone()
+
+        started_at, failed_at, attempts = wait_until(parse_task_failed, "the parse task of document 2 failed")
         assert attempts == 3 and started_at <= marked <= failed_at  # during the last attempt, before its report
         assert error == "parse: injected failure in parse of document 2"
     finally:
