@@ -21,6 +21,7 @@ import os
 import pkgutil
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -194,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1 or args.scale <= 0:
         parser.error("--repeat must be at least 1 and --scale positive")
 
+    def stop(signum: int, frame: object) -> None:
+        # a SIGTERM or SIGHUP (a CI timeout, a closed terminal) unwinds like Ctrl-C, so each benchmark's
+        # worker processes and the private server are stopped and its directory removed
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for terminating in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(terminating, stop)
+
     started = time.monotonic()
     stamp = datetime.now(timezone.utc)
     base = Path(tempfile.mkdtemp(prefix="pgflow-bench-", dir="/tmp"))
@@ -249,4 +258,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stopped:
+        # the server and the benchmarks' processes are gone by now (main's cleanup ran); nothing is written
+        print(f"bench/run.py: stopped ({stopped or 'Ctrl-C'}); no results written", file=sys.stderr)
+        sys.exit(130)
