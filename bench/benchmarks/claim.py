@@ -50,8 +50,35 @@ def _noop(value, ctx):
     return None
 
 
+# The claim's own write and nothing else: the columns a claim changes on each task, by the same
+# unique-key probe and ctid the claim uses, without its locks, classification, inputs or result rows.
+# bench/benchmarks/claim_floor.py times it in place of the claim: the cost no claim can go below.
+FLOOR_UPDATE = """
+UPDATE pgflow.step_tasks AS t
+   SET status = 'started', attempts_count = t.attempts_count + 1, started_at = clock_timestamp(),
+       last_worker_id = %(worker_id)s
+  FROM (SELECT x.ctid AS tid FROM unnest(%(ids)s::bigint[]) AS m CROSS JOIN LATERAL (
+          SELECT y.ctid FROM pgflow.step_tasks AS y WHERE y.queue_name = %(queue)s AND y.message_id = m LIMIT 1) AS x) AS k
+ WHERE t.ctid = k.tid AND t.status = 'queued'
+"""
+
+# What would make that write HOT (no new index entry, no new page): no index on a column it changes
+# (upstream's partial indexes on status, started_at and last_worker_id are dropped) and room on the
+# page (fillfactor 50). Applied before the runs are started.
+HOT_SCHEMA = """
+DROP INDEX pgflow.idx_step_tasks_queued, pgflow.idx_step_tasks_started, pgflow.idx_step_tasks_completed,
+           pgflow.idx_step_tasks_failed, pgflow.idx_step_tasks_manual_waiting, pgflow.idx_step_tasks_last_worker_status;
+ALTER TABLE pgflow.step_tasks SET (fillfactor = 50)
+"""
+
+
 def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | None = None, analyze: bool = True,
-                 batch: int = BATCH) -> tuple[float, float]:
+                 batch: int = BATCH, write: str = "claim") -> tuple[float, float]:
+    """Messages per wall second and per backend CPU second of read + claim, ``batch`` at a time.
+
+    ``write``: ``"claim"`` calls the protocol's claim; ``"floor"`` runs only :data:`FLOOR_UPDATE`
+    in its place; ``"hot_floor"`` runs it on a schema changed by :data:`HOT_SCHEMA`.
+    """
     protocol = protocol or LATEST()
     flow = Flow(FLOW).step("only", _noop)
     worker_id = str(uuid.uuid4())
@@ -62,6 +89,8 @@ def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | No
         protocol.compile(conn, FLOW, flow.shape(), None)
         protocol.register(conn, worker_id=worker_id, function_name="bench-claim", queue_name=queue,
                           flow_slug=FLOW, step_slug=None)
+        if write == "hot_floor":
+            conn.execute(HOT_SCHEMA)
         conn.execute("SELECT count(*) FROM generate_series(1, %s) AS i, "
                      "LATERAL pgflow.start_flow(%s, jsonb_build_object('i', i))", (messages, FLOW))
         if analyze:
@@ -76,6 +105,9 @@ def claim_sample(ctx: Context, messages: int, *, protocol=None, schema: int | No
                 ids = protocol.read(conn, queue_name=queue, vt=read_vt, qty=batch, max_poll_seconds=1, poll_interval_ms=10)
                 if not ids:
                     raise RuntimeError(f"queue ran dry after {claimed} claims")
+                if write != "claim":
+                    claimed += conn.execute(FLOOR_UPDATE, {"worker_id": worker_id, "ids": ids, "queue": queue}).rowcount
+                    continue
                 outcome = protocol.claim(conn, flow_slug=FLOW, step_slug=None, queue_name=queue,
                                          message_ids=ids, worker_id=worker_id)
                 if outcome.fatal_reason:
