@@ -170,7 +170,7 @@ def test_producers_workers_and_maintenance_run_through_the_migration(baseline_db
     assert traffic.errors == [], "\n".join(map(str, traffic.errors))
     # the migrator never deadlocks; on a loaded machine a lock-timeout retry (bounded, nothing held
     # while waiting) is expected behaviour, not a failure
-    assert [r for r in retries if "lock timeout" not in r["error"]] == [], retries
+    assert [r for r in retries if "lock timeout" not in r.error] == [], retries
     assert all(after_migration[n] > before[n] for n in names if n.startswith("producer"))
     started = set(traffic.started_runs)
     assert started, "no run was started"
