@@ -155,7 +155,7 @@ def test_producers_workers_and_maintenance_run_through_the_migration(baseline_db
         names = [f"producer-{i}" for i in range(PRODUCERS)] + [f"worker-{i}" for i in range(WORKERS)] + ["maintenance"]
         traffic.wait_for(lambda: all(traffic.calls.get(n, 0) >= 3 for n in names), "traffic to start")
         before = dict(traffic.calls)
-        retries: list[dict] = []
+        retries: list[Retrying] = []
         results = installer.apply(admin, lock_timeout=30, attempts=3, online=online,
                                   progress=lambda event: retries.append(event) if isinstance(event, Retrying) else None)
         assert [r.migration.version for r in results] == [3, *versions_after(3)]
