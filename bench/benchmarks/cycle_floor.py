@@ -31,12 +31,11 @@ from psycopg import sql
 from bench.benchmarks import server_time
 from bench.benchmarks.claim import FLOOR_UPDATE
 from bench.core import Context, Result, statements_server
-from pgflow_cli.worker import Flow
 from pgflow_cli.worker.protocol import LATEST
 from pgflow_cli.worker.runner import read_visibility
 
 FLOW = "benchCycleFloor"
-STEPS = ("first", "second", "third")
+STEPS = server_time.STEP_SLUGS  # the START and COMPLETE statements below name them
 
 START = """
 WITH r AS (
@@ -131,9 +130,7 @@ class FloorDriver:
     def __init__(self, conn: psycopg.Connection, flow_slug: str = FLOW) -> None:
         self.conn = conn
         self.protocol = LATEST()
-        flow = Flow(flow_slug)
-        for i, step in enumerate(STEPS):
-            flow = flow.step(step, server_time._noop, depends_on=STEPS[i - 1:i])
+        flow = server_time.linear_flow(flow_slug)
         self.queue = self.protocol.queue_name(flow_slug, None)
         self.worker_id = str(uuid.uuid4())
         self.protocol.check_version(conn)

@@ -51,7 +51,8 @@ from pgflow_cli.worker.protocol import LATEST
 from pgflow_cli.worker.runner import read_visibility
 
 FLOW = "benchServerTime"
-STAGES = 3
+STEP_SLUGS = ("first", "second", "third")
+STAGES = len(STEP_SLUGS)
 BATCH = 10
 TOTAL = ("SELECT COALESCE(sum(total_exec_time), 0), COALESCE(sum(calls), 0) FROM pg_stat_statements "
          "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
@@ -83,10 +84,17 @@ def _breakdown(conn: psycopg.Connection) -> dict[str, float]:
     return out
 
 
+def linear_flow(slug: str) -> Flow:
+    """The measured flow: the steps of :data:`STEP_SLUGS`, each depending on the one before, no-op handlers."""
+    flow = Flow(slug)
+    for i, step in enumerate(STEP_SLUGS):
+        flow = flow.step(step, _noop, depends_on=STEP_SLUGS[i - 1:i])
+    return flow
+
+
 def pgflow_sample(ctx: Context, runs: int, *, batched: bool) -> tuple[float, dict[str, Any]]:
     protocol = LATEST()
-    flow = Flow(FLOW).step("first", _noop).step("second", _noop, depends_on=["first"]) \
-        .step("third", _noop, depends_on=["second"])
+    flow = linear_flow(FLOW)
     queue = protocol.queue_name(FLOW, None)
     worker_id = str(uuid.uuid4())
     with ctx.database("server_time") as conninfo, psycopg.connect(conninfo, autocommit=True) as conn:

@@ -15,6 +15,7 @@ import psycopg
 
 from bench.benchmarks.claim import FLOOR_UPDATE
 from bench.benchmarks.cycle_floor import STEPS, FloorDriver
+from bench.benchmarks.server_time import linear_flow
 from pgflow_cli.worker import Flow
 from pgflow_cli.worker.protocol import LATEST, ProtocolV2
 
@@ -98,10 +99,7 @@ def test_the_cycle_floor_leaves_the_rows_the_engine_leaves(db):
     floor = FloorDriver(conn, "floorCycle")
     floor.cycle(runs)
 
-    flow = Flow("engineCycle")
-    for i, step in enumerate(STEPS):
-        flow = flow.step(step, _noop, depends_on=STEPS[i - 1:i])
-    protocol, queue, worker = _engine(conn, flow)
+    protocol, queue, worker = _engine(conn, linear_flow("engineCycle"))
     conn.execute("SELECT count(*) FROM generate_series(1, %s) AS i, "
                  "LATERAL pgflow.start_flow('engineCycle', jsonb_build_object('i', i))", (runs,))
     done = 0
